@@ -1,0 +1,175 @@
+"""Models: loading (bundled, timm, HuggingFace) and the adapters that know each model family.
+
+To support a new family, write an :class:`~vitlens.models.base.Adapter` subclass with a static ``matches(model)``
+and register it with :func:`register_adapter` (see ``docs/architecture.md``).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..errors import UnsupportedModelError, WeightsUnavailableError
+from .base import Adapter, BlockRecord, Recording
+from .hf_vit import HFViTAdapter
+from .timm_vit import TimmViTAdapter
+
+__all__ = [
+    "Adapter",
+    "BlockRecord",
+    "Recording",
+    "GenericAdapter",
+    "TimmViTAdapter",
+    "HFViTAdapter",
+    "get_adapter",
+    "register_adapter",
+    "load_model",
+]
+
+
+class GenericAdapter(Adapter):
+    """Any ``nn.Module`` mapping images ``(B, C, H, W)`` to logits ``(B, K)``: enough for model-agnostic methods
+    (gradients, perturbations), not for methods that read attention."""
+
+    family = "generic"
+    capabilities = frozenset()
+
+    @staticmethod
+    def matches(model: nn.Module) -> bool:
+        return isinstance(model, nn.Module)
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__(model)
+        self.num_classes = int(getattr(model, "num_classes", 0) or 0)
+
+    def grid(self, input_hw: tuple[int, int]) -> tuple[int, int]:
+        return tuple(input_hw)  # pixels are the features
+
+    def _install_capture(self, rec: Recording, hooks: list) -> None:
+        raise UnsupportedModelError(
+            f"{type(self.model).__name__} has no adapter that exposes attention; "
+            f"supported families: {', '.join(a.family for a in _ADAPTERS)}"
+        )
+
+
+_ADAPTERS: list[type[Adapter]] = [TimmViTAdapter, HFViTAdapter]
+
+
+def register_adapter(cls: type[Adapter], first: bool = True) -> type[Adapter]:
+    """Register an adapter class (usable as a decorator). ``first`` gives it priority over built-in adapters."""
+    if cls in _ADAPTERS:
+        return cls
+    _ADAPTERS.insert(0, cls) if first else _ADAPTERS.append(cls)
+    return cls
+
+
+def get_adapter(model: nn.Module | Adapter, require: str | None = None) -> Adapter:
+    """Return the adapter for ``model``.
+
+    Args:
+        model: a model (or an adapter, returned as is).
+        require: a capability the caller needs (e.g. ``"attention"``); a model whose family does not offer it gets an
+            :class:`UnsupportedModelError` that lists the supported families.
+    """
+    if isinstance(model, Adapter):
+        adapter = model
+    elif not isinstance(model, nn.Module):
+        raise UnsupportedModelError(f"expected a torch.nn.Module, got {type(model).__name__}")
+    else:
+        adapter = None
+        for cls in _ADAPTERS:
+            if cls.matches(model):
+                adapter = cls(model)
+                break
+        if adapter is None:
+            adapter = GenericAdapter(model)
+    if require is not None and require not in adapter.capabilities:
+        supported = ", ".join(f"{a.family} ({a.__doc__.strip().splitlines()[0]})" for a in _ADAPTERS)
+        raise UnsupportedModelError(
+            f"{type(adapter.model).__name__} is not supported by this method (it needs '{require}'); "
+            f"supported families: {supported}. To add a family, register an Adapter (docs/architecture.md)"
+        )
+    return adapter
+
+
+def load_model(name: str | nn.Module, pretrained: bool = True, weights: str | os.PathLike | None = None,
+               device: str | torch.device | None = None, **kwargs: Any) -> nn.Module:
+    """Load a model by name, in eval mode. Never touches the network.
+
+    Names:
+        - a bundled model (``"shapes-vit"``; see ``vitlens.models.zoo.bundled_names()``);
+        - ``"timm:<architecture>"``: a timm model; ``pretrained=True`` needs the weights in the local cache or a
+          ``weights=`` file, ``pretrained=False`` gives random weights;
+        - ``"hf:<id or local directory>"``: a HuggingFace image classifier from a local directory or the local cache;
+        - an ``nn.Module``: checked and returned.
+
+    Extra ``kwargs`` go to ``timm.create_model`` / ``from_pretrained``.
+    """
+    if isinstance(name, nn.Module):
+        model = name
+    elif not isinstance(name, str):
+        raise UnsupportedModelError(f"load_model expects a name or an nn.Module, got {type(name).__name__}")
+    elif name.startswith("timm:"):
+        model = _load_timm(name[5:], pretrained, weights, **kwargs)
+    elif name.startswith("hf:"):
+        model = _load_hf(name[3:], pretrained, **kwargs)
+    else:
+        from . import zoo
+
+        model = zoo.load_bundled(name)
+    model.eval()
+    if device is not None:
+        model.to(device)
+    return model
+
+
+def _load_timm(arch: str, pretrained: bool, weights: str | os.PathLike | None, **kwargs: Any) -> nn.Module:
+    try:
+        import timm
+    except ImportError:
+        raise UnsupportedModelError("timm is not installed: pip install 'vitlens[timm]'") from None
+    if arch not in timm.list_models() and arch.split(".")[0] not in timm.list_models():
+        raise UnsupportedModelError(f"timm has no architecture named {arch!r}")
+    if weights is not None:
+        path = Path(weights)
+        if not path.is_file():
+            raise WeightsUnavailableError(f"weights file {path} does not exist")
+        return timm.create_model(arch, pretrained=True, pretrained_cfg_overlay={"file": str(path)}, **kwargs)
+    if not pretrained:
+        return timm.create_model(arch, pretrained=False, **kwargs)
+    offline_before = os.environ.get("HF_HUB_OFFLINE")
+    try:
+        os.environ["HF_HUB_OFFLINE"] = "1"
+        return timm.create_model(arch, pretrained=True, **kwargs)
+    except Exception as e:  # hub/cache errors come in many types; all mean "not available locally"
+        raise WeightsUnavailableError(
+            f"pretrained weights for timm:{arch} are not available offline ({type(e).__name__}); "
+            "pass weights=PATH to a local checkpoint, or pretrained=False for random weights"
+        ) from None
+    finally:
+        if offline_before is None:
+            os.environ.pop("HF_HUB_OFFLINE", None)
+        else:
+            os.environ["HF_HUB_OFFLINE"] = offline_before
+
+
+def _load_hf(ident: str, pretrained: bool, **kwargs: Any) -> nn.Module:
+    try:
+        from transformers import AutoConfig, AutoModelForImageClassification
+    except ImportError:
+        raise UnsupportedModelError("transformers is not installed: pip install 'vitlens[hf]'") from None
+    try:
+        if not pretrained:
+            cfg = AutoConfig.from_pretrained(ident, local_files_only=True)
+            return AutoModelForImageClassification.from_config(cfg, **kwargs)
+        return AutoModelForImageClassification.from_pretrained(ident, local_files_only=True, **kwargs)
+    except (OSError, ValueError) as e:
+        raise WeightsUnavailableError(
+            f"HuggingFace model {ident!r} is not available offline (not a local directory or cached): "
+            f"{str(e).splitlines()[0][:160]}"
+        ) from None
+

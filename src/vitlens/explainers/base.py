@@ -1,0 +1,329 @@
+"""The shared explainer machinery: input checks, targets, batching, upsampling and cost accounting live here once.
+
+A method is a small subclass of :class:`Explainer` that declares its ``name``, its option ``defaults``, the adapter
+capability it needs, and implements :meth:`Explainer.attribute` for one chunk of images.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Iterator
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ..errors import InputError, TargetError
+from ..models import Adapter, get_adapter
+from ..models.base import _logits_of
+from ..targets import Target, TargetSpec, make_target
+
+__all__ = ["Explainer", "Explanation", "Attribution", "Cost", "CostMeter", "upsample_tokens", "validate_batch"]
+
+
+@dataclass
+class Cost:
+    """What an explanation cost.
+
+    ``forward_passes``/``backward_passes`` are per image, in units of one full forward (backward) pass of the target
+    model on one image (a batched call on B images counts B image-passes, divided by the number of images
+    explained). ``model_calls``/``backward_calls`` count the actual (batched) calls. ``seconds`` is wall time.
+    """
+
+    forward_passes: float = 0.0
+    backward_passes: float = 0.0
+    model_calls: int = 0
+    backward_calls: int = 0
+    seconds: float = 0.0
+
+    def to_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+class CostMeter:
+    """Counts forward calls (and the images in them) and backward passes through a model's output.
+
+    Use as a context manager around the work to measure; hooks are removed on exit.
+    """
+
+    def __init__(self, model: nn.Module) -> None:
+        self.model = model
+        self.calls = 0
+        self.images = 0
+        self.backward_calls = 0
+        self.backward_images = 0
+        self._handle = None
+        self._t0 = 0.0
+        self.seconds = 0.0
+
+    def _hook(self, module: nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
+        self.calls += 1
+        x = args[0] if args else next((v for v in kwargs.values() if isinstance(v, Tensor)), None)
+        n = int(x.shape[0]) if isinstance(x, Tensor) and x.ndim > 0 else 1
+        self.images += n
+        logits = _logits_of(output)
+        if logits.requires_grad:
+
+            def count(grad: Tensor, n: int = n) -> None:
+                self.backward_calls += 1
+                self.backward_images += n
+
+            logits.register_hook(count)
+
+    def __enter__(self) -> "CostMeter":
+        self._handle = self.model.register_forward_hook(self._hook, with_kwargs=True)
+        self._t0 = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.seconds += time.perf_counter() - self._t0
+        if self._handle is not None:
+            self._handle.remove()
+            self._handle = None
+
+    def cost(self, n_images: int) -> Cost:
+        n = max(n_images, 1)
+        return Cost(
+            forward_passes=self.images / n,
+            backward_passes=self.backward_images / n,
+            model_calls=self.calls,
+            backward_calls=self.backward_calls,
+            seconds=self.seconds,
+        )
+
+
+@dataclass
+class Attribution:
+    """What :meth:`Explainer.attribute` returns for one chunk of ``B`` images.
+
+    ``values`` is ``(B, gh, gw)`` for token-level methods or ``(B, H, W)`` for pixel-level methods. ``remainder`` is
+    the relevance that ended outside the map (prefix tokens), ``(B,)``, where the method conserves relevance.
+    ``extras`` holds per-image diagnostics with a leading batch dimension.
+    """
+
+    values: Tensor
+    remainder: Tensor | None = None
+    extras: dict[str, Tensor] = field(default_factory=dict)
+
+
+@dataclass
+class Explanation:
+    """Maps for a batch of images, with what was explained and what it cost.
+
+    Attributes:
+        maps: ``(B, H, W)`` float, at input resolution. For token-level methods this is the token map bilinearly
+            upsampled and divided by the pixels per token, so ``maps.sum()`` equals ``token_maps.sum()`` (exactly for
+            integer upsampling factors; see docs/methods/gradskip.md).
+        token_maps: ``(B, gh, gw)`` on the model's token grid (pixel-level methods: summed over each token's pixels),
+            or ``None`` for models without a token grid.
+        targets: ``(B,)`` long, class explained per image.
+        scores: ``(B,)`` float, the target score ``y`` per image.
+        remainder: ``(B,)`` relevance that ended on prefix tokens (methods that conserve relevance), else ``None``.
+        cost: :class:`Cost` of the call.
+        method: registered method name. options: the options used. target: description of the target.
+        extras: per-image diagnostics (e.g. GradSkip head weights ``(B, L, heads)`` and gates ``(B, L, T)``).
+    """
+
+    maps: Tensor
+    token_maps: Tensor | None
+    targets: Tensor
+    scores: Tensor
+    remainder: Tensor | None
+    cost: Cost
+    method: str
+    options: dict[str, Any]
+    target: dict[str, Any] = field(default_factory=dict)
+    extras: dict[str, Tensor] = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return int(self.maps.shape[0])
+
+    def provenance(self) -> dict[str, Any]:
+        """JSON-friendly record of how these maps were made (versions, method, options, target, cost)."""
+        import platform
+
+        from .. import __version__
+
+        info: dict[str, Any] = {
+            "vitlens": __version__,
+            "torch": torch.__version__,
+            "python": platform.python_version(),
+            "method": self.method,
+            "options": _jsonable(self.options),
+            "target": _jsonable(self.target),
+            "targets": self.targets.tolist(),
+            "scores": self.scores.tolist(),
+            "cost": self.cost.to_dict(),
+        }
+        for mod in ("timm", "transformers"):
+            with contextlib.suppress(ImportError):
+                info[mod] = __import__(mod).__version__
+        return info
+
+
+def _jsonable(obj: Any) -> Any:
+    if isinstance(obj, Tensor):
+        return obj.tolist()
+    if isinstance(obj, dict):
+        return {str(k): _jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_jsonable(v) for v in obj]
+    try:
+        json.dumps(obj)
+        return obj
+    except TypeError:
+        return repr(obj)
+
+
+def validate_batch(x: Any) -> Tensor:
+    """Check that ``x`` is a non-empty, finite, floating ``(B, C, H, W)`` tensor; raise :class:`InputError` if not."""
+    if not isinstance(x, Tensor):
+        raise InputError(
+            f"expected a torch.Tensor batch of shape (B, C, H, W), got {type(x).__name__} "
+            "(use vitlens.load_images to turn files, PIL images or arrays into a batch)"
+        )
+    if x.ndim != 4:
+        hint = " (add a batch dimension: x[None])" if x.ndim == 3 else ""
+        raise InputError(f"expected a batch of shape (B, C, H, W); got a tensor of shape {tuple(x.shape)}{hint}")
+    if x.shape[0] == 0:
+        raise InputError("the batch is empty (B = 0)")
+    if not x.is_floating_point():
+        raise InputError(f"expected a floating-point batch, got dtype {x.dtype} (preprocess with vitlens.load_images)")
+    if not bool(torch.isfinite(x).all()):
+        bad = (~torch.isfinite(x)).flatten(1).any(1).nonzero().flatten().tolist()
+        raise InputError(f"the batch contains NaN or inf values (images {bad[:5]})")
+    return x
+
+
+def upsample_tokens(token_maps: Tensor, size: tuple[int, int]) -> Tensor:
+    """Bilinearly upsample ``(B, gh, gw)`` token maps to ``(B, H, W)`` relevance per pixel.
+
+    The result is divided by the number of pixels per token, so the total relevance is kept (exactly for integer
+    factors; bilinear interpolation with half-pixel centres gives every token the same total weight then).
+    """
+    b, gh, gw = token_maps.shape
+    h, w = size
+    up = F.interpolate(token_maps[:, None].float(), size=(h, w), mode="bilinear", align_corners=False)[:, 0]
+    return up * (gh * gw) / (h * w)
+
+
+def pool_to_tokens(maps: Tensor, grid: tuple[int, int]) -> Tensor:
+    """Sum a pixel map ``(B, H, W)`` over each token's cell of a ``grid`` → ``(B, gh, gw)``."""
+    b, h, w = maps.shape
+    gh, gw = grid
+    if h % gh == 0 and w % gw == 0:
+        return maps.reshape(b, gh, h // gh, gw, w // gw).sum(dim=(2, 4))
+    return F.adaptive_avg_pool2d(maps[:, None], grid)[:, 0] * (h * w) / (gh * gw)
+
+
+class Explainer:
+    """Base class of all explanation methods.
+
+    Subclasses set ``name``, ``defaults`` (option name → default value), ``requires`` (adapter capability, or
+    ``None`` for model-agnostic methods), ``level`` (``"token"`` or ``"pixel"``) and implement :meth:`attribute`.
+    Options are validated against ``defaults`` (unknown names are an error) and by :meth:`check_options`.
+    """
+
+    name: ClassVar[str] = ""
+    defaults: ClassVar[dict[str, Any]] = {}
+    requires: ClassVar[str | None] = None
+    level: ClassVar[str] = "token"
+
+    def __init__(self, **options: Any) -> None:
+        unknown = sorted(set(options) - set(self.defaults))
+        if unknown:
+            raise InputError(
+                f"unknown option(s) {', '.join(unknown)} for method '{self.name}'; "
+                f"options are: {', '.join(sorted(self.defaults)) or 'none'}"
+            )
+        self.options: dict[str, Any] = {**self.defaults, **options}
+        self.check_options()
+
+    def check_options(self) -> None:
+        """Validate ``self.options``; raise :class:`InputError` with a clear message if one is bad."""
+
+    def attribute(self, adapter: Adapter, x: Tensor, target: Target) -> tuple[Attribution, Tensor, Target]:
+        """Explain one chunk: return the attribution, the logits ``(B, K)`` and the resolved target."""
+        raise NotImplementedError
+
+    # -- the shared driver --------------------------------------------------------------------------------------
+    def explain(self, model: nn.Module | Adapter, x: Tensor, target: TargetSpec = None,
+                batch_size: int | None = None) -> Explanation:
+        """Explain a batch ``x`` ``(B, C, H, W)`` (preprocessed, as the model expects it) for ``target``.
+
+        ``batch_size`` splits the batch into chunks (memory knob; results do not depend on it).
+        """
+        adapter = get_adapter(model, require=self.requires)
+        x = validate_batch(x)
+        device = _model_device(adapter.model)
+        if device is not None and x.device != device:
+            x = x.to(device)
+        adapter.check_input(x)
+        tgt = make_target(target)
+        b = x.shape[0]
+        chunk = b if batch_size is None else int(batch_size)
+        if chunk <= 0:
+            raise InputError(f"batch_size must be positive, got {batch_size}")
+        parts: list[tuple[Attribution, Tensor, Target]] = []
+        meter = CostMeter(adapter.model)
+        with meter:
+            for start in range(0, b, chunk):
+                sl = slice(start, min(start + chunk, b))
+                parts.append(self.attribute(adapter, x[sl], _target_chunk(tgt, sl, b)))
+        values = torch.cat([p[0].values.detach() for p in parts])
+        remainder = None
+        if parts[0][0].remainder is not None:
+            remainder = torch.cat([p[0].remainder.detach() for p in parts])
+        extras = {k: torch.cat([p[0].extras[k].detach() for p in parts]) for k in parts[0][0].extras}
+        targets = torch.cat([p[2].classes for p in parts])
+        scores = torch.cat([p[2](p[1]).detach() for p in parts])
+        hw = tuple(x.shape[-2:])
+        has_grid = "tokens" in adapter.capabilities
+        if self.level == "token":
+            token_maps = values
+            maps = upsample_tokens(values, hw)
+        else:
+            maps = values
+            token_maps = pool_to_tokens(values, adapter.grid(hw)) if has_grid else None
+        return Explanation(
+            maps=maps.float(),
+            token_maps=None if token_maps is None else token_maps.float(),
+            targets=targets,
+            scores=scores,
+            remainder=remainder,
+            cost=meter.cost(b),
+            method=self.name,
+            options=dict(self.options),
+            target=tgt.describe(),
+            extras=extras,
+        )
+
+    __call__ = explain
+
+
+def _model_device(model: nn.Module) -> torch.device | None:
+    for p in model.parameters():
+        return p.device
+    return None
+
+
+def _target_chunk(target: Target, sl: slice, batch: int) -> Target:
+    """The target for images ``sl`` of a batch of ``batch`` images (per-sample specs are sliced)."""
+    if sl.start == 0 and sl.stop == batch:
+        return target
+    clone = type(target).__new__(type(target))
+    clone.__dict__.update(target.__dict__)
+    for key in ("_spec", "_versus_spec"):
+        spec = clone.__dict__.get(key)
+        if spec is None or isinstance(spec, int):
+            continue
+        t = torch.as_tensor(spec).reshape(-1)
+        if t.numel() == 1:
+            continue
+        if t.numel() != batch:
+            raise TargetError(f"{t.numel()} class indices given for a batch of {batch} images")
+        clone.__dict__[key] = t[sl]
+    return clone

@@ -1,0 +1,42 @@
+"""Registry of explanation methods by name."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from ..errors import InputError
+
+if TYPE_CHECKING:
+    from .base import Explainer
+
+__all__ = ["register", "get_method", "methods"]
+
+_METHODS: dict[str, type["Explainer"]] = {}
+
+
+def register(cls: type["Explainer"]) -> type["Explainer"]:
+    """Class decorator: register an :class:`~vitlens.explainers.base.Explainer` subclass under its ``name``."""
+    if not cls.name:
+        raise ValueError(f"{cls.__name__} has no name")
+    _METHODS[cls.name] = cls
+    return cls
+
+
+def get_method(name: str | "Explainer", **options: Any) -> "Explainer":
+    """Instantiate the method ``name`` with ``options`` (an Explainer instance is returned as is)."""
+    from .base import Explainer
+
+    if isinstance(name, Explainer):
+        if options:
+            raise InputError("options cannot be passed together with an Explainer instance")
+        return name
+    try:
+        cls = _METHODS[name]
+    except KeyError:
+        raise InputError(f"unknown method {name!r}; available: {', '.join(methods())}") from None
+    return cls(**options)
+
+
+def methods() -> list[str]:
+    """Names of the registered methods, sorted."""
+    return sorted(_METHODS)

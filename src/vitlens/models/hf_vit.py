@@ -1,0 +1,128 @@
+"""Adapter for HuggingFace ViT and DeiT image classifiers (``ViTForImageClassification``, ``DeiTForImageClassification``,
+``DeiTForImageClassificationWithTeacher``)."""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Iterator, Sequence
+
+from torch import Tensor, nn
+
+from ..errors import InputError, UnsupportedModelError
+from .base import Adapter, BlockRecord, Recording, _logits_of
+
+__all__ = ["HFViTAdapter"]
+
+_SUPPORTED = {
+    "ViTForImageClassification": ("vit", (0,)),
+    "DeiTForImageClassification": ("deit", (0,)),
+    "DeiTForImageClassificationWithTeacher": ("deit", (0, 1)),
+}
+
+
+class HFViTAdapter(Adapter):
+    """HuggingFace ViT/DeiT classifiers. Eager attention is switched on for the duration of a session."""
+
+    family = "hf-vit"
+    capabilities = frozenset({"attention", "tokens"})
+
+    @staticmethod
+    def matches(model: nn.Module) -> bool:
+        return type(model).__name__ in _SUPPORTED and hasattr(model, "config")
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__(model)
+        base_name, readout = _SUPPORTED[type(model).__name__]
+        self.backbone = getattr(model, base_name)
+        cfg = model.config
+        self.num_prefix_tokens = 2 if base_name == "deit" else 1
+        self.readout_tokens = readout
+        self.num_classes = int(cfg.num_labels)
+        p = cfg.patch_size
+        self.patch_size = (p, p) if isinstance(p, int) else tuple(p)
+        s = cfg.image_size
+        self.default_size = (s, s) if isinstance(s, int) else tuple(s)
+        self.in_chans = int(cfg.num_channels)
+        self.layers = list(self.backbone.encoder.layer)
+        self._capturing = False
+        for i, layer in enumerate(self.layers):
+            if not (hasattr(layer, "layernorm_after") and hasattr(layer, "attention")):
+                raise UnsupportedModelError(f"HF layer {i} ({type(layer).__name__}) is not a pre-norm ViT layer")
+            if self._value_linear(layer) is None:
+                raise UnsupportedModelError(f"cannot find the value projection of HF layer {i}")
+
+    @staticmethod
+    def _value_linear(layer: nn.Module) -> nn.Linear | None:
+        att = layer.attention
+        for path in ("v_proj", "attention.value", "value"):  # transformers 5.x, 4.x
+            mod = att
+            for part in path.split("."):
+                mod = getattr(mod, part, None)
+            if isinstance(mod, nn.Linear):
+                return mod
+        return None
+
+    def _attention_module(self, layer: nn.Module) -> nn.Module:
+        att = layer.attention
+        # transformers 4.x nests the self-attention (which returns the probabilities) one level down.
+        return att.attention if hasattr(att, "attention") and isinstance(att.attention, nn.Module) else att
+
+    def blocks(self) -> Sequence[nn.Module]:
+        return self.layers
+
+    def grid(self, input_hw: tuple[int, int]) -> tuple[int, int]:
+        return input_hw[0] // self.patch_size[0], input_hw[1] // self.patch_size[1]
+
+    def check_input(self, x: Tensor) -> None:
+        if x.shape[1] != self.in_chans:
+            raise InputError(f"model expects {self.in_chans} input channels; got a batch with {x.shape[1]}")
+        h, w = x.shape[-2:]
+        ph, pw = self.patch_size
+        if h % ph or w % pw:
+            raise InputError(f"input size {h}x{w} is not a multiple of the patch size {ph}x{pw}")
+
+    def forward(self, x: Tensor) -> Tensor:
+        kwargs = {"output_attentions": True} if self._capturing else {}
+        if tuple(x.shape[-2:]) != self.default_size:
+            kwargs["interpolate_pos_encoding"] = True
+        return _logits_of(self.model(pixel_values=x, **kwargs))
+
+    @contextlib.contextmanager
+    def _explicit_attention(self) -> Iterator[None]:
+        cfg = self.model.config
+        configs = {id(c): c for c in (cfg, getattr(self.backbone, "config", cfg))}
+        saved = {k: c._attn_implementation for k, c in configs.items()}
+        try:
+            for c in configs.values():
+                c._attn_implementation = "eager"
+            self._capturing = True
+            yield
+        finally:
+            self._capturing = False
+            for k, c in configs.items():
+                c._attn_implementation = saved[k]
+
+    def _install_capture(self, rec: Recording, hooks: list) -> None:
+        rec.blocks.extend(BlockRecord() for _ in self.layers)
+        heads = int(self.model.config.num_attention_heads)
+        for i, layer in enumerate(self.layers):
+            hooks.append(layer.register_forward_pre_hook(self._leaf_first_block_hook(rec, i), with_kwargs=True))
+            hooks.append(layer.layernorm_after.register_forward_pre_hook(self._record_h_hook(rec, i)))
+
+            def attn_hook(module, args, output, i=i):
+                probs = output[1] if isinstance(output, tuple) and len(output) > 1 else None
+                if probs is None:
+                    raise UnsupportedModelError("HF attention returned no probabilities although eager was set")
+                rec.blocks[i].attn = probs
+
+            def value_hook(module, args, output, i=i):
+                b, n, d = output.shape
+                rec.blocks[i].value = output.detach().reshape(b, n, heads, d // heads).permute(0, 2, 1, 3)
+
+            hooks.append(self._attention_module(layer).register_forward_hook(attn_hook))
+            hooks.append(self._value_linear(layer).register_forward_hook(value_hook))
+
+        def final_hook(module, args, output):
+            rec.final = output[0] if isinstance(output, tuple) else output
+
+        hooks.append(self.layers[-1].register_forward_hook(final_hook))

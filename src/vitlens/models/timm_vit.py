@@ -1,0 +1,120 @@
+"""Adapter for timm's ``VisionTransformer`` family (ViT, DeiT incl. distilled, register tokens, pooled readouts)."""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Iterator, Sequence
+
+from torch import Tensor, nn
+
+from ..errors import InputError, UnsupportedModelError
+from .base import Adapter, BlockRecord, Recording
+
+__all__ = ["TimmViTAdapter"]
+
+
+def _is_timm_vit(model: nn.Module) -> bool:
+    try:
+        from timm.models.vision_transformer import VisionTransformer
+    except ImportError:  # pragma: no cover - timm is an optional extra
+        return False
+    return isinstance(model, VisionTransformer)
+
+
+class TimmViTAdapter(Adapter):
+    """timm ``VisionTransformer`` and subclasses whose blocks are pre-norm ``Block``s with standard ``Attention``.
+
+    Readout: ``global_pool='token'`` reads the CLS token; the distilled DeiT reads CLS and DIST; every other pooling
+    (``avg``, ``max``, ``avgmax``, ``map``) is treated as a pooled readout over tokens.
+    """
+
+    family = "timm-vit"
+    capabilities = frozenset({"attention", "tokens"})
+
+    @staticmethod
+    def matches(model: nn.Module) -> bool:
+        return _is_timm_vit(model)
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__(model)
+        from timm.layers import Attention
+        from timm.models.vision_transformer import Block
+
+        for i, blk in enumerate(model.blocks):
+            if not isinstance(blk, Block) or type(blk.attn) is not Attention:
+                raise UnsupportedModelError(
+                    f"timm model block {i} is {type(blk).__name__} with {type(getattr(blk, 'attn', None)).__name__}; "
+                    "vitlens supports pre-norm timm Blocks with the standard Attention module "
+                    "(see docs/architecture.md to add a block family)"
+                )
+        self.num_prefix_tokens = int(getattr(model, "num_prefix_tokens", 1))
+        self.num_classes = int(model.num_classes)
+        if getattr(model, "head_dist", None) is not None:  # VisionTransformerDistilled
+            self.readout_tokens = (0, 1)
+        elif getattr(model, "global_pool", "token") == "token" and getattr(model, "cls_token", None) is not None:
+            self.readout_tokens = (0,)
+        else:
+            self.readout_tokens = None
+        pe = model.patch_embed
+        self.patch_size = tuple(pe.patch_size)
+        self.dynamic = bool(getattr(pe, "dynamic_img_size", False) or getattr(model, "dynamic_img_size", False))
+        self.default_size = tuple(pe.img_size) if pe.img_size is not None else None
+        self.in_chans = int(pe.proj.in_channels)
+
+    def blocks(self) -> Sequence[nn.Module]:
+        return list(self.model.blocks)
+
+    def grid(self, input_hw: tuple[int, int]) -> tuple[int, int]:
+        pe = self.model.patch_embed
+        if self.dynamic:
+            return tuple(int(v) for v in pe.dynamic_feat_size(tuple(input_hw)))
+        return tuple(int(v) for v in pe.grid_size)
+
+    def check_input(self, x: Tensor) -> None:
+        if x.shape[1] != self.in_chans:
+            raise InputError(f"model expects {self.in_chans} input channels; got a batch with {x.shape[1]}")
+        hw = tuple(x.shape[-2:])
+        if not self.dynamic and self.default_size is not None and hw != self.default_size:
+            raise InputError(
+                f"model expects {self.default_size[0]}x{self.default_size[1]} inputs; got {hw[0]}x{hw[1]} "
+                "(create it with dynamic_img_size=True to explain other sizes)"
+            )
+        ph, pw = self.patch_size
+        if self.dynamic and not getattr(self.model.patch_embed, "dynamic_img_pad", False):
+            if hw[0] % ph or hw[1] % pw:
+                raise InputError(f"input size {hw[0]}x{hw[1]} is not a multiple of the patch size {ph}x{pw}")
+
+    @contextlib.contextmanager
+    def _explicit_attention(self) -> Iterator[None]:
+        attns = [blk.attn for blk in self.model.blocks]
+        saved = [a.fused_attn for a in attns]
+        try:
+            for a in attns:
+                a.fused_attn = False
+            yield
+        finally:
+            for a, flag in zip(attns, saved):
+                a.fused_attn = flag
+
+    def _install_capture(self, rec: Recording, hooks: list) -> None:
+        blocks = list(self.model.blocks)
+        rec.blocks.extend(BlockRecord() for _ in blocks)
+        for i, blk in enumerate(blocks):
+            hooks.append(blk.register_forward_pre_hook(self._leaf_first_block_hook(rec, i), with_kwargs=True))
+            hooks.append(blk.norm2.register_forward_pre_hook(self._record_h_hook(rec, i)))
+
+            def attn_hook(module, args, output, i=i):
+                rec.blocks[i].attn = output
+
+            def qkv_hook(module, args, output, i=i, attn=blk.attn):
+                b, n, _ = output.shape
+                v = output.detach().reshape(b, n, 3, attn.num_heads, attn.head_dim)[:, :, 2]
+                rec.blocks[i].value = v.permute(0, 2, 1, 3)
+
+            hooks.append(blk.attn.attn_drop.register_forward_hook(attn_hook))
+            hooks.append(blk.attn.qkv.register_forward_hook(qkv_hook))
+
+        def final_hook(module, args, output):
+            rec.final = output
+
+        hooks.append(blocks[-1].register_forward_hook(final_hook))

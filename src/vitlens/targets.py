@@ -1,0 +1,205 @@
+"""What to explain: targets turn model output into one scalar per image.
+
+A target is an object, not a bare class index. It is *resolved* against the model's output once (``None`` becomes
+the predicted class, per-sample indices are checked against the batch and the number of classes), and then called on
+logits to give the scores ``y`` (shape ``(B,)``) whose gradients and relevance an explainer computes.
+
+>>> t = make_target(None)                       # the predicted class, logit
+>>> t = make_target(3)                          # class 3 for every image
+>>> t = make_target([3, 1])                     # per-sample classes
+>>> t = ClassProbability(3)                     # softmax probability of class 3
+>>> t = Contrast(3, 5, gamma=1.0)               # y_3 - 1.0 * y_5
+"""
+
+from __future__ import annotations
+
+from typing import Sequence, Union
+
+import torch
+from torch import Tensor
+
+from .errors import TargetError
+
+__all__ = ["Target", "ClassLogit", "ClassProbability", "Contrast", "make_target", "TargetSpec"]
+
+ClassSpec = Union[None, int, Sequence[int], Tensor]
+
+
+def _as_class_tensor(classes: ClassSpec, logits: Tensor, what: str) -> Tensor:
+    """Resolve a class spec to a ``(B,)`` long tensor on the logits' device, validating range and batch size."""
+    b, k = logits.shape
+    if classes is None:
+        return logits.detach().argmax(dim=-1)
+    if isinstance(classes, bool):
+        raise TargetError(f"{what}: a class index must be an int, got a bool")
+    if isinstance(classes, int):
+        idx = torch.full((b,), classes, dtype=torch.long, device=logits.device)
+    else:
+        try:
+            idx = torch.as_tensor(classes, device=logits.device)
+        except (TypeError, ValueError) as e:
+            raise TargetError(f"{what}: cannot read class indices from {type(classes).__name__}: {e}") from None
+        if idx.is_floating_point() or idx.is_complex() or idx.dtype == torch.bool:
+            raise TargetError(f"{what}: class indices must be integers, got dtype {idx.dtype}")
+        idx = idx.long().reshape(-1)
+        if idx.numel() == 1 and b != 1:
+            idx = idx.expand(b).clone()
+        if idx.numel() != b:
+            raise TargetError(f"{what}: {idx.numel()} class indices given for a batch of {b} images")
+    bad = (idx < 0) | (idx >= k)
+    if bool(bad.any()):
+        first = int(idx[bad][0])
+        raise TargetError(
+            f"{what}: class {first} is out of range for a model with {k} classes (valid: 0..{k - 1})"
+        )
+    return idx
+
+
+class Target:
+    """Base class: maps logits ``(B, K)`` to target scores ``(B,)``.
+
+    Subclasses implement :meth:`resolve` (fix every class index for a concrete batch) and :meth:`score`.
+    ``classes`` holds the explained class per image once resolved.
+    """
+
+    classes: Tensor | None = None
+
+    def resolve(self, logits: Tensor) -> "Target":
+        """Return a copy with all class indices fixed for this batch of logits (validated)."""
+        raise NotImplementedError
+
+    def score(self, logits: Tensor) -> Tensor:
+        """Target score per image, ``(B,)``, differentiable w.r.t. the logits."""
+        raise NotImplementedError
+
+    def __call__(self, logits: Tensor) -> Tensor:
+        if logits.ndim != 2:
+            raise TargetError(f"targets expect logits of shape (B, K); got shape {tuple(logits.shape)}")
+        if self.classes is None:
+            return self.resolve(logits).score(logits)
+        if self.classes.shape[0] != logits.shape[0]:
+            raise TargetError(
+                f"target was resolved for a batch of {self.classes.shape[0]}, got logits for {logits.shape[0]}"
+            )
+        return self.score(logits)
+
+    def select(self, index: Tensor | slice) -> "Target":
+        """The same (resolved) target restricted to some images of the batch."""
+        raise NotImplementedError
+
+    def describe(self) -> dict:
+        """JSON-friendly description for provenance records."""
+        return {"kind": type(self).__name__}
+
+
+class ClassLogit(Target):
+    """The logit of a class. ``classes=None`` explains the predicted class of each image."""
+
+    def __init__(self, classes: ClassSpec = None) -> None:
+        self._spec = classes
+        self.classes = None
+
+    def resolve(self, logits: Tensor) -> "ClassLogit":
+        t = type(self).__new__(type(self))
+        t.__dict__.update(self.__dict__)
+        t.classes = _as_class_tensor(self._spec, logits, type(self).__name__)
+        return t
+
+    def score(self, logits: Tensor) -> Tensor:
+        return logits.gather(1, self.classes.to(logits.device)[:, None])[:, 0]
+
+    def select(self, index: Tensor | slice) -> "ClassLogit":
+        t = type(self).__new__(type(self))
+        t.__dict__.update(self.__dict__)
+        t.classes = self.classes[index]
+        t._spec = t.classes
+        return t
+
+    def describe(self) -> dict:
+        spec = self._spec
+        if isinstance(spec, Tensor):
+            spec = spec.tolist()
+        return {"kind": type(self).__name__, "classes": "predicted" if spec is None else spec}
+
+
+class ClassProbability(ClassLogit):
+    """The softmax probability of a class (``classes=None``: the predicted class)."""
+
+    def score(self, logits: Tensor) -> Tensor:
+        return logits.softmax(dim=-1).gather(1, self.classes.to(logits.device)[:, None])[:, 0]
+
+
+class Contrast(Target):
+    """Contrast target ``y_c - gamma * y_d`` (logits).
+
+    ``classes`` (c) defaults to the predicted class; ``versus`` (d) defaults to the runner-up, i.e. the class with
+    the highest logit other than c.
+    """
+
+    def __init__(self, classes: ClassSpec = None, versus: ClassSpec = None, gamma: float = 1.0) -> None:
+        self._spec = classes
+        self._versus_spec = versus
+        self.gamma = float(gamma)
+        self.classes = None
+        self.versus: Tensor | None = None
+
+    def resolve(self, logits: Tensor) -> "Contrast":
+        t = Contrast(self._spec, self._versus_spec, self.gamma)
+        t.classes = _as_class_tensor(self._spec, logits, "Contrast")
+        if logits.shape[1] < 2:
+            raise TargetError("Contrast needs a model with at least 2 classes")
+        if self._versus_spec is None:
+            masked = logits.detach().clone()
+            masked.scatter_(1, t.classes[:, None], float("-inf"))
+            t.versus = masked.argmax(dim=-1)
+        else:
+            t.versus = _as_class_tensor(self._versus_spec, logits, "Contrast(versus)")
+        return t
+
+    def score(self, logits: Tensor) -> Tensor:
+        yc = logits.gather(1, self.classes.to(logits.device)[:, None])[:, 0]
+        yd = logits.gather(1, self.versus.to(logits.device)[:, None])[:, 0]
+        return yc - self.gamma * yd
+
+    def select(self, index: Tensor | slice) -> "Contrast":
+        t = Contrast(None, None, self.gamma)
+        t.classes = self.classes[index]
+        t.versus = self.versus[index]
+        t._spec, t._versus_spec = t.classes, t.versus
+        return t
+
+    def describe(self) -> dict:
+        def plain(v: ClassSpec):
+            return v.tolist() if isinstance(v, Tensor) else v
+
+        return {
+            "kind": "Contrast",
+            "classes": "predicted" if self._spec is None else plain(self._spec),
+            "versus": "runner-up" if self._versus_spec is None else plain(self._versus_spec),
+            "gamma": self.gamma,
+        }
+
+
+TargetSpec = Union[Target, ClassSpec, str]
+
+
+def make_target(spec: TargetSpec) -> Target:
+    """Turn what a user passed as ``target=`` into a :class:`Target`.
+
+    ``None`` or ``"predicted"`` → :class:`ClassLogit` of the predicted class; an int, a sequence of ints or an
+    integer tensor → :class:`ClassLogit` of those classes; a :class:`Target` → itself.
+    """
+    if isinstance(spec, Target):
+        return spec
+    if spec is None or (isinstance(spec, str) and spec == "predicted"):
+        return ClassLogit(None)
+    if isinstance(spec, str):
+        try:
+            return ClassLogit(int(spec))
+        except ValueError:
+            raise TargetError(
+                f"unknown target {spec!r}: use None/'predicted', a class index, a list of indices or a Target object"
+            ) from None
+    if isinstance(spec, float):
+        raise TargetError(f"a class index must be an int, got the float {spec}")
+    return ClassLogit(spec)
