@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 from typing import Iterator, Sequence
 
 from torch import Tensor, nn
@@ -12,6 +13,13 @@ from ..errors import InputError, UnsupportedModelError
 from .base import Adapter, BlockRecord, Recording, _logits_of
 
 __all__ = ["HFViTAdapter"]
+
+
+@functools.lru_cache(maxsize=1)
+def _transformers_major() -> int:
+    import transformers  # only reached with an HF model, so transformers is installed
+
+    return int(transformers.__version__.split(".")[0])
 
 _SUPPORTED = {
     "ViTForImageClassification": ("vit", (0,)),
@@ -43,7 +51,8 @@ class HFViTAdapter(Adapter):
         s = cfg.image_size
         self.default_size = (s, s) if isinstance(s, int) else tuple(s)
         self.in_chans = int(cfg.num_channels)
-        self.layers = list(self.backbone.encoder.layer)
+        encoder = getattr(self.backbone, "encoder", None)  # transformers 4.x: backbone.encoder.layer
+        self.layers = list(encoder.layer if encoder is not None else self.backbone.layers)
         self._capturing = False
         for i, layer in enumerate(self.layers):
             if not (hasattr(layer, "layernorm_after") and hasattr(layer, "attention")):
@@ -82,7 +91,9 @@ class HFViTAdapter(Adapter):
             raise InputError(f"input size {h}x{w} is not a multiple of the patch size {ph}x{pw}")
 
     def forward(self, x: Tensor) -> Tensor:
-        kwargs = {"output_attentions": True} if self._capturing else {}
+        # transformers 4.x returns attention probabilities only when asked; 5.x always returns them from the
+        # attention module, and asking would make it install permanent capture hooks on the model.
+        kwargs = {"output_attentions": True} if self._capturing and _transformers_major() < 5 else {}
         if tuple(x.shape[-2:]) != self.default_size:
             kwargs["interpolate_pos_encoding"] = True
         return _logits_of(self.model(pixel_values=x, **kwargs))
