@@ -138,23 +138,51 @@ def _load_timm(arch: str, pretrained: bool, weights: str | os.PathLike | None, *
         path = Path(weights)
         if not path.is_file():
             raise WeightsUnavailableError(f"weights file {path} does not exist")
-        return timm.create_model(arch, pretrained=True, pretrained_cfg_overlay={"file": str(path)}, **kwargs)
+        model = timm.create_model(arch, pretrained=False, **kwargs)
+        try:
+            timm.models.load_checkpoint(model, str(path), strict=True)
+        except (RuntimeError, KeyError) as e:
+            raise WeightsUnavailableError(
+                f"weights file {path} does not match timm:{arch} with {kwargs or 'default arguments'}: "
+                f"{str(e).splitlines()[0][:200]}"
+            ) from None
+        return model
     if not pretrained:
         return timm.create_model(arch, pretrained=False, **kwargs)
-    offline_before = os.environ.get("HF_HUB_OFFLINE")
-    try:
-        os.environ["HF_HUB_OFFLINE"] = "1"
-        return timm.create_model(arch, pretrained=True, **kwargs)
-    except Exception as e:  # hub/cache errors come in many types; all mean "not available locally"
+    cached = _cached_timm_weights(arch)
+    if cached is None:
         raise WeightsUnavailableError(
-            f"pretrained weights for timm:{arch} are not available offline ({type(e).__name__}); "
+            f"pretrained weights for timm:{arch} are not in the local cache and vitlens never downloads; "
             "pass weights=PATH to a local checkpoint, or pretrained=False for random weights"
-        ) from None
-    finally:
-        if offline_before is None:
-            os.environ.pop("HF_HUB_OFFLINE", None)
-        else:
-            os.environ["HF_HUB_OFFLINE"] = offline_before
+        )
+    return timm.create_model(arch, pretrained=True, pretrained_cfg_overlay={"file": cached}, **kwargs)
+
+
+def _cached_timm_weights(arch: str) -> str | None:
+    """Path of timm's pretrained weights for ``arch`` if they are already on disk (HF cache or torch hub cache)."""
+    from timm.models import get_pretrained_cfg
+
+    cfg = get_pretrained_cfg(arch)
+    if cfg is None:
+        return None
+    if cfg.file and Path(cfg.file).is_file():
+        return str(cfg.file)
+    if cfg.hf_hub_id:
+        try:
+            from huggingface_hub import try_to_load_from_cache
+        except ImportError:  # pragma: no cover
+            try_to_load_from_cache = None
+        if try_to_load_from_cache is not None:
+            names = [cfg.hf_hub_filename] if cfg.hf_hub_filename else ["model.safetensors", "pytorch_model.bin"]
+            for fname in names:
+                found = try_to_load_from_cache(cfg.hf_hub_id, fname)
+                if isinstance(found, str) and Path(found).is_file():
+                    return found
+    if cfg.url:
+        local = Path(torch.hub.get_dir()) / "checkpoints" / Path(cfg.url).name
+        if local.is_file():
+            return str(local)
+    return None
 
 
 def _load_hf(ident: str, pretrained: bool, **kwargs: Any) -> nn.Module:
