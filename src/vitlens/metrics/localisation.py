@@ -12,18 +12,16 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ..errors import InputError
+from .base import Metric, MetricResult, check_maps, register_metric
 
-__all__ = ["pointing_game", "energy_inside", "boxes_to_masks"]
+__all__ = ["pointing_game", "energy_inside", "boxes_to_masks", "PointingGame"]
 
 
 def _check(maps: Tensor, masks: Tensor) -> tuple[Tensor, Tensor]:
-    if maps.ndim != 3:
-        raise InputError(f"maps must have shape (B, H, W); got {tuple(maps.shape)}")
+    maps = check_maps(maps)
     if masks.shape != maps.shape:
         raise InputError(f"masks must have the maps' shape {tuple(maps.shape)}; got {tuple(masks.shape)}")
-    if not bool(torch.isfinite(maps).all()):
-        raise InputError("maps contain NaN or inf values")
-    return maps.float(), masks.to(device=maps.device, dtype=torch.bool)
+    return maps, masks.to(device=maps.device, dtype=torch.bool)
 
 
 def boxes_to_masks(boxes: Tensor, size: tuple[int, int]) -> Tensor:
@@ -77,3 +75,33 @@ def energy_inside(maps: Tensor, masks: Tensor) -> Tensor:
     total = pos.sum(dim=1)
     inside = (pos * masks.flatten(1)).sum(dim=1)
     return torch.where(total > 0, inside / total.clamp_min(1e-30), torch.zeros_like(total))
+
+
+@register_metric
+class PointingGame(Metric):
+    """Pointing game against masks (or boxes, turned into masks), plus the energy variant.
+
+    Settings: ``tolerance`` (pixels), ``skip_large`` (TIS rule: images whose region covers at least this fraction of
+    the image are skipped, NaN; ``None`` keeps all).
+    """
+
+    name = "pointing_game"
+    outputs = {"pointing_game": True, "energy_inside": True}
+
+    def __init__(self, tolerance: float = 0.0, skip_large: float | None = None) -> None:
+        super().__init__(tolerance=float(tolerance), skip_large=skip_large)
+
+    def compute(self, maps: Tensor, *, masks: Tensor | None = None, boxes: Tensor | None = None,
+                **_: object) -> MetricResult:
+        if masks is None:
+            if boxes is None:
+                raise InputError("pointing_game needs masks or boxes")
+            masks = boxes_to_masks(boxes.to(maps.device), tuple(maps.shape[-2:]))
+        hits = pointing_game(maps, masks, self.settings["tolerance"])
+        energy = energy_inside(maps, masks)
+        skip = self.settings["skip_large"]
+        if skip is not None:
+            large = masks.flatten(1).float().mean(1).to(hits.device) >= skip
+            hits = torch.where(large, torch.full_like(hits, float("nan")), hits)
+            energy = torch.where(large, torch.full_like(energy, float("nan")), energy)
+        return self.result({"pointing_game": hits, "energy_inside": energy})
