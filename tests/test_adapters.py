@@ -90,3 +90,30 @@ def test_adapter_layout():
     a = vitlens.get_adapter(tiny_vit(dynamic_img_size=True))
     assert a.family == "timm-vit" and a.num_classes == 5 and a.readout_tokens == (0,)
     assert a.grid((32, 32)) == (4, 4) and a.grid((48, 24)) == (6, 3)
+
+
+@pytest.mark.parametrize("kind", ["timm", "timm-gap-reg", "hf"])
+def test_keep_tokens_runs_on_a_subset_with_own_position_embeddings(kind):
+    if kind == "hf":
+        model = timm_to_hf_vit(tiny_vit())
+    elif kind == "timm":
+        model = tiny_vit()
+    else:
+        model = tiny_vit(reg_tokens=2, global_pool="avg", class_token=False)
+    adapter = vitlens.get_adapter(model)
+    x = torch.randn(2, 3, 32, 32)
+    seen = []
+    blk = adapter.blocks()[0]
+    h = blk.register_forward_pre_hook(lambda m, a: seen.append(a[0].shape[1]))
+    all_tokens = torch.arange(16).expand(2, 16).clone()
+    with torch.no_grad():
+        full = adapter.forward(x)
+        with adapter.keep_tokens(all_tokens):
+            same = adapter.forward(x)
+        with adapter.keep_tokens(torch.tensor([[0, 5, 10], [15, 3, 1]])):
+            sub = adapter.forward(x)
+    h.remove()
+    torch.testing.assert_close(full, same)
+    assert seen[-1] == adapter.num_prefix_tokens + 3
+    assert sub.shape == full.shape and not torch.allclose(sub, full)
+    assert all(len(m._forward_hooks) == 0 for m in model.modules())

@@ -231,6 +231,10 @@ class Explainer:
     defaults: ClassVar[dict[str, Any]] = {}
     requires: ClassVar[str | None] = None
     level: ClassVar[str] = "token"
+    #: cheap settings for the shared property tests (e.g. fewer masks or steps); never used by default.
+    fast_options: ClassVar[dict[str, Any]] = {}
+    #: whether batch results equal one-by-one results (False for methods whose randomness is shared by the batch).
+    batch_equivariant: ClassVar[bool] = True
 
     def __init__(self, **options: Any) -> None:
         unknown = sorted(set(options) - set(self.defaults))

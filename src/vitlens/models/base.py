@@ -158,6 +158,37 @@ class Adapter:
             for m, flag in modes.items():
                 m.training = flag
 
+    def _embedding_module(self) -> nn.Module:
+        """The module whose output is the token sequence with position embeddings added (before the blocks)."""
+        raise NotImplementedError
+
+    @contextlib.contextmanager
+    def keep_tokens(self, keep: Tensor) -> Iterator[None]:
+        """Run the model on a subset of patch tokens (each with its own position embedding) within the context.
+
+        ``keep``: ``(B, k)`` long indices into the patch tokens (row-major on the token grid) for each image of the
+        batch that :meth:`forward` will receive. Prefix tokens are always kept. Tokens are dropped after the
+        embeddings: no replacement value is used (as TIS and MUTEX require). Needs the ``"tokens"`` capability.
+        """
+        if keep.ndim != 2 or keep.dtype != torch.long:
+            raise InputError(f"keep must be a (B, k) long tensor, got {tuple(keep.shape)} {keep.dtype}")
+        p = self.num_prefix_tokens
+
+        def hook(module: nn.Module, args: tuple, out: Tensor) -> Tensor:
+            if out.shape[0] != keep.shape[0]:
+                raise InputError(f"keep has {keep.shape[0]} rows for a batch of {out.shape[0]}")
+            n_patch = out.shape[1] - p
+            if int(keep.max()) >= n_patch or int(keep.min()) < 0:
+                raise InputError(f"keep indices must be in [0, {n_patch}) patch tokens")
+            idx = keep.to(out.device)[:, :, None].expand(-1, -1, out.shape[-1])
+            return torch.cat([out[:, :p], out[:, p:].gather(1, idx)], dim=1)
+
+        handle = self._embedding_module().register_forward_hook(hook)
+        try:
+            yield
+        finally:
+            handle.remove()
+
     # -- helpers for subclasses ------------------------------------------------------------------------------------
     @staticmethod
     def _leaf_first_block_hook(rec: Recording, index: int) -> Callable:

@@ -98,6 +98,9 @@ class HFViTAdapter(Adapter):
             kwargs["interpolate_pos_encoding"] = True
         return _logits_of(self.model(pixel_values=x, **kwargs))
 
+    def _embedding_module(self) -> nn.Module:
+        return self.backbone.embeddings
+
     @contextlib.contextmanager
     def _explicit_attention(self) -> Iterator[None]:
         cfg = self.model.config

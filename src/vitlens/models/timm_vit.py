@@ -84,6 +84,9 @@ class TimmViTAdapter(Adapter):
             if hw[0] % ph or hw[1] % pw:
                 raise InputError(f"input size {hw[0]}x{hw[1]} is not a multiple of the patch size {ph}x{pw}")
 
+    def _embedding_module(self) -> nn.Module:
+        return self.model.patch_drop  # applied right after the position embeddings
+
     @contextlib.contextmanager
     def _explicit_attention(self) -> Iterator[None]:
         attns = [blk.attn for blk in self.model.blocks]

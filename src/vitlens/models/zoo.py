@@ -1,0 +1,205 @@
+"""Registry of the models bundled with vitlens (small models trained by the project; weights ship in the package).
+
+Loading never touches the network: weights are read from ``vitlens/models/weights/<name>.safetensors`` inside the
+installed package. If a weights file is missing (e.g. a source checkout without the shipped files), loading raises
+:class:`vitlens.errors.WeightsUnavailableError` naming the file and the command that trains it.
+
+Bundled models
+--------------
+``shapes-vit``
+    timm ``VisionTransformer`` (patch 8, CLS-token readout, 6 blocks, 6 heads, width 192, MLP ratio 4) for 64×64 RGB
+    synthetic scenes (:func:`vitlens.data.make_scenes`), 6 classes (:data:`vitlens.data.CLASS_NAMES`).
+    Input: RGB in ``[0, 1]`` normalised as ``(x - 0.5) / 0.25`` per channel (the scenes' pixel statistics are mean
+    ≈ 0.50, std ≈ 0.23); the same values are in ``model.pretrained_cfg`` (``mean``/``std``), which is what
+    ``timm.data.resolve_model_data_config(model)`` reads. ``dynamic_img_size=True``: other input sizes (multiples of
+    8) are accepted, the position embeddings are interpolated.
+
+Example::
+
+    from vitlens.models.zoo import load_bundled
+    model = load_bundled("shapes-vit")              # eval mode, on CPU
+    mean = torch.tensor(model.pretrained_cfg["mean"]).view(1, 3, 1, 1)
+    std = torch.tensor(model.pretrained_cfg["std"]).view(1, 3, 1, 1)
+    logits = model((images - mean) / std)          # images: (B, 3, 64, 64) in [0, 1]
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from vitlens.data.scenes import CLASS_NAMES
+from vitlens.errors import UnsupportedModelError, WeightsUnavailableError
+
+__all__ = [
+    "BUNDLED",
+    "BundledModel",
+    "SHAPES_MEAN",
+    "SHAPES_STD",
+    "WEIGHTS_DIR",
+    "build_shapes_vit",
+    "bundled_names",
+    "load_bundled",
+    "model_card",
+    "weights_path",
+]
+
+#: Folder holding the shipped weights, metadata and model cards (``<name>.safetensors``, ``.json``, ``.md``).
+WEIGHTS_DIR: Path = Path(__file__).resolve().parent / "weights"
+
+#: Per-channel normalisation of the shapes models: ``x_norm = (x - mean) / std`` for ``x`` in ``[0, 1]``.
+SHAPES_MEAN: tuple[float, float, float] = (0.5, 0.5, 0.5)
+SHAPES_STD: tuple[float, float, float] = (0.25, 0.25, 0.25)
+
+
+def build_shapes_vit() -> Any:
+    """Build the (untrained) ``shapes-vit`` architecture.
+
+    Returns:
+        ``timm.models.vision_transformer.VisionTransformer``: img_size 64, patch 8 (an 8×8 token grid + CLS token),
+        embed_dim 192, depth 6, 6 heads, MLP ratio 4, 6 classes, CLS-token readout, ``dynamic_img_size=True``.
+        Input ``(B, 3, H, W)`` normalised with :data:`SHAPES_MEAN`/:data:`SHAPES_STD`; output logits ``(B, 6)``.
+        ``model.pretrained_cfg`` (also aliased as ``model.default_cfg``) holds the data config.
+    """
+    try:
+        from timm.models.vision_transformer import VisionTransformer
+    except ImportError as exc:  # pragma: no cover - timm is an optional dependency
+        raise ImportError("the bundled shapes-vit model needs timm; install it with: pip install 'vitlens[timm]'") from exc
+
+    model = VisionTransformer(
+        img_size=64,
+        patch_size=8,
+        in_chans=3,
+        num_classes=len(CLASS_NAMES),
+        embed_dim=192,
+        depth=6,
+        num_heads=6,
+        mlp_ratio=4.0,
+        class_token=True,
+        global_pool="token",
+        dynamic_img_size=True,
+    )
+    cfg = {
+        "architecture": "vit_shapes_patch8_64",
+        "input_size": (3, 64, 64),
+        "mean": SHAPES_MEAN,
+        "std": SHAPES_STD,
+        "interpolation": "bilinear",
+        "crop_pct": 1.0,
+        "crop_mode": "center",
+        "num_classes": len(CLASS_NAMES),
+        "label_names": tuple(CLASS_NAMES),
+        "first_conv": "patch_embed.proj",
+        "classifier": "head",
+        "license": "apache-2.0",
+    }
+    model.pretrained_cfg = cfg
+    model.default_cfg = cfg  # timm's backwards-compatible alias
+    return model
+
+
+@dataclass(frozen=True)
+class BundledModel:
+    """Description of one bundled model.
+
+    Attributes:
+        name: registry name (also the stem of its files in :data:`WEIGHTS_DIR`).
+        build: builds the untrained architecture.
+        train_command: the one command that (re)trains the shipped weights.
+        description: one-line summary.
+        input_size: ``(C, H, W)`` the model was trained at.
+        class_names: output class names, index = logit index.
+    """
+
+    name: str
+    build: Callable[[], torch.nn.Module]
+    train_command: str
+    description: str
+    input_size: tuple[int, int, int]
+    class_names: tuple[str, ...] = field(default_factory=tuple)
+
+
+#: Name → spec of every bundled model.
+BUNDLED: dict[str, BundledModel] = {
+    "shapes-vit": BundledModel(
+        name="shapes-vit",
+        build=build_shapes_vit,
+        train_command="python -m vitlens.training.shapes --out src/vitlens/models/weights",
+        description=(
+            "timm ViT (patch 8, CLS readout, 6 blocks x 6 heads, dim 192) trained on 64x64 synthetic scenes, 6 classes"
+        ),
+        input_size=(3, 64, 64),
+        class_names=tuple(CLASS_NAMES),
+    ),
+}
+
+
+def bundled_names() -> list[str]:
+    """Names of all bundled models, sorted."""
+    return sorted(BUNDLED)
+
+
+def _spec(name: str) -> BundledModel:
+    if not isinstance(name, str) or name not in BUNDLED:
+        raise UnsupportedModelError(f"unknown bundled model {name!r}; bundled models: {', '.join(bundled_names())}")
+    return BUNDLED[name]
+
+
+def weights_path(name: str) -> Path:
+    """Path of the weights file of bundled model ``name`` (which may not exist)."""
+    return Path(WEIGHTS_DIR) / f"{_spec(name).name}.safetensors"
+
+
+def load_bundled(name: str, weights: bool = True) -> torch.nn.Module:
+    """Build bundled model ``name``, load its shipped weights (offline) and return it in eval mode on CPU.
+
+    Args:
+        name: one of :func:`bundled_names`.
+        weights: if ``False``, return the randomly initialised architecture (still in eval mode).
+
+    Raises:
+        vitlens.errors.UnsupportedModelError: ``name`` is not a bundled model.
+        vitlens.errors.WeightsUnavailableError: the weights file is missing or does not match the architecture.
+    """
+    spec = _spec(name)
+    model = spec.build()
+    if weights:
+        path = weights_path(name)
+        if not path.is_file():
+            raise WeightsUnavailableError(
+                f"weights for bundled model {name!r} not found at {path}; train them with: {spec.train_command}"
+            )
+        from safetensors.torch import load_file
+
+        try:
+            state = load_file(str(path), device="cpu")
+            ref = model.state_dict()
+            state = {k: v.to(ref[k].dtype) if k in ref else v for k, v in state.items()}
+            model.load_state_dict(state, strict=True)
+        except Exception as exc:  # corrupt file or mismatched tensors
+            raise WeightsUnavailableError(
+                f"weights file {path} for bundled model {name!r} cannot be loaded ({type(exc).__name__}); "
+                f"retrain with: {spec.train_command}"
+            ) from exc
+    model.eval()
+    return model
+
+
+def model_card(name: str) -> str:
+    """The Markdown model card of bundled model ``name``.
+
+    Returns the shipped ``<name>.md`` written by the training command (data, seed, command, measured accuracy and
+    training time, attention-head statistics); if it is missing, a short card saying how to produce it.
+    """
+    spec = _spec(name)
+    path = Path(WEIGHTS_DIR) / f"{spec.name}.md"
+    if path.is_file():
+        return path.read_text(encoding="utf-8")
+    return (
+        f"# {spec.name}\n\n{spec.description}.\n\n"
+        f"The trained weights and the full model card are not present in {Path(WEIGHTS_DIR)}.\n"
+        f"Train them with:\n\n    {spec.train_command}\n"
+    )
