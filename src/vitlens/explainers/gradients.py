@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from typing import Any
 
 import torch
@@ -38,10 +39,16 @@ class InputXGradient(Explainer):
         return Attribution(values=(xd * grad).sum(dim=1)), logits, tgt
 
 
+def _image_seed(image: Tensor, seed: int) -> int:
+    digest = hashlib.blake2b(image.detach().cpu().contiguous().numpy().tobytes(), digest_size=8).digest()
+    return (int.from_bytes(digest, "little") ^ (seed * 0x9E3779B97F4A7C15)) % (2**63)
+
+
 @register
 class RandomMap(Explainer):
     """Uniform random values in [0, 1) on the token grid (pixel grid for models without tokens): the floor every
-    method must beat. ``seed`` fixes the maps of a call (one CPU generator per call, drawn for the whole batch)."""
+    method must beat. Each image's map is drawn from a generator seeded by ``seed`` and a hash of the image's values,
+    so maps are deterministic and a batch equals one-by-one calls."""
 
     name = "random"
     level = "token"
@@ -52,6 +59,8 @@ class RandomMap(Explainer):
             logits = adapter.forward(x)
         tgt = target if target.classes is not None else target.resolve(logits)
         gh, gw = adapter.grid(tuple(x.shape[-2:]))
-        gen = torch.Generator().manual_seed(int(self.options["seed"]))
-        values = torch.rand(x.shape[0], gh, gw, generator=gen).to(x.device)
+        values = torch.stack([
+            torch.rand(gh, gw, generator=torch.Generator().manual_seed(_image_seed(xi, int(self.options["seed"]))))
+            for xi in x
+        ]).to(x.device)
         return Attribution(values=values), logits, tgt
