@@ -96,3 +96,13 @@ def test_model_restored_after_exception(name):
     assert model_fingerprint(model) == before
     make(name).explain(model, x_batch(2))
     assert model_fingerprint(model) == before
+
+
+@pytest.mark.parametrize("name", METHODS)
+def test_declared_cost_matches_measured(name):
+    model = tiny_vit()
+    method = make(name)
+    exp = method.explain(model, x_batch(2))
+    declared = method.declared_cost()
+    assert exp.cost.forward_passes == pytest.approx(declared["forward"])
+    assert exp.cost.backward_passes == pytest.approx(declared["backward"])

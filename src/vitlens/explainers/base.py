@@ -249,6 +249,14 @@ class Explainer:
     def check_options(self) -> None:
         """Validate ``self.options``; raise :class:`InputError` with a clear message if one is bad."""
 
+    def declared_cost(self) -> dict[str, float]:
+        """Cost per image with the current options, in passes of the target model: ``{"forward": …, "backward": …}``.
+
+        A forward on a subset of tokens counts as one forward (add ``"token_fraction"`` to say how many tokens).
+        The shared property tests check it against the measured :class:`Cost`.
+        """
+        return {"forward": 1.0, "backward": 1.0}
+
     def attribute(self, adapter: Adapter, x: Tensor, target: Target) -> tuple[Attribution, Tensor, Target]:
         """Explain one chunk: return the attribution, the logits ``(B, K)`` and the resolved target."""
         raise NotImplementedError

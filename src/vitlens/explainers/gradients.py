@@ -54,6 +54,9 @@ class RandomMap(Explainer):
     level = "token"
     defaults: dict[str, Any] = {"seed": 0}
 
+    def declared_cost(self) -> dict[str, float]:
+        return {"forward": 1.0, "backward": 0.0}
+
     def attribute(self, adapter: Adapter, x: Tensor, target: Target) -> tuple[Attribution, Tensor, Target]:
         with adapter.session(capture=False), torch.no_grad():
             logits = adapter.forward(x)
