@@ -1,0 +1,244 @@
+"""The benchmark harness: every method × every metric over a data set, stored as it is produced, resumable.
+
+    vitlens bench --model shapes-vit --data scenes --methods gradskip,inputxgradient \
+                  --metrics insertion_deletion:preset=aha,pointing_game:tolerance=4 --n 200 --out runs/x
+
+A *unit* is one method on one batch of images with all metrics; units are committed atomically to the run's SQLite
+shard, and a rerun of the same command skips the units already stored (``kill -9`` loses at most the unit in
+flight). Under ``torchrun --nproc_per_node N`` images are sharded across processes (``image % N == rank``; gloo on
+CPU, nccl on GPU) and rank 0 merges the shards and writes the summary and the report.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from ..errors import InputError
+from ..explainers import get_method
+from ..metrics import get_metric
+from .sources import open_source
+from .store import ResultStore, dumps
+
+__all__ = ["BenchConfig", "run_benchmark", "parse_spec"]
+
+
+def parse_spec(text: str) -> tuple[str, dict[str, Any]]:
+    """``"name:key=value;key=value"`` → ``("name", {key: value})``; values are Python literals, else strings."""
+    name, _, rest = text.partition(":")
+    opts: dict[str, Any] = {}
+    for part in _split_top(rest, ";"):
+        key, sep, raw = part.partition("=")
+        if not sep or not key.strip():
+            raise InputError(f"setting {part!r} in {text!r} is not KEY=VALUE")
+        try:
+            opts[key.strip()] = ast.literal_eval(raw.strip())
+        except (ValueError, SyntaxError):
+            opts[key.strip()] = raw.strip()
+    if not name.strip():
+        raise InputError(f"empty name in {text!r}")
+    return name.strip(), opts
+
+
+def _split_top(text: str, sep: str) -> list[str]:
+    """Split on ``sep`` outside brackets and quotes; drop empty parts."""
+    parts, depth, quote, cur = [], 0, "", []
+    for ch in text:
+        if quote:
+            quote = "" if ch == quote else quote
+        elif ch in "'\"":
+            quote = ch
+        elif ch in "([{":
+            depth += 1
+        elif ch in ")]}":
+            depth -= 1
+        elif ch == sep and depth == 0:
+            parts.append("".join(cur))
+            cur = []
+            continue
+        cur.append(ch)
+    parts.append("".join(cur))
+    return [p.strip() for p in parts if p.strip()]
+
+
+def split_specs(texts: str | Sequence[str]) -> list[tuple[str, dict[str, Any]]]:
+    """Method/metric specs from the command line: ``"gradskip,gradskip:skip='fixed';alpha=0"`` or a list of them.
+
+    Specs are separated by commas (outside brackets and quotes); settings inside a spec by semicolons.
+    """
+    if isinstance(texts, str):
+        texts = [texts]
+    return [parse_spec(s) for t in texts for s in _split_top(t, ",")]
+
+
+def spec_label(name: str, opts: dict[str, Any]) -> str:
+    """A stable label for a configured method/metric, e.g. ``gradskip[alpha=0,skip=fixed]``."""
+    if not opts:
+        return name
+    return name + "[" + ",".join(f"{k}={opts[k]}" for k in sorted(opts)) + "]"
+
+
+@dataclass
+class BenchConfig:
+    """Everything that defines a run (stored as ``config.json``; a resumed run must match it)."""
+
+    model: str
+    data: str
+    methods: list[tuple[str, dict[str, Any]]]
+    metrics: list[tuple[str, dict[str, Any]]]
+    n: int | None = None
+    batch_size: int = 25
+    target: str = "predicted"
+    seed: int = 0
+    show: int = 6
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return json.loads(dumps({
+            "model": self.model, "data": self.data, "n": self.n, "target": self.target, "seed": self.seed,
+            "methods": [[m, o] for m, o in self.methods], "metrics": [[m, o] for m, o in self.metrics],
+        }))
+
+
+def _check_config(run_dir: Path, config: BenchConfig) -> None:
+    path = run_dir / "config.json"
+    want = config.to_json()
+    if path.exists():
+        have = json.loads(path.read_text())
+        diff = sorted(k for k in set(want) | set(have) if want.get(k) != have.get(k))
+        if diff:
+            raise InputError(
+                f"run directory {run_dir} was written by another configuration (differs in: {', '.join(diff)}); "
+                "use a new --out directory or the original settings"
+            )
+    else:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(want, indent=2))
+        tmp.replace(path)
+
+
+def _dist_info() -> tuple[int, int]:
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    rank = int(os.environ.get("RANK", "0"))
+    return rank, world
+
+
+def run_benchmark(config: BenchConfig, out: str | Path, model: nn.Module | None = None,
+                  progress: bool = True, stop_after_units: int | None = None) -> Path:
+    """Run (or resume) a benchmark into ``out``. Returns the run directory.
+
+    ``model`` may be passed directly (otherwise ``config.model`` is loaded with :func:`vitlens.load_model`).
+    ``stop_after_units`` stops early after that many new units (tests use it to simulate a crash).
+    """
+    from .. import load_model
+    from .report import write_report
+
+    run_dir = Path(out)
+    rank, world = _dist_info()
+    dist = None
+    if world > 1:
+        import torch.distributed as dist
+
+        if not dist.is_initialized():
+            backend = "nccl" if torch.cuda.is_available() else "gloo"
+            dist.init_process_group(backend=backend)
+    device = torch.device("cpu")
+    if torch.cuda.is_available():
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+    if rank == 0:
+        _check_config(run_dir, config)
+    if dist is not None:
+        dist.barrier()
+        if rank != 0:
+            _check_config(run_dir, config)
+    torch.manual_seed(config.seed)
+    net = model if model is not None else load_model(config.model)
+    net = net.to(device).eval()
+    source = open_source(config.data, net, n=config.n, seed=config.seed)
+    methods = [(spec_label(m, o), get_method(m, **o)) for m, o in config.methods]
+    metrics = [(spec_label(m, o), get_metric(m, **o)) for m, o in config.metrics]
+    store = ResultStore(run_dir, rank)
+    done = store.done_units()
+    mine = [i for i in range(len(source)) if i % world == rank]
+    batches = [mine[s:s + config.batch_size] for s in range(0, len(mine), config.batch_size)]
+    units = [(label, method, b) for label, method in methods for b in batches
+             if any((label, i) not in done for i in b)]
+    from tqdm.auto import tqdm
+
+    bar = tqdm(total=len(units), desc=f"bench (rank {rank})" if world > 1 else "bench", unit="unit",
+               disable=not progress or (rank != 0 and world > 1))
+    written = 0
+    try:
+        for label, method, idx in units:
+            _run_unit(store, source, net, label, method, metrics, idx, config, run_dir, device)
+            written += 1
+            bar.update(1)
+            if stop_after_units is not None and written >= stop_after_units:
+                return run_dir
+    finally:
+        bar.close()
+        store.close()
+    if dist is not None:
+        dist.barrier()
+    if rank == 0:
+        ResultStore(run_dir, 0).merge()
+        write_report(run_dir, config)
+    if dist is not None:
+        dist.barrier()
+    return run_dir
+
+
+def _run_unit(store: ResultStore, source: Any, model: nn.Module, label: str, method: Any,
+              metrics: Sequence[tuple[str, Any]], idx: list[int], config: BenchConfig, run_dir: Path,
+              device: torch.device) -> None:
+    batch = source.batch(idx)
+    x = batch["x"].to(device)
+    target = None if config.target == "predicted" else batch["labels"].to(device)
+    t0 = time.perf_counter()
+    exp = method.explain(model, x, target=target)
+    seconds = time.perf_counter() - t0
+    maps = exp.maps
+    rows, curves = [], []
+    for mlabel, metric in metrics:
+        kwargs = {"model": model, "x": x, "targets": exp.targets}
+        for key in ("masks", "boxes"):
+            if batch.get(key) is not None:
+                kwargs[key] = batch[key].to(device)
+        res = metric(maps, **kwargs)
+        protocol = dumps(res.protocol)
+        for out_name, values in res.values.items():
+            for j, i in enumerate(idx):
+                v = float(values[j])
+                rows.append((i, batch["ids"][j], label, mlabel, out_name, None if np.isnan(v) else v,
+                             int(res.higher_is_better[out_name]), protocol))
+        if res.curves and res.curve_x is not None:
+            xs = json.dumps([round(float(v), 6) for v in res.curve_x])
+            for out_name, cv in res.curves.items():
+                for j, i in enumerate(idx):
+                    curves.append((i, label, mlabel, out_name, xs, json.dumps([float(v) for v in cv[j]])))
+    per_image = seconds / len(idx)
+    costs = [(i, label, exp.cost.forward_passes, exp.cost.backward_passes, per_image) for i in idx]
+    show = [j for j, i in enumerate(idx) if i < config.show]
+    if show:
+        ex_dir = run_dir / "examples"
+        ex_dir.mkdir(exist_ok=True)
+        for j in show:
+            np.save(ex_dir / f"{_safe(label)}__{idx[j]}.npy", maps[j].cpu().numpy())
+            pix = ex_dir / f"image__{idx[j]}.npy"
+            if not pix.exists():
+                np.save(pix, batch["pixels"][j].cpu().numpy())
+    store.write_unit(rows, costs, curves)
+
+
+def _safe(label: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in label)

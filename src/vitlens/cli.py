@@ -1,0 +1,245 @@
+"""The ``vitlens`` command line: ``demo``, ``explain``, ``methods``."""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+__all__ = ["main"]
+
+DEMO_METHODS = "gradskip,inputxgradient,random"
+
+
+def _parse_options(pairs: Sequence[str]) -> dict[str, Any]:
+    """``["alpha=0.3", "skip=fixed", "head_subset=('top', 0.25)"]`` → options dict (Python literals, else strings)."""
+    out: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, raw = pair.partition("=")
+        if not sep or not key:
+            raise SystemExit(f"vitlens: error: --option expects KEY=VALUE, got {pair!r}")
+        try:
+            out[key] = ast.literal_eval(raw)
+        except (ValueError, SyntaxError):
+            out[key] = raw
+    return out
+
+
+def _label_names(model: Any) -> list[str] | None:
+    cfg = getattr(model, "pretrained_cfg", None) or {}
+    names = cfg.get("label_names") if isinstance(cfg, dict) else None
+    if names:
+        return list(names)
+    id2label = getattr(getattr(model, "config", None), "id2label", None)
+    if id2label:
+        return [id2label[i] for i in sorted(id2label)]
+    return None
+
+
+def cmd_methods(args: argparse.Namespace) -> int:
+    import vitlens
+
+    for name in vitlens.methods():
+        print(name)
+    return 0
+
+
+def cmd_explain(args: argparse.Namespace) -> int:
+    import torch
+
+    import vitlens
+    from vitlens import images as vimages
+    from vitlens import viz
+
+    model = vitlens.load_model(args.model)
+    cfg = vimages.data_config(model)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    options = _parse_options(args.option)
+    names = _label_names(model)
+    paths = [Path(p) for p in args.images]
+    from tqdm.auto import tqdm
+
+    for start in tqdm(range(0, len(paths), args.batch), desc=f"explain ({args.method})", unit="batch",
+                      disable=len(paths) <= args.batch):
+        chunk = paths[start:start + args.batch]
+        x = vitlens.load_images([str(p) for p in chunk], cfg)
+        target = None if args.target is None else args.target
+        exp = vitlens.explain(model, x, method=args.method, target=target, **options)
+        pixels = vimages.denormalize(x, cfg)
+        for i, path in enumerate(chunk):
+            stem = out / f"{path.stem}_{args.method}"
+            viz.save_overlay(f"{stem}.png", pixels[i], exp.maps[i])
+            arrays = {"map": exp.maps[i].numpy()}
+            if exp.token_maps is not None:
+                arrays["token_map"] = exp.token_maps[i].numpy()
+            import numpy as np
+
+            np.savez_compressed(f"{stem}.npz", **arrays)
+            cls = int(exp.targets[i])
+            record = exp.provenance()
+            record.update({
+                "image": str(path), "model": args.model, "target_class": cls,
+                "target_name": names[cls] if names and cls < len(names) else None,
+                "score": float(exp.scores[i]),
+                "remainder": None if exp.remainder is None else float(exp.remainder[i]),
+                "targets": [cls], "scores": [float(exp.scores[i])],
+                "files": {"overlay": f"{stem.name}.png", "maps": f"{stem.name}.npz"},
+            })
+            Path(f"{stem}.json").write_text(json.dumps(record, indent=2))
+            label = record["target_name"] or cls
+            print(f"{path}: class {label} (score {float(exp.scores[i]):.4g}) -> {stem}.png")
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    import torch
+    from tqdm.auto import tqdm
+
+    import vitlens
+    from vitlens import images as vimages
+    from vitlens import viz
+    from vitlens.metrics import energy_inside, pointing_game
+
+    torch.manual_seed(0)
+    model = vitlens.load_model(args.model)
+    cfg = vimages.data_config(model)
+    scenes = vitlens.data.make_scenes(n=args.n, seed=args.seed)
+    x = vitlens.load_images(scenes.images, cfg)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    methods = [m for m in args.methods.split(",") if m]
+    with torch.no_grad():
+        acc = float((model(x).argmax(-1) == scenes.labels).float().mean())
+    print(f"vitlens demo: model {args.model}, {len(scenes)} fresh synthetic scenes (seed {args.seed}), "
+          f"accuracy {acc:.3f}; explaining the true class")
+    tol = args.tolerance
+    rows = []
+    shown: dict[str, torch.Tensor] = {}
+    for method in methods:
+        maps, seconds = [], 0.0
+        for start in tqdm(range(0, len(scenes), args.batch), desc=f"{method:>15}", unit="batch", leave=False):
+            sl = slice(start, start + args.batch)
+            t0 = time.perf_counter()
+            exp = vitlens.explain(model, x[sl], method=method, target=scenes.labels[sl])
+            seconds += time.perf_counter() - t0
+            maps.append(exp.maps)
+        m = torch.cat(maps)
+        shown[method] = m[: args.show]
+        pg = pointing_game(m, scenes.masks, tolerance=tol)
+        en = energy_inside(m, scenes.masks)
+        rows.append({"method": method, "pointing_game": float(pg.mean()), "energy_in_mask": float(en.mean()),
+                     "forward_passes": exp.cost.forward_passes, "backward_passes": exp.cost.backward_passes,
+                     "ms_per_image": 1000 * seconds / len(scenes)})
+    area = float(scenes.masks.float().mean())
+    header = (f"| method | pointing game (tol {tol:g} px) | positive relevance inside the object | "
+              f"fwd/bwd passes per image | ms per image |\n|---|---|---|---|---|")
+    lines = [header] + [
+        f"| {r['method']} | {r['pointing_game']:.3f} | {r['energy_in_mask']:.3f} | "
+        f"{r['forward_passes']:g}/{r['backward_passes']:g} | {r['ms_per_image']:.1f} |" for r in rows
+    ]
+    table = "\n".join(lines)
+    note = f"(objects cover {area:.1%} of the pixels on average: a random map puts that share inside)"
+    print(table)
+    print(note)
+    grid_path = out / "overlays.png"
+    viz.save_grid(str(grid_path), vimages.denormalize(x[: args.show], cfg), shown,
+                  row_labels=[scenes.class_names[int(c)] for c in scenes.labels[: args.show]])
+    (out / "results.md").write_text(table + "\n\n" + note + "\n")
+    (out / "results.json").write_text(json.dumps({"model": args.model, "n": len(scenes), "seed": args.seed,
+                                                   "accuracy": acc, "object_area": area, "rows": rows}, indent=2))
+    print(f"overlays: {grid_path}\ntable: {out / 'results.md'}")
+    return 0
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    import vitlens
+    from vitlens.bench import BenchConfig, run_benchmark, split_specs
+
+    import torch
+
+    model_kwargs = _parse_options(args.model_option)
+    torch.manual_seed(args.seed)  # random-weight models (pretrained=False) are the same in every process and rerun
+    model = vitlens.load_model(args.model, **model_kwargs)
+    config = BenchConfig(
+        model=args.model + ("" if not model_kwargs else " " + json.dumps(model_kwargs, sort_keys=True)),
+        data=args.data, methods=split_specs(args.methods), metrics=split_specs(args.metrics),
+        n=args.n, batch_size=args.batch, target=args.target, seed=args.seed, show=args.show,
+    )
+    run_dir = run_benchmark(config, args.out, model=model, progress=not args.quiet)
+    summary = Path(run_dir) / "summary.md"
+    if summary.exists() and int(__import__("os").environ.get("RANK", "0")) == 0:
+        print(summary.read_text())
+        print(f"report: {Path(run_dir) / 'report.html'}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    import vitlens
+
+    p = argparse.ArgumentParser(prog="vitlens", description="Faithful, fast attribution maps for vision transformers.")
+    p.add_argument("--version", action="version", version=f"vitlens {vitlens.__version__}")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    d = sub.add_parser("demo", help="offline demo on the bundled model and fresh synthetic scenes")
+    d.add_argument("--model", default="shapes-vit")
+    d.add_argument("--n", type=int, default=200, help="number of scenes")
+    d.add_argument("--seed", type=int, default=2026, help="scene seed (the training data used other seeds)")
+    d.add_argument("--methods", default=DEMO_METHODS, help="comma-separated method names")
+    d.add_argument("--batch", type=int, default=50)
+    d.add_argument("--tolerance", type=float, default=4.0, help="pointing-game tolerance in pixels")
+    d.add_argument("--show", type=int, default=6, help="scenes shown in the overlay grid")
+    d.add_argument("--out", default="vitlens-demo")
+    d.set_defaults(func=cmd_demo)
+
+    e = sub.add_parser("explain", help="explain images and save overlays, maps and provenance")
+    e.add_argument("images", nargs="+", help="image files")
+    e.add_argument("--model", default="shapes-vit", help="bundled name, timm:<arch> or hf:<dir>")
+    e.add_argument("--method", default="gradskip")
+    e.add_argument("--target", type=int, default=None, help="class index (default: the predicted class)")
+    e.add_argument("--option", action="append", default=[], metavar="KEY=VALUE", help="method option, repeatable")
+    e.add_argument("--batch", type=int, default=16)
+    e.add_argument("--out", default="vitlens-out")
+    e.set_defaults(func=cmd_explain)
+
+    b = sub.add_parser("bench", help="methods x metrics over a data set; resumable; works under torchrun")
+    b.add_argument("--model", default="shapes-vit", help="bundled name, timm:<arch> or hf:<dir>")
+    b.add_argument("--model-option", action="append", default=[], metavar="KEY=VALUE",
+                   help="argument for load_model (e.g. pretrained=False), repeatable")
+    b.add_argument("--data", default="scenes", help="data source spec, e.g. scenes or scenes:seed=7")
+    b.add_argument("--methods", nargs="+", default=["gradskip,inputxgradient,random"],
+                   help="method specs: name or name:key=value;key=value, comma- or space-separated")
+    b.add_argument("--metrics", nargs="+", default=["pointing_game:tolerance=4"], help="metric specs, same syntax")
+    b.add_argument("--num-images", "--n", dest="n", type=int, default=None,
+                   help="number of images (default: the whole source); under torchrun write --num-images")
+    b.add_argument("--batch", type=int, default=25, help="images per unit of work")
+    b.add_argument("--target", choices=["predicted", "label"], default="predicted")
+    b.add_argument("--seed", type=int, default=0)
+    b.add_argument("--show", type=int, default=6, help="images shown as examples in the report")
+    b.add_argument("--quiet", action="store_true", help="no progress bar")
+    b.add_argument("--out", required=True, help="run directory (rerun the same command to resume)")
+    b.set_defaults(func=cmd_bench)
+
+    m = sub.add_parser("methods", help="list the registered methods")
+    m.set_defaults(func=cmd_methods)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    from vitlens.errors import VitlensError
+
+    try:
+        return int(args.func(args) or 0)
+    except VitlensError as e:
+        print(f"vitlens: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,119 @@
+"""Benchmark harness: storage, summary, config checks, resume after kill -9, and torchrun sharding."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from vitlens.bench.runner import split_specs
+from vitlens.errors import InputError
+
+MODEL = ["--model", "timm:vit_tiny_patch16_224", "--model-option", "pretrained=False",
+         "--model-option", "img_size=32", "--model-option", "num_classes=6", "--model-option", "patch_size=8"]
+
+
+def bench_cmd(out: Path, n: int = 24, batch: int = 4, extra: list[str] | None = None) -> list[str]:
+    return [sys.executable, "-m", "vitlens.cli", "bench", *MODEL, "--data", "scenes:seed=5",
+            "--methods", "gradskip,random,gradskip:skip='fixed'", "--metrics", "pointing_game:tolerance=2",
+            "--num-images", str(n), "--batch", str(batch), "--quiet", "--out", str(out), *(extra or [])]
+
+
+def env() -> dict[str, str]:
+    e = dict(os.environ)
+    e["OMP_NUM_THREADS"] = "1"
+    e["PYTHONUNBUFFERED"] = "1"
+    return e
+
+
+def rows(run: Path) -> list[tuple]:
+    con = sqlite3.connect(run / "results.sqlite")
+    try:
+        return sorted(con.execute("SELECT image, method, metric, output, value FROM results"))
+    finally:
+        con.close()
+
+
+def test_split_specs():
+    assert split_specs(["gradskip,rise:n_masks=10", "gradskip:head_subset=('top', 0.25);skip='none'"]) == [
+        ("gradskip", {}), ("rise", {"n_masks": 10}),
+        ("gradskip", {"head_subset": ("top", 0.25), "skip": "none"}),
+    ]
+    with pytest.raises(InputError, match="not KEY=VALUE"):
+        split_specs("gradskip:alpha")
+
+
+@pytest.fixture(scope="module")
+def reference_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("bench") / "ref"
+    subprocess.run(bench_cmd(out), check=True, env=env(), capture_output=True, timeout=600)
+    return out
+
+
+def test_run_writes_tables_plots_and_report(reference_run):
+    r = rows(reference_run)
+    assert len(r) == 24 * 3 * 2  # images x methods x outputs
+    assert len({x[:4] for x in r}) == len(r)
+    for name in ["summary.md", "summary.csv", "summary.json", "report.html", "examples.png", "config.json"]:
+        assert (reference_run / name).exists(), name
+    summary = json.loads((reference_run / "summary.json").read_text())
+    assert {s["method"] for s in summary} == {"gradskip", "random", "gradskip[skip=fixed]"}
+    assert all(s["pointing_game[tolerance=2]/pointing_game"]["n"] == 24 for s in summary)
+    assert "<table>" in (reference_run / "report.html").read_text()
+
+
+def test_resume_after_kill_9(tmp_path, reference_run):
+    out = tmp_path / "killed"
+    proc = subprocess.Popen(bench_cmd(out), env=env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    shard = out / "shards" / "rank-0.sqlite"
+    deadline = time.time() + 300
+    units = 0
+    while time.time() < deadline and proc.poll() is None:
+        if shard.exists():
+            try:
+                con = sqlite3.connect(shard, timeout=1)
+                units = con.execute("SELECT COUNT(*) FROM costs").fetchone()[0]
+                con.close()
+            except sqlite3.Error:
+                units = 0
+            if units >= 8:  # a few units stored: kill mid-way
+                break
+        time.sleep(0.05)
+    assert proc.poll() is None, "the run finished before it could be killed; make it longer"
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert not (out / "results.sqlite").exists()
+    subprocess.run(bench_cmd(out), check=True, env=env(), capture_output=True, timeout=600)
+    resumed = rows(out)
+    assert len(resumed) == len({x[:4] for x in resumed}) == 24 * 3 * 2  # nothing missing, nothing twice
+    ref = rows(reference_run)
+    assert [x[:4] for x in resumed] == [x[:4] for x in ref]
+    for a, b in zip(resumed, ref):
+        assert a[4] == pytest.approx(b[4], abs=1e-6)
+
+
+def test_other_configuration_is_refused(reference_run):
+    proc = subprocess.run(bench_cmd(reference_run, n=12), env=env(), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2
+    assert "written by another configuration (differs in: n)" in proc.stderr
+
+
+def test_torchrun_two_processes_match_single_process(tmp_path, reference_run):
+    out = tmp_path / "ddp"
+    cmd = bench_cmd(out)
+    ddp = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29517",
+           "-m", "vitlens.cli", *cmd[3:]]
+    proc = subprocess.run(ddp, env=env(), capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert sorted(p.name for p in (out / "shards").iterdir()) == ["rank-0.sqlite", "rank-1.sqlite"]
+    got, ref = rows(out), rows(reference_run)
+    assert [x[:4] for x in got] == [x[:4] for x in ref]
+    for a, b in zip(got, ref):
+        assert a[4] == pytest.approx(b[4], abs=1e-6)
