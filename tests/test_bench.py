@@ -117,3 +117,36 @@ def test_torchrun_two_processes_match_single_process(tmp_path, reference_run):
     assert [x[:4] for x in got] == [x[:4] for x in ref]
     for a, b in zip(got, ref):
         assert a[4] == pytest.approx(b[4], abs=1e-6)
+
+
+def test_folder_source_through_the_harness(tmp_path):
+    """A plain image folder (written here) runs through the same harness and report."""
+    import numpy as np
+    import torch
+    from PIL import Image
+
+    from conftest import tiny_vit
+    from vitlens.bench import BenchConfig, run_benchmark
+
+    root = tmp_path / "imgs" / "cat"
+    root.mkdir(parents=True)
+    rng = np.random.default_rng(0)
+    for i in range(5):
+        Image.fromarray(rng.integers(0, 255, (40, 50, 3), dtype=np.uint8)).save(root / f"{i}.png")
+    model = tiny_vit()
+    model.vitlens_data_config = {"input_size": (3, 32, 32), "mean": (0.5,) * 3, "std": (0.25,) * 3}
+    cfg = BenchConfig(model="tiny", data=f"folder:root='{tmp_path / 'imgs'}'", methods=[("gradskip", {})],
+                      metrics=[("pointing_game", {})], n=None, batch_size=2)
+    with pytest.raises(InputError, match="needs masks or boxes"):
+        run_benchmark(cfg, tmp_path / "run", model=model, progress=False)
+    cfg.metrics = [("faithfulness_violation", {})] if "faithfulness_violation" in _metrics() else []
+    if cfg.metrics:
+        run_benchmark(cfg, tmp_path / "run2", model=model, progress=False)
+        assert (tmp_path / "run2" / "report.html").exists()
+    torch.manual_seed(0)
+
+
+def _metrics():
+    from vitlens.metrics import metric_names
+
+    return metric_names()

@@ -1,7 +1,10 @@
 """Data sources for benchmarks: turn a ``--data`` spec into batches of preprocessed images with ground truth.
 
-Specs: ``scenes`` (synthetic scenes; settings ``seed``, ``size``), e.g. ``scenes:seed=7``. Loaders for the papers'
-real data sets plug in here (``vitlens.data.loaders``).
+Specs (``name:key=value;key=value``):
+
+- ``scenes`` — synthetic scenes (settings ``seed``, ``size``), e.g. ``scenes:seed=7``;
+- ``imagenet:root=DIR;boxes=DIR`` — ImageNet val in ImageFolder layout with the official box XML files;
+- ``bloodmnist:path=FILE.npz;split=test``; ``ade20k:root=DIR;split=validation``; ``folder:root=DIR``.
 """
 
 from __future__ import annotations
@@ -44,10 +47,51 @@ class SceneSource:
         }
 
 
+class LoaderSource:
+    """A :mod:`vitlens.data.loaders` data set, preprocessed for the model batch by batch (first ``n`` items)."""
+
+    def __init__(self, dataset: Any, model: nn.Module, n: int | None = None) -> None:
+        from ..images import data_config
+
+        self.dataset = dataset
+        self.cfg = data_config(model)
+        self.n = len(dataset) if n is None else min(int(n), len(dataset))
+
+    def __len__(self) -> int:
+        return self.n
+
+    def batch(self, idx: list[int]) -> dict[str, Any]:
+        from ..data.loaders import collate
+        from ..images import denormalize
+
+        items = [self.dataset[i] for i in idx]
+        x, labels, masks = collate(items, self.cfg)
+        return {"x": x, "pixels": denormalize(x, self.cfg), "labels": labels, "masks": masks, "boxes": None,
+                "ids": [str(it.get("id", i)) for it, i in zip(items, idx)]}
+
+
+_LOADERS = {
+    "imagenet": ("ImageNetVal", {"root": "root", "boxes": "boxes_dir"}),
+    "bloodmnist": ("BloodMNIST", {"path": "path_npz", "split": "split"}),
+    "ade20k": ("ADE20K", {"root": "root", "split": "split"}),
+    "folder": ("ImageFolder", {"root": "root"}),
+}
+
+
 def open_source(spec: str, model: nn.Module, n: int | None = None, seed: int = 0) -> Any:
+    """Open the data source named by ``spec`` for ``model`` (first ``n`` images)."""
     from .runner import parse_spec
 
     name, opts = parse_spec(spec)
     if name == "scenes":
         return SceneSource(model, n=n or 200, seed=int(opts.get("seed", 2026)), size=opts.get("size"))
-    raise InputError(f"unknown data source {name!r}; available: scenes")
+    if name in _LOADERS:
+        from ..data import loaders
+
+        cls_name, keys = _LOADERS[name]
+        unknown = sorted(set(opts) - set(keys))
+        if unknown:
+            raise InputError(f"data source {name!r} has no setting {', '.join(unknown)}; settings: {', '.join(keys)}")
+        dataset = getattr(loaders, cls_name)(**{keys[k]: v for k, v in opts.items()})
+        return LoaderSource(dataset, model, n=n)
+    raise InputError(f"unknown data source {name!r}; available: scenes, {', '.join(_LOADERS)}")
