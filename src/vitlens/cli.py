@@ -49,7 +49,7 @@ def cmd_methods(args: argparse.Namespace) -> int:
 
 
 def cmd_explain(args: argparse.Namespace) -> int:
-    import torch
+    import numpy as np
 
     import vitlens
     from vitlens import images as vimages
@@ -77,8 +77,6 @@ def cmd_explain(args: argparse.Namespace) -> int:
             arrays = {"map": exp.maps[i].numpy()}
             if exp.token_maps is not None:
                 arrays["token_map"] = exp.token_maps[i].numpy()
-            import numpy as np
-
             np.savez_compressed(f"{stem}.npz", **arrays)
             cls = int(exp.targets[i])
             record = exp.provenance()
