@@ -1,0 +1,156 @@
+"""RISE: randomized input sampling for explanation (Petsiuk, Das & Saenko, BMVC 2018).
+
+``N`` random binary ``s×s`` grids (each cell kept with probability ``p``) are bilinearly upsampled to
+``((s+1)·⌈H/s⌉, (s+1)·⌈W/s⌉)`` and cropped at a random shift of less than one cell, giving smooth masks ``M_n``
+``(H, W)``. The saliency is the expected target score under masking,
+``S = Σ_n f(x ⊙ M_n) · M_n / (N · p)``, with ``f`` the softmax probability of the target class. As in the reference
+code, masking multiplies the *preprocessed* (normalised) input, so a masked pixel becomes ``fill`` (default 0) in the
+model's input space, i.e. the dataset mean colour for mean/std-normalised inputs — not black. ``1 + N`` forwards.
+
+This module also holds the small helpers the other perturbation methods share (per-image generators and the score
+of a target on rows that all belong to one image).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from ..errors import InputError
+from ..models import Adapter
+from ..targets import Target
+from .base import Attribution, Explainer
+from .gradients import _image_seed
+from .registry import register
+
+__all__ = ["RISE", "SCORE_KINDS", "image_generator", "target_scores", "rise_masks", "resolve", "check_positive_int",
+           "check_score"]
+
+#: what a perturbation method scores: the softmax probability of the target class (the papers' choice) or the
+#: target object's own score (e.g. the logit, or a contrast ``y_c − γ·y_d``).
+SCORE_KINDS = ("probability", "target")
+
+
+def image_generator(image: Tensor, seed: int) -> torch.Generator:
+    """A CPU generator seeded by ``seed`` and a hash of the image's values: the same image always draws the same
+    random numbers, whatever batch it comes in (so results are deterministic and batch-equivariant)."""
+    return torch.Generator().manual_seed(_image_seed(image, int(seed)))
+
+
+def target_scores(logits: Tensor, target: Target, index: int, kind: str) -> Tensor:
+    """Scores ``(n,)`` of ``n`` model outputs that all belong to image ``index`` of the (resolved) ``target``.
+
+    ``kind="probability"``: softmax probability of the image's target class; ``kind="target"``: the target's own
+    score (``target.select`` restricted to that image, repeated over the rows).
+    """
+    if kind == "probability":
+        cls = int(target.classes[index])
+        return logits.float().softmax(dim=-1)[:, cls]
+    rows = torch.full((logits.shape[0],), index, dtype=torch.long, device=target.classes.device)
+    return target.select(rows)(logits).float()
+
+
+def rise_masks(grids: Tensor, shifts: Tensor, size: tuple[int, int]) -> Tensor:
+    """RISE masks ``(n, H, W)`` in [0, 1] from binary grids ``(n, s, s)`` and integer shifts ``(n, 2)``.
+
+    Each grid is bilinearly upsampled (half-pixel centres, edge values held: the same as the reference's
+    ``skimage.transform.resize(order=1, mode='reflect')``) to ``(s+1)`` cells of ``⌈H/s⌉×⌈W/s⌉`` pixels and cropped
+    at ``(shift_h, shift_w)``.
+    """
+    n, s, _ = grids.shape
+    h, w = size
+    ch, cw = math.ceil(h / s), math.ceil(w / s)
+    up = F.interpolate(grids[:, None].float(), size=((s + 1) * ch, (s + 1) * cw), mode="bilinear",
+                       align_corners=False)[:, 0]
+    rows = shifts[:, 0:1] + torch.arange(h)[None]  # (n, H)
+    cols = shifts[:, 1:2] + torch.arange(w)[None]  # (n, W)
+    return up[torch.arange(n)[:, None, None], rows[:, :, None], cols[:, None, :]]
+
+
+def check_positive_int(options: dict[str, Any], *names: str) -> None:
+    """Raise :class:`InputError` unless each named option is an int ≥ 1."""
+    for name in names:
+        v = options[name]
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise InputError(f"{name} must be a positive integer, got {v!r}")
+
+
+def check_score(options: dict[str, Any]) -> None:
+    if options["score"] not in SCORE_KINDS:
+        raise InputError(f"score must be one of {SCORE_KINDS}, got {options['score']!r}")
+
+
+def resolve(target: Target, logits: Tensor) -> Target:
+    """The target resolved against ``logits`` (and called once, so a bad target fails before any sampling)."""
+    tgt = target if target.classes is not None else target.resolve(logits)
+    tgt(logits)
+    return tgt
+
+
+@register
+class RISE(Explainer):
+    """RISE saliency ``(B, H, W)``: the mean target score over random smooth masks, weighted by each mask.
+
+    Options:
+        n_masks: number of masks ``N`` (paper: 4000). grid_size: cells per side ``s`` (paper: 7).
+        p_keep: probability that a cell is kept (paper: 0.5).
+        fill: value of masked pixels in the model's input space (reference: 0 in the normalised input).
+        score: ``"probability"`` (softmax of the target class, paper) or ``"target"`` (the target's own score).
+        seed: masks are drawn from a generator seeded by ``seed`` and a hash of each image.
+        batch_size: most images in one forward call.
+    """
+
+    name = "rise"
+    level = "pixel"
+    requires = None
+    defaults: dict[str, Any] = {
+        "n_masks": 4000,
+        "grid_size": 7,
+        "p_keep": 0.5,
+        "fill": 0.0,
+        "score": "probability",
+        "seed": 0,
+        "batch_size": 64,
+    }
+    fast_options: dict[str, Any] = {"n_masks": 24, "grid_size": 3, "batch_size": 16}
+
+    def check_options(self) -> None:
+        o = self.options
+        check_positive_int(o, "n_masks", "grid_size", "batch_size")
+        check_score(o)
+        if not 0.0 < float(o["p_keep"]) <= 1.0:
+            raise InputError(f"p_keep must be in (0, 1], got {o['p_keep']}")
+        if not math.isfinite(float(o["fill"])):
+            raise InputError(f"fill must be a finite number, got {o['fill']}")
+
+    def declared_cost(self) -> dict[str, float]:
+        return {"forward": 1.0 + self.options["n_masks"], "backward": 0.0}
+
+    def attribute(self, adapter: Adapter, x: Tensor, target: Target) -> tuple[Attribution, Tensor, Target]:
+        with adapter.session(capture=False), torch.no_grad():
+            logits = torch.cat([adapter.forward(xi[None]) for xi in x])  # one by one: batch-independent numerics
+            tgt = resolve(target, logits)
+            maps = torch.stack([self._saliency(adapter, xi, tgt, i) for i, xi in enumerate(x)])
+        return Attribution(values=maps), logits, tgt
+
+    def _saliency(self, adapter: Adapter, image: Tensor, tgt: Target, index: int) -> Tensor:
+        o = self.options
+        n, s, p = int(o["n_masks"]), int(o["grid_size"]), float(o["p_keep"])
+        h, w = image.shape[-2:]
+        gen = image_generator(image, o["seed"])
+        grids = (torch.rand(n, s, s, generator=gen) < p).float()
+        shifts = torch.stack([torch.randint(0, math.ceil(h / s), (n,), generator=gen),
+                              torch.randint(0, math.ceil(w / s), (n,), generator=gen)], dim=1)
+        fill = float(o["fill"])
+        total = torch.zeros(h * w, device=image.device)
+        for start in range(0, n, int(o["batch_size"])):
+            stop = min(start + int(o["batch_size"]), n)
+            m = rise_masks(grids[start:stop], shifts[start:stop], (h, w)).to(image.device)
+            xin = image[None] * m[:, None] if fill == 0.0 else image[None] * m[:, None] + fill * (1 - m[:, None])
+            scores = target_scores(adapter.forward(xin.to(image.dtype)), tgt, index, o["score"])
+            total += scores @ m.flatten(1)
+        return (total / (n * p)).reshape(h, w)
