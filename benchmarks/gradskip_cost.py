@@ -1,0 +1,528 @@
+"""Cost of one GradSkip map next to two references on the same model, measured in one run.
+
+Rows, per model (all three with explicit attention, ``blk.attn.fused_attn = False``, so the FLOPs are comparable):
+
+  (a) ``forward``          a plain forward pass under ``torch.no_grad()``;
+  (b) ``forward+backward`` the physical floor of any gradient method: a forward and an activation-only backward
+                           ``torch.autograd.grad(logit_of_predicted_class.sum(), input_of_first_block)``, parameters
+                           frozen, the first block's input made a leaf by a forward pre-hook;
+  (c) ``gradskip``         ``vitlens.explain(model, x, method="gradskip")``.
+
+Columns: GFLOPs per image (``torch.utils.flop_counter.FlopCounterMode``, batch 1) and their ratio to the forward;
+median wall time per image over ``--repeats`` interleaved repeats after a warm-up (a, b, c run one after another in
+every repeat, so machine noise hits them alike) and the paired ratios c/a and c/b; peak memory (CUDA: max allocated
+above what the model and input hold; CPU: peak RSS increase measured in a fresh subprocess per model and row); the
+forward/backward passes per image as counted by the call itself.
+
+The models are timm's ViT-Ti/S/B 16 at 224 px with random weights (``pretrained=False``): the papers' architectures,
+nothing is downloaded. FLOPs do not depend on the weights; wall time and memory barely do.
+
+Usage::
+
+    python benchmarks/gradskip_cost.py                        # ViT-Ti/S/B, batch 8, CPU
+    python benchmarks/gradskip_cost.py --out docs/benchmarks/gradskip_cost.md
+    python benchmarks/gradskip_cost.py --quick                # ViT-Ti only, 3 repeats
+    python benchmarks/gradskip_cost.py --models "vit_tiny_patch16_224:img_size=64,depth=2" --batch 2
+
+``--models`` takes timm names, each optionally followed by ``:key=value,key=value`` keyword arguments for
+``timm.create_model`` (values are Python literals).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import contextlib
+import csv
+import datetime as _dt
+import json
+import os
+import platform
+import resource
+import shlex
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+from torch import Tensor, nn
+
+DEFAULT_MODELS = ("vit_tiny_patch16_224", "vit_small_patch16_224", "vit_base_patch16_224")
+QUICK_MODELS = ("vit_tiny_patch16_224",)
+ROWS = ("forward", "forward+backward", "gradskip")
+ROW_LABELS = {"forward": "(a) forward", "forward+backward": "(b) forward+backward", "gradskip": "(c) GradSkip"}
+#: the seed's figure for one GradSkip map on ViT-B/16 at 224 px (spec/gradskip.md, "Cost")
+SEED_MODEL = "vit_base_patch16_224"
+SEED_GFLOPS = 69.39
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# models and the three rows
+# ---------------------------------------------------------------------------------------------------------------------
+def parse_model_spec(spec: str) -> tuple[str, dict[str, Any]]:
+    """``"name"`` or ``"name:k=v,k=v"`` → ``(name, kwargs)``; values are Python literals (``depth=2``)."""
+    name, _, rest = spec.partition(":")
+    kwargs: dict[str, Any] = {}
+    for item in filter(None, (s.strip() for s in rest.split(","))):
+        key, eq, value = item.partition("=")
+        if not eq:
+            raise ValueError(f"model kwarg {item!r} in {spec!r} is not key=value")
+        try:
+            kwargs[key.strip()] = ast.literal_eval(value.strip())
+        except (ValueError, SyntaxError):
+            kwargs[key.strip()] = value.strip()
+    return name.strip(), kwargs
+
+
+def build_model(spec: str, device: torch.device) -> nn.Module:
+    """A timm model with random weights (seeded), in eval mode, with explicit (non-fused) attention everywhere."""
+    import timm
+
+    name, kwargs = parse_model_spec(spec)
+    torch.manual_seed(0)
+    model = timm.create_model(name, pretrained=False, **kwargs).eval().to(device)
+    for m in model.modules():
+        if hasattr(m, "fused_attn"):
+            m.fused_attn = False  # the same attention path in all rows: FLOPs comparable, attention matrix explicit
+    return model
+
+
+def input_size(model: nn.Module) -> tuple[int, int, int]:
+    """``(C, H, W)`` the model expects (its patch embedding's image size)."""
+    pe = model.patch_embed
+    return int(pe.proj.in_channels), int(pe.img_size[0]), int(pe.img_size[1])
+
+
+def make_batch(model: nn.Module, batch: int, device: torch.device, seed: int = 1) -> Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(batch, *input_size(model), generator=g).to(device)
+
+
+@contextlib.contextmanager
+def frozen(model: nn.Module):
+    """Parameters frozen (activation gradients only) for the duration; restored afterwards."""
+    flags = {p: p.requires_grad for p in model.parameters()}
+    try:
+        for p in flags:
+            p.requires_grad_(False)
+        yield
+    finally:
+        for p, f in flags.items():
+            p.requires_grad_(f)
+
+
+def run_forward(model: nn.Module, x: Tensor) -> dict:
+    """Row (a): a plain forward without autograd."""
+    with torch.no_grad():
+        model(x)
+    return {"forward_passes": 1.0, "backward_passes": 0.0}
+
+
+def run_floor(model: nn.Module, x: Tensor) -> dict:
+    """Row (b): forward + activation-only backward from the predicted logit to the first block's input."""
+    box: dict[str, Tensor] = {}
+
+    def leaf(module: nn.Module, args: tuple):
+        u = args[0].detach().requires_grad_(True)
+        # Differentiate with respect to a view of the leaf: the same computation, but FlopCounterMode's module
+        # tracker (multi-grad hooks) refuses torch.autograd.grad with respect to a leaf tensor.
+        box["u"] = u.view_as(u)
+        return (box["u"], *args[1:])
+
+    handle = model.blocks[0].register_forward_pre_hook(leaf)
+    try:
+        with frozen(model):
+            logits = model(x)
+            y = logits.gather(1, logits.argmax(dim=1, keepdim=True)).sum()
+            (grad,) = torch.autograd.grad(y, box["u"])
+    finally:
+        handle.remove()
+    assert grad.shape == box["u"].shape
+    return {"forward_passes": 1.0, "backward_passes": 1.0}
+
+
+def run_gradskip(model: nn.Module, x: Tensor) -> dict:
+    """Row (c): one GradSkip map per image."""
+    import vitlens
+
+    exp = vitlens.explain(model, x, method="gradskip")
+    assert exp.maps.shape[0] == x.shape[0]
+    return {"forward_passes": exp.cost.forward_passes, "backward_passes": exp.cost.backward_passes}
+
+
+RUNNERS: dict[str, Callable[[nn.Module, Tensor], dict]] = {
+    "forward": run_forward,
+    "forward+backward": run_floor,
+    "gradskip": run_gradskip,
+}
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# measurements
+# ---------------------------------------------------------------------------------------------------------------------
+def count_flops(model: nn.Module, x: Tensor, row: str) -> tuple[float, dict[str, float]]:
+    """FLOPs of one call of ``row`` on ``x`` per image, and their split by ATen operator."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    counter = FlopCounterMode(display=False)
+    with counter:
+        RUNNERS[row](model, x)
+    n = x.shape[0]
+    by_op = {str(op): v / n for op, v in counter.get_flop_counts().get("Global", {}).items()}
+    return counter.get_total_flops() / n, by_op
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def time_rows(model: nn.Module, x: Tensor, repeats: int,
+              warmup: int = 1) -> tuple[dict[str, list[float]], dict[str, dict]]:
+    """Seconds per call for each row, measured interleaved: every repeat runs a, b, c one after another.
+
+    Also returns what each row's last call reported (forward/backward passes per image).
+    """
+    device = x.device
+    times: dict[str, list[float]] = {r: [] for r in ROWS}
+    info: dict[str, dict] = {}
+    for i in range(warmup + repeats):
+        for row in ROWS:
+            _sync(device)
+            t0 = time.perf_counter()
+            info[row] = RUNNERS[row](model, x)
+            _sync(device)
+            if i >= warmup:
+                times[row].append(time.perf_counter() - t0)
+    return times, info
+
+
+def _peak_rss_bytes() -> int:
+    """Peak resident set size of this process.
+
+    Linux: ``VmHWM`` from ``/proc/self/status``, the address space's high-water mark, which ``clear_refs`` can reset.
+    ``getrusage(RUSAGE_SELF).ru_maxrss`` reports the same high-water mark but also keeps the maximum of the address
+    space replaced at ``exec`` -- in a subprocess that is the *parent's* resident size at fork time, which would
+    hide the call's peak. Elsewhere: ``ru_maxrss``.
+    """
+    with contextlib.suppress(OSError):
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    ru = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return ru if sys.platform == "darwin" else ru * 1024  # kilobytes on Linux
+
+
+def _reset_peak_rss() -> bool:
+    """Reset this process's peak RSS (``VmHWM``) to its current RSS; Linux only (``clear_refs``)."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def _rss_bytes() -> int:
+    """Current resident set size of this process (Linux ``/proc/self/statm``)."""
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def peak_memory_child(spec: str, row: str, batch: int, device_name: str, threads: int | None) -> dict:
+    """Peak memory of one call of ``row`` in *this* process, in bytes (see :func:`peak_memory`)."""
+    if threads:
+        torch.set_num_threads(threads)
+    device = torch.device(device_name)
+    model = build_model(spec, device)
+    x = make_batch(model, batch, device)
+    run_forward(model, x[:1])  # warm-up (batch 1): allocator, thread pool, lazy initialisation
+    if device.type == "cuda":
+        _sync(device)
+        base = torch.cuda.memory_allocated(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        RUNNERS[row](model, x)
+        _sync(device)
+        return {"peak_bytes": float(torch.cuda.max_memory_allocated(device) - base), "peak_reset": True}
+    reset = _reset_peak_rss()  # else ru_maxrss still holds the peak of imports and model creation
+    base = _rss_bytes()
+    RUNNERS[row](model, x)
+    return {"peak_bytes": float(max(_peak_rss_bytes() - base, 0)), "peak_reset": reset}
+
+
+def peak_memory(spec: str, row: str, batch: int, device: str, threads: int | None) -> tuple[float, bool]:
+    """Peak memory of one call of ``row`` at ``batch``, in bytes, measured in a fresh subprocess.
+
+    CPU: after model creation, input creation and a batch-1 warm-up forward, the process's peak RSS is reset to its
+    current RSS (Linux ``/proc/self/clear_refs``); reported is the peak RSS after the call (``VmHWM``, see
+    :func:`_peak_rss_bytes`; ``ru_maxrss`` where there is no ``/proc``) minus that RSS. CUDA: ``max_memory_allocated`` after a reset minus the memory allocated before the call (weights
+    and input excluded). Also returns whether the peak could be reset (if not, imports and model creation may hide
+    the call's peak and the number is a lower bound).
+    """
+    cmd = [sys.executable, os.path.abspath(__file__), "--_memory-child", json.dumps(
+        {"spec": spec, "row": row, "batch": batch, "device": device, "threads": threads})]
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True)
+    rep = json.loads(out.stdout.strip().splitlines()[-1])
+    return float(rep["peak_bytes"]), bool(rep["peak_reset"])
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# the benchmark
+# ---------------------------------------------------------------------------------------------------------------------
+@dataclass
+class Result:
+    model: str
+    row: str
+    gflops: float
+    gflops_by_op: dict[str, float]
+    ms_per_image: list[float]
+    peak_mib: float
+    forward_passes: float
+    backward_passes: float
+    extra: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def median_ms(self) -> float:
+        return statistics.median(self.ms_per_image)
+
+
+def _paired_ratio(num: list[float], den: list[float]) -> float:
+    return statistics.median(a / b for a, b in zip(num, den))
+
+
+def benchmark_model(spec: str, batch: int, repeats: int, device: str, threads: int | None,
+                    memory: bool = True, log: Callable[[str], None] = print) -> list[Result]:
+    dev = torch.device(device)
+    model = build_model(spec, dev)
+    x1 = make_batch(model, 1, dev)
+    xb = make_batch(model, batch, dev)
+    log(f"  {spec}: counting FLOPs ...")
+    flops, by_op = {}, {}
+    for row in ROWS:
+        flops[row], by_op[row] = count_flops(model, x1, row)
+    log(f"  {spec}: timing {repeats} interleaved repeats at batch {batch} ...")
+    times, passes = time_rows(model, xb, repeats)
+    mem = {}
+    for row in ROWS:
+        if memory:
+            log(f"  {spec}: peak memory of {row} (subprocess) ...")
+            peak, reset = peak_memory(spec, row, batch, device, threads)
+            mem[row] = peak / 2**20
+            if not reset:
+                log(f"  warning: could not reset the peak RSS; {spec} {row} memory is a lower bound")
+        else:
+            mem[row] = float("nan")
+    results = []
+    for row in ROWS:
+        r = Result(
+            model=spec, row=row, gflops=flops[row] / 1e9,
+            gflops_by_op={k: v / 1e9 for k, v in by_op[row].items()},
+            ms_per_image=[1e3 * t / batch for t in times[row]], peak_mib=mem[row],
+            forward_passes=float(passes[row]["forward_passes"]), backward_passes=float(passes[row]["backward_passes"]),
+        )
+        r.extra["flops_x_forward"] = flops[row] / flops["forward"]
+        r.extra["flops_x_floor"] = flops[row] / flops["forward+backward"]
+        r.extra["time_x_forward"] = _paired_ratio(times[row], times["forward"])
+        r.extra["time_x_floor"] = _paired_ratio(times[row], times["forward+backward"])
+        results.append(r)
+    return results
+
+
+def header(args: argparse.Namespace) -> list[str]:
+    import timm
+
+    import vitlens
+
+    cpu = platform.processor() or platform.machine()
+    with contextlib.suppress(OSError):
+        with open("/proc/cpuinfo") as f:
+            names = [ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")]
+        if names:
+            cpu = names[0]
+    dev = args.device
+    if dev == "cuda":
+        dev = f"cuda ({torch.cuda.get_device_name(0)})"
+    else:
+        dev = f"cpu ({cpu}, {os.cpu_count()} logical cores)"
+    return [
+        f"- date: {_dt.datetime.now().astimezone().strftime('%Y-%m-%d %H:%M %Z')}",
+        f"- torch {torch.__version__}, timm {timm.__version__}, vitlens {vitlens.__version__}, "
+        f"python {platform.python_version()}",
+        f"- device: {dev}; torch threads: {torch.get_num_threads()}",
+        f"- batch {args.batch} for time and memory, batch 1 for FLOPs; {args.repeats} timed repeats after 1 warm-up "
+        "round, rows interleaved",
+        "- models: " + ", ".join(f"`{m}`" for m in args.models) + " (timm, random weights, `pretrained=False`, "
+        "explicit attention `fused_attn=False` in all rows)",
+    ]
+
+
+def _fmt(v: float, nd: int = 2) -> str:
+    return "n/a" if v != v else f"{v:.{nd}f}"
+
+
+def markdown_table(results: list[Result], device: str) -> list[str]:
+    mem_col = "peak mem (MiB)" + ("¹" if device == "cpu" else "²")
+    lines = [
+        f"| model | row | GFLOPs / image | FLOPs × fwd | ms / image (median) | time × (a) | time × (b) | {mem_col} "
+        "| fwd / bwd passes per image |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in results:
+        lines.append(
+            f"| `{r.model}` | {ROW_LABELS[r.row]} | {r.gflops:.3f} | {r.extra['flops_x_forward']:.3f} "
+            f"| {r.median_ms:.1f} | {r.extra['time_x_forward']:.2f} | {r.extra['time_x_floor']:.2f} "
+            f"| {_fmt(r.peak_mib, 1)} | {r.forward_passes:g} / {r.backward_passes:g} |"
+        )
+    return lines
+
+
+def summary_lines(results: list[Result]) -> list[str]:
+    out = []
+    by = {(r.model, r.row): r for r in results}
+    for model in dict.fromkeys(r.model for r in results):
+        a, b, c = (by[(model, row)] for row in ROWS)
+        out.append(
+            f"- `{model}`: GradSkip / forward+backward = {c.gflops / b.gflops:.4f} in FLOPs "
+            f"({c.gflops - b.gflops:+.3f} GFLOPs), {c.extra['time_x_floor']:.2f} in time; "
+            f"GradSkip / forward = {c.gflops / a.gflops:.3f} in FLOPs, {c.extra['time_x_forward']:.2f} in time."
+        )
+    for model in dict.fromkeys(r.model for r in results):
+        b, c = by[(model, "forward+backward")], by[(model, "gradskip")]
+        ops = sorted(set(b.gflops_by_op) | set(c.gflops_by_op))
+        diff = [f"`{op}` {c.gflops_by_op.get(op, 0.0) - b.gflops_by_op.get(op, 0.0):+.4f}" for op in ops
+                if abs(c.gflops_by_op.get(op, 0.0) - b.gflops_by_op.get(op, 0.0)) > 5e-5]
+        out.append(f"- `{model}`: GradSkip − forward+backward by operator (GFLOPs / image): "
+                   + (", ".join(diff) if diff else "none"))
+    seed = by.get((SEED_MODEL, "gradskip"))
+    if seed is not None:
+        floor = by[(SEED_MODEL, "forward+backward")]
+        out.append(
+            f"- seed reference (ViT-B/16, 224 px, one GradSkip map): {SEED_GFLOPS:.2f} GFLOPs; ours "
+            f"{seed.gflops:.2f} GFLOPs (ours / seed = {seed.gflops / SEED_GFLOPS:.4f}); "
+            f"our forward+backward floor {floor.gflops:.2f} GFLOPs (floor / seed = {floor.gflops / SEED_GFLOPS:.4f})."
+        )
+    return out
+
+
+def op_breakdown_lines(results: list[Result]) -> list[str]:
+    lines = ["| model | row | " + " | ".join(("aten op", "GFLOPs / image")) + " |", "|---|---|---|---:|"]
+    for r in results:
+        for op, v in sorted(r.gflops_by_op.items()):
+            lines.append(f"| `{r.model}` | {ROW_LABELS[r.row]} | `{op}` | {v:.4f} |")
+    return lines
+
+
+FOOTNOTES = [
+    "Time ratios are medians of the per-repeat ratios (a, b and c run back to back in every repeat); absolute "
+    "times depend on the machine and are not the claim. FLOPs are counted by "
+    "`torch.utils.flop_counter.FlopCounterMode` (matmul-class ops and convolutions, 2 FLOPs per multiply-add; "
+    "elementwise ops, softmax, LayerNorm and sorting are not counted) at batch 1, in forward and backward.",
+    "¹ CPU peak memory: each (model, row) runs once in a fresh subprocess. After model creation, input creation and a "
+    "batch-1 warm-up forward, the process's peak RSS is reset to its current RSS (`echo 5 > /proc/self/clear_refs`); "
+    "reported is the peak RSS after the call minus that RSS, i.e. the peak extra resident "
+    "memory of the call at the given batch (activations, autograd buffers, GradSkip's captures; weights and input "
+    "excluded; memory the allocator kept from the warm-up and reuses is not counted). The peak RSS is read as "
+    "`VmHWM` from `/proc/self/status`, the high-water mark that `getrusage(RUSAGE_SELF).ru_maxrss` also reports, "
+    "because in a subprocess `ru_maxrss` additionally keeps the parent's resident size from before `exec`, which "
+    "hides the call's peak.",
+    "² CUDA peak memory: `torch.cuda.max_memory_allocated` after `reset_peak_memory_stats` minus the memory allocated "
+    "before the call (weights and input excluded), in a fresh subprocess per (model, row).",
+]
+
+
+def render(results: list[Result], args: argparse.Namespace, command: str) -> str:
+    lines = ["# GradSkip cost: one map vs a forward and the forward+backward floor", ""]
+    lines += [f"Command: `{command}`", ""]
+    lines += header(args) + [""]
+    lines += markdown_table(results, args.device) + [""]
+    lines += summary_lines(results) + [""]
+    lines += [FOOTNOTES[0], ""]
+    lines += [FOOTNOTES[1] if args.device == "cpu" else FOOTNOTES[2], ""]
+    lines += ["FLOPs by operator (per image):", ""] + op_breakdown_lines(results) + [""]
+    return "\n".join(lines)
+
+
+def write_csv(path: str, results: list[Result], args: argparse.Namespace) -> None:
+    cols = ["model", "row", "gflops_per_image", "flops_x_forward", "flops_x_floor", "median_ms_per_image",
+            "time_x_forward", "time_x_floor", "peak_mem_mib", "forward_passes", "backward_passes", "batch",
+            "repeats", "device", "threads", "torch", "ms_per_image_all"]
+    with open(path, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(cols)
+        for r in results:
+            w.writerow([r.model, r.row, f"{r.gflops:.6f}", f"{r.extra['flops_x_forward']:.6f}",
+                        f"{r.extra['flops_x_floor']:.6f}", f"{r.median_ms:.3f}", f"{r.extra['time_x_forward']:.4f}",
+                        f"{r.extra['time_x_floor']:.4f}", f"{r.peak_mib:.2f}", r.forward_passes, r.backward_passes,
+                        args.batch, args.repeats, args.device, torch.get_num_threads(), torch.__version__,
+                        " ".join(f"{t:.3f}" for t in r.ms_per_image)])
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--models", nargs="+", default=None,
+                   help="timm model names, each optionally 'name:key=value,...' (default: ViT-Ti/S/B 16 at 224)")
+    p.add_argument("--batch", type=int, default=None, help="batch size for time and memory (default 8)")
+    p.add_argument("--repeats", type=int, default=None, help="timed repeats after one warm-up round (default 5)")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's default)")
+    p.add_argument("--quick", action="store_true", help="vit_tiny only, 3 repeats (unless overridden)")
+    p.add_argument("--no-memory", action="store_true", help="skip the peak-memory subprocesses")
+    p.add_argument("--out", default=None, help="write the Markdown report here and a CSV next to it")
+    p.add_argument("--_memory-child", dest="memory_child", default=None, help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.models is None:
+        args.models = list(QUICK_MODELS if args.quick else DEFAULT_MODELS)
+    if args.batch is None:
+        args.batch = 8
+    if args.repeats is None:
+        args.repeats = 3 if args.quick else 5
+    if args.batch < 1 or args.repeats < 1:
+        p.error("--batch and --repeats must be positive")
+    if args.device == "cuda" and not torch.cuda.is_available():
+        p.error("--device cuda but CUDA is not available")
+    return args
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    """Run the benchmark; print (and optionally write) the report. Returns ``{"results", "markdown"}``."""
+    args = parse_args(argv)
+    if args.memory_child is not None:
+        job = json.loads(args.memory_child)
+        rep = peak_memory_child(job["spec"], job["row"], job["batch"], job["device"], job["threads"])
+        print(json.dumps(rep))
+        return rep
+    threads_before = torch.get_num_threads()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    try:
+        return _run(args, argv)
+    finally:
+        torch.set_num_threads(threads_before)  # main() may be called in-process (tests)
+
+
+def _run(args: argparse.Namespace, argv: list[str] | None) -> dict[str, Any]:
+    command = shlex.join(["python", "benchmarks/gradskip_cost.py", *(sys.argv[1:] if argv is None else argv)])
+    log = lambda s: print(s, file=sys.stderr, flush=True)  # noqa: E731 - progress goes to stderr
+    results: list[Result] = []
+    t0 = time.perf_counter()
+    for spec in args.models:
+        results += benchmark_model(spec, args.batch, args.repeats, args.device, args.threads,
+                                   memory=not args.no_memory, log=log)
+    log(f"  done in {time.perf_counter() - t0:.0f} s")
+    md = render(results, args, command)
+    print(md)
+    if args.out:
+        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+        with open(args.out, "w") as f:
+            f.write(md)
+        write_csv(os.path.splitext(args.out)[0] + ".csv", results, args)
+    return {"results": results, "markdown": md}
+
+
+if __name__ == "__main__":
+    main()

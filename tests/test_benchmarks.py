@@ -1,0 +1,68 @@
+"""The GradSkip cost benchmark runs end to end; its FLOP counts (deterministic) are in the expected range.
+
+Wall time is measured by the script but never asserted on.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("timm")
+
+SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "gradskip_cost.py"
+#: vit_tiny's architecture (12 blocks, 3 heads, width 192) at 64 px (4x4 patches + CLS) keeps the test fast.
+SMALL = "vit_tiny_patch16_224:img_size=64"
+
+
+def load_script():
+    spec = importlib.util.spec_from_file_location("gradskip_cost", SCRIPT)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod  # dataclasses look their module up in sys.modules
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_parse_model_spec():
+    bench = load_script()
+    assert bench.parse_model_spec("vit_tiny_patch16_224") == ("vit_tiny_patch16_224", {})
+    assert bench.parse_model_spec("vit_tiny_patch16_224:img_size=64, depth=2,global_pool='avg'") == (
+        "vit_tiny_patch16_224", {"img_size": 64, "depth": 2, "global_pool": "avg"})
+
+
+def test_quick_benchmark_table_and_flops(tmp_path):
+    bench = load_script()
+    threads = torch.get_num_threads()
+    out = tmp_path / "cost.md"
+    # one thread: on a shared 2-core machine, two OpenMP threads stall badly when another process holds a core
+    res = bench.main(["--quick", "--models", SMALL, "--batch", "2", "--threads", "1", "--out", str(out)])
+    assert torch.get_num_threads() == threads  # main restores the thread count
+
+    rows = {r.row: r for r in res["results"]}
+    assert list(rows) == ["forward", "forward+backward", "gradskip"]
+    for r in rows.values():
+        assert r.gflops > 0
+        assert len(r.ms_per_image) == 3 and all(t > 0 for t in r.ms_per_image)
+        assert math.isfinite(r.peak_mib) and r.peak_mib >= 0
+    assert rows["forward+backward"].peak_mib > 0 and rows["gradskip"].peak_mib > 0
+    assert (rows["forward"].forward_passes, rows["forward"].backward_passes) == (1, 0)
+    assert (rows["gradskip"].forward_passes, rows["gradskip"].backward_passes) == (1, 1)
+
+    fwd, floor, gs = (rows[k].gflops for k in ("forward", "forward+backward", "gradskip"))
+    assert gs >= fwd
+    assert gs <= 1.1 * floor * 1.01
+    # the floor is a forward plus an activation-only backward: between 1.5x and 2.5x a forward
+    assert 1.5 * fwd < floor < 2.5 * fwd
+
+    md = res["markdown"]
+    for label in ("(a) forward", "(b) forward+backward", "(c) GradSkip"):
+        assert label in md
+    assert f"torch {torch.__version__}" in md and "torch threads: 1" in md
+    assert out.read_text() == md
+    csv_lines = out.with_suffix(".csv").read_text().strip().splitlines()
+    assert len(csv_lines) == 4 and csv_lines[0].startswith("model,row,gflops_per_image")
