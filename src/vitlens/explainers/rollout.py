@@ -1,0 +1,138 @@
+"""Attention rollout (Abnar & Zuidema, ACL 2020): multiply the layers' head-fused attention, with the residual.
+
+One forward pass, no gradients. The equations implemented here are written out in
+``docs/methods/attention_methods.md``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from ..errors import InputError
+from ..models import Adapter
+from ..targets import Target
+from .base import Attribution, Explainer
+from .registry import register
+
+__all__ = ["AttentionRollout", "fuse_heads", "discard_lowest", "readout_row", "token_map"]
+
+_FUSIONS = ("mean", "max", "min")
+_DISCARD_PER = ("matrix", "row")
+
+
+def fuse_heads(attn: Tensor, mode: str = "mean") -> Tensor:
+    """Fuse the heads of attention probabilities ``(B, H, T, T)`` into ``(B, T, T)`` by their mean, max or min."""
+    if mode == "mean":
+        return attn.mean(dim=1)
+    if mode == "max":
+        return attn.amax(dim=1)
+    if mode == "min":
+        return attn.amin(dim=1)
+    raise InputError(f"head_fusion must be one of {_FUSIONS}, got {mode!r}")
+
+
+def discard_lowest(fused: Tensor, ratio: float, protect: tuple[int, ...] = (), per: str = "matrix") -> Tensor:
+    """Zero the lowest entries of each image's fused ``(T, T)`` attention matrix.
+
+    ``per="matrix"`` (default, as the widely used implementation jacobgil/vit-explain): the ``⌊ratio·T²⌋`` lowest
+    entries of the whole matrix of one image. ``per="row"``: the ``⌊ratio·T⌋`` lowest entries of every row.
+    In both, the diagonal entries ``(r, r)`` of the tokens in ``protect`` (the readout tokens) are never zeroed — the
+    common implementation protects exactly the entry ``(0, 0)``, i.e. CLS attending to itself; the rest of the readout
+    row and the readout column can be dropped. Protected entries count towards the number dropped (so fewer than
+    ``⌊ratio·…⌋`` entries are zeroed when one is among the lowest), as in that implementation. Ties are broken by
+    :func:`torch.topk`.
+    """
+    if ratio <= 0:
+        return fused
+    b, t, _ = fused.shape
+    flat = fused.reshape(b, t * t) if per == "matrix" else fused
+    k = int(flat.shape[-1] * ratio)
+    if k == 0:
+        return fused
+    drop = torch.zeros_like(flat, dtype=torch.bool)
+    drop.scatter_(-1, flat.topk(k, dim=-1, largest=False).indices, True)
+    drop = drop.reshape(b, t, t)
+    for r in protect:
+        drop[:, r, r] = False
+    return fused.masked_fill(drop, 0.0)
+
+
+def readout_row(joint: Tensor, readout: tuple[int, ...] | None, num_prefix: int) -> Tensor:
+    """The row of a token-mixing matrix ``(B, T, T)`` that the classifier reads, ``(B, T)``.
+
+    One readout token: its row. Several (distilled DeiT: CLS and DIST, whose heads are averaged): the mean of their
+    rows. Pooled readout (no readout token): the mean of the patch-token rows (the tokens the pool averages).
+    """
+    if readout is None:
+        return joint[:, num_prefix:].mean(dim=1)
+    return joint[:, list(readout)].mean(dim=1)
+
+
+def token_map(adapter: Adapter, row: Tensor, x: Tensor) -> tuple[Tensor, Tensor]:
+    """Split a token row ``(B, T)`` into the patch-token map ``(B, gh, gw)`` and the prefix-token sum ``(B,)``."""
+    p = adapter.num_prefix_tokens
+    gh, gw = adapter.grid(tuple(x.shape[-2:]))
+    patch = row[:, p:]
+    if patch.shape[1] != gh * gw:
+        raise InputError(f"{patch.shape[1]} patch tokens do not fill the {gh}x{gw} token grid")
+    return patch.reshape(-1, gh, gw), row[:, :p].sum(dim=-1)
+
+
+@register
+class AttentionRollout(Explainer):
+    """Attention rollout: ``Â_l = rownorm(½·(fuse_h A_l) + ½·I)``, ``J = Â_L ⋯ Â_1``, readout row of ``J``.
+
+    Options:
+        head_fusion: ``mean`` (the paper) | ``max`` | ``min`` — how the heads of a layer are fused.
+        discard_ratio: fraction in [0, 1) of the lowest fused-attention entries zeroed per layer and image before the
+            identity is added (0 = the paper; 0.9 is the common implementation's default). See :func:`discard_lowest`.
+        discard_per: ``matrix`` (the lowest entries of the whole matrix, as the common implementation) | ``row``.
+
+    The map is the readout row over the patch tokens; every row of ``J`` sums to 1, so the map plus ``remainder``
+    (the mass on prefix tokens) is 1 per image.
+    """
+
+    name = "rollout"
+    requires = "attention"
+    level = "token"
+    defaults: dict[str, Any] = {"head_fusion": "mean", "discard_ratio": 0.0, "discard_per": "matrix"}
+
+    def check_options(self) -> None:
+        o = self.options
+        if o["head_fusion"] not in _FUSIONS:
+            raise InputError(f"head_fusion must be one of {_FUSIONS}, got {o['head_fusion']!r}")
+        if o["discard_per"] not in _DISCARD_PER:
+            raise InputError(f"discard_per must be one of {_DISCARD_PER}, got {o['discard_per']!r}")
+        try:
+            ratio = float(o["discard_ratio"])
+        except (TypeError, ValueError):
+            raise InputError(f"discard_ratio must be a number in [0, 1), got {o['discard_ratio']!r}") from None
+        if not 0.0 <= ratio < 1.0:
+            raise InputError(f"discard_ratio must be in [0, 1), got {o['discard_ratio']}")
+        o["discard_ratio"] = ratio
+
+    def declared_cost(self) -> dict[str, float]:
+        return {"forward": 1.0, "backward": 0.0}
+
+    def attribute(self, adapter: Adapter, x: Tensor, target: Target) -> tuple[Attribution, Tensor, Target]:
+        o = self.options
+        with adapter.session(capture=True) as rec, torch.no_grad():
+            logits = adapter.forward(x)
+            tgt = target if target.classes is not None else target.resolve(logits)
+            tgt(logits)  # validates the target against the batch (the map itself does not depend on it)
+            attns = [blk.attn for blk in rec.blocks]
+        protect = adapter.readout_tokens or ()
+        joint = None
+        for attn in attns:
+            fused = discard_lowest(fuse_heads(attn.detach().float(), o["head_fusion"]), o["discard_ratio"], protect,
+                                   o["discard_per"])
+            eye = torch.eye(fused.shape[-1], device=fused.device, dtype=fused.dtype)
+            a = 0.5 * fused + 0.5 * eye
+            a = a / a.sum(dim=-1, keepdim=True)
+            joint = a if joint is None else a.bmm(joint)
+        row = readout_row(joint, adapter.readout_tokens, adapter.num_prefix_tokens)
+        values, remainder = token_map(adapter, row, x)
+        return Attribution(values=values, remainder=remainder), logits.detach(), tgt
