@@ -6,8 +6,9 @@ environment. Create its venv once (see docs/methods/attention_methods.md, "Cross
     python3 -m venv /work/lxt-venv
     /work/lxt-venv/bin/pip install -e . lxt 'transformers<5' timm torchvision
 
-and run ``VITLENS_LXT_PYTHON=/work/lxt-venv/bin/python pytest tests/test_lxt_crosscheck.py -s``. Without the
-variable the test is skipped.
+and run ``VITLENS_LXT_PYTHON=/work/lxt-venv/bin/python pytest tests/test_lxt_crosscheck.py -s``. ``scripts/setup.sh``
+(the README's set-up command, also run by CI) creates ``.venv-lxt`` in the checkout, which is used when the variable
+is not set; without either the test is skipped.
 
 What is compared (one fresh interpreter per LXT configuration, because LXT's patches cannot be undone):
 
@@ -33,8 +34,10 @@ from pathlib import Path
 
 import pytest
 
-LXT_PYTHON = os.environ.get("VITLENS_LXT_PYTHON")
 ROOT = Path(__file__).resolve().parents[1]
+# scripts/setup.sh creates .venv-lxt next to .venv; VITLENS_LXT_PYTHON points elsewhere.
+_DEFAULT_LXT = ROOT / ".venv-lxt" / "bin" / "python"
+LXT_PYTHON = os.environ.get("VITLENS_LXT_PYTHON") or (str(_DEFAULT_LXT) if _DEFAULT_LXT.exists() else None)
 
 SCRIPT = r'''
 import json, sys

@@ -1,0 +1,239 @@
+"""Class-activation maps for vision transformers: Grad-CAM on tokens, Finer-CAM, and attention Grad-CAM.
+
+All three are token-level and cost one forward and one activation-only backward pass. The tensors they read (the
+residual stream entering a block, the attention probabilities) come from the adapter's capture session, so the token
+layout (prefix tokens, grid) is the model's own. Settings, sources and cross-checks: ``docs/methods/cams.md``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+from torch import Tensor
+
+from ..errors import InputError, TargetError
+from ..models import Adapter
+from ..models.base import Recording
+from ..targets import Target
+from .base import Attribution, Explainer
+from .registry import register
+
+__all__ = ["GradCAM", "FinerCAM", "AttentionGradCAM", "FinerContrast", "similar_classes"]
+
+_WEIGHTINGS = ("mean", "probability")
+
+
+def _check_layer(options: dict[str, Any]) -> None:
+    layer = options["layer"]
+    if isinstance(layer, bool) or not isinstance(layer, int):
+        raise InputError(f"layer must be an int block index (negative counts from the end), got {layer!r}")
+
+
+def _block_index(adapter: Adapter, layer: int) -> int:
+    n = len(adapter.blocks())
+    if not -n <= layer < n:
+        raise InputError(f"layer {layer} is out of range for a model with {n} blocks (valid: {-n}..{n - 1})")
+    return layer % n
+
+
+def _to_grid(adapter: Adapter, values: Tensor, hw: tuple[int, int]) -> Tensor:
+    """``(B, N)`` patch-token values → ``(B, gh, gw)`` on the model's own token grid."""
+    gh, gw = adapter.grid(hw)
+    if values.shape[1] != gh * gw:
+        raise InputError(f"{values.shape[1]} patch tokens do not fill the {gh}x{gw} token grid")
+    return values.reshape(values.shape[0], gh, gw)
+
+
+def _grad_pass(adapter: Adapter, x: Tensor, target: Target, pick: Callable[[Recording], list[Tensor]],
+               retarget: Callable[[Target, Tensor], Target] | None = None
+               ) -> tuple[Tensor, Target, list[Tensor], list[Tensor]]:
+    """One forward with capture and one backward of the target to the tensors ``pick(recording)`` returns.
+
+    ``retarget(resolved_target, logits)`` may replace the resolved target (Finer-CAM). Returns
+    ``(logits, target, picked tensors (detached), their gradients)``.
+    """
+    with adapter.session(capture=True) as rec:
+        logits = adapter.forward(x)
+        tgt = target if target.classes is not None else target.resolve(logits)
+        if retarget is not None:
+            tgt = retarget(tgt, logits)
+        picked = pick(rec)
+        grads = torch.autograd.grad(tgt(logits).sum(), picked, allow_unused=True)
+    grads = [torch.zeros_like(t) if g is None else g for t, g in zip(picked, grads)]
+    return logits.detach(), tgt, [t.detach() for t in picked], grads
+
+
+def token_gradcam(u: Tensor, grad: Tensor, num_prefix: int) -> Tensor:
+    """Grad-CAM on token features: ``ReLU(Σ_k w_k · u[:, p:, k])`` with ``w_k = mean over patch tokens of ∂y/∂u_k``.
+
+    ``u``, ``grad``: ``(B, T, D)``; returns ``(B, N)`` for the ``N = T − p`` patch tokens.
+    """
+    feats, g = u[:, num_prefix:], grad[:, num_prefix:]
+    weights = g.mean(dim=1, keepdim=True)  # (B, 1, D): gradient averaged over patch tokens
+    return (feats * weights).sum(dim=-1).clamp_min(0)
+
+
+@register
+class GradCAM(Explainer):
+    """Grad-CAM (Selvaraju et al., ICCV 2017) on the token features of a ViT, ``(B, gh, gw)``.
+
+    Features: the residual stream entering block ``layer`` (default the last block), which is the input of that
+    block's first LayerNorm. Channel weights: the target's gradient with respect to those features, averaged over the
+    patch tokens; map: ReLU of the weighted channel sum at every patch token, on the model's own token grid (prefix
+    tokens — CLS, distillation, registers — are left out).
+
+    Options:
+        layer: block index (negative counts from the end).
+    """
+
+    name = "gradcam"
+    requires = "tokens"
+    level = "token"
+    defaults: dict[str, Any] = {"layer": -1}
+
+    def check_options(self) -> None:
+        _check_layer(self.options)
+
+    def attribute(self, adapter: Adapter, x: Tensor, target: Target) -> tuple[Attribution, Tensor, Target]:
+        i = _block_index(adapter, self.options["layer"])
+        logits, tgt, (u,), (g,) = _grad_pass(adapter, x, target, lambda rec: [rec.blocks[i].u])
+        cam = token_gradcam(u, g, adapter.num_prefix_tokens)
+        return Attribution(values=_to_grid(adapter, cam, tuple(x.shape[-2:]))), logits, tgt
+
+
+def similar_classes(logits: Tensor, classes: Tensor, k: int) -> Tensor:
+    """The ``k`` classes (≠ the target class) whose logits are closest to the target's, ``(B, k)`` long, closest
+    first. For the predicted class these are the runner-ups."""
+    diff = (logits.detach() - logits.detach().gather(1, classes[:, None])).abs()
+    diff.scatter_(1, classes[:, None], float("inf"))
+    return diff.argsort(dim=1, stable=True)[:, :k]
+
+
+class FinerContrast(Target):
+    """Finer-CAM's target: a target's score against the logits of ``k`` reference classes ``d``.
+
+    ``score = s − γ · Σ_d ω_d y_d`` with ``s`` the wrapped target's score (the logit ``y_c`` for the default
+    :class:`~vitlens.targets.ClassLogit`) and ``Σ_d ω_d = 1``: ``weighting="mean"`` gives ``ω_d = 1/k``, i.e. the
+    average of the ``k`` differences ``y_c − γ·y_d``; ``weighting="probability"`` gives ``ω_d = p_d / Σ_d' p_d'`` with
+    ``p = softmax(y)`` (the weights are part of the graph), pytorch-grad-cam's ``FinerWeightedTarget``.
+    """
+
+    def __init__(self, base: Target, versus: Tensor, gamma: float, weighting: str) -> None:
+        self.base = base
+        self.classes = base.classes
+        self.versus = versus
+        self.gamma = float(gamma)
+        self.weighting = weighting
+
+    def resolve(self, logits: Tensor) -> "FinerContrast":
+        return self
+
+    def score(self, logits: Tensor) -> Tensor:
+        versus = self.versus.to(logits.device)
+        yd = logits.gather(1, versus)  # (B, k)
+        if self.weighting == "mean":
+            ref = yd.mean(dim=1)
+        else:
+            p = logits.softmax(dim=-1).gather(1, versus)
+            ref = (p * yd).sum(dim=1) / p.sum(dim=1).clamp_min(torch.finfo(p.dtype).tiny)
+        return self.base(logits) - self.gamma * ref
+
+    def select(self, index: Tensor | slice) -> "FinerContrast":
+        return FinerContrast(self.base.select(index), self.versus[index], self.gamma, self.weighting)
+
+    def describe(self) -> dict:
+        return {"kind": "FinerContrast", "base": self.base.describe(), "versus": self.versus.tolist(),
+                "gamma": self.gamma, "weighting": self.weighting}
+
+
+@register
+class FinerCAM(Explainer):
+    """Finer-CAM (Zhang et al., CVPR 2025): Grad-CAM of the contrast between the target class and its most similar
+    classes, ``(B, gh, gw)``.
+
+    The target class ``c`` is the one the given target resolves to (the predicted class by default); the references
+    ``d`` are the ``references`` classes whose logits are closest to ``y_c`` (the runner-ups when ``c`` is predicted).
+    The explained score is the :class:`FinerContrast` of the given target (``y_c`` by default) against them: the
+    ``k`` differences ``y_c − γ·y_d`` averaged (default) or softmax-weighted. Grad-CAM is linear in the gradient
+    before its ReLU, so one backward pass of the combined score serves all comparisons. Everything else is
+    :class:`GradCAM`; ``γ = 0`` gives Grad-CAM.
+
+    Options:
+        references: number of similar classes compared against (default 3; capped at ``K − 1``).
+        gamma: comparison strength γ (default 1). weighting: ``mean`` | ``probability`` (see :class:`FinerContrast`).
+        layer: block index whose residual input holds the features (default the last block).
+
+    ``extras["references"]``: ``(B, k)`` the reference classes per image.
+    """
+
+    name = "finercam"
+    requires = "tokens"
+    level = "token"
+    defaults: dict[str, Any] = {"references": 3, "gamma": 1.0, "weighting": "mean", "layer": -1}
+
+    def check_options(self) -> None:
+        o = self.options
+        _check_layer(o)
+        k = o["references"]
+        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+            raise InputError(f"references must be a positive int, got {k!r}")
+        try:
+            gamma = float(o["gamma"])
+        except (TypeError, ValueError):
+            raise InputError(f"gamma must be a number, got {o['gamma']!r}") from None
+        if not gamma == gamma or gamma in (float("inf"), float("-inf")):
+            raise InputError(f"gamma must be finite, got {o['gamma']!r}")
+        if o["weighting"] not in _WEIGHTINGS:
+            raise InputError(f"weighting must be one of {_WEIGHTINGS}, got {o['weighting']!r}")
+
+    def _retarget(self, tgt: Target, logits: Tensor) -> FinerContrast:
+        n_classes = logits.shape[1]
+        if n_classes < 2:
+            raise TargetError("Finer-CAM needs a model with at least 2 classes")
+        k = min(int(self.options["references"]), n_classes - 1)
+        versus = similar_classes(logits, tgt.classes.to(logits.device), k)
+        return FinerContrast(tgt, versus, float(self.options["gamma"]), self.options["weighting"])
+
+    def attribute(self, adapter: Adapter, x: Tensor, target: Target) -> tuple[Attribution, Tensor, Target]:
+        i = _block_index(adapter, self.options["layer"])
+        logits, tgt, (u,), (g,) = _grad_pass(adapter, x, target, lambda rec: [rec.blocks[i].u], self._retarget)
+        cam = token_gradcam(u, g, adapter.num_prefix_tokens)
+        att = Attribution(values=_to_grid(adapter, cam, tuple(x.shape[-2:])), extras={"references": tgt.versus})
+        return att, logits, tgt
+
+
+@register
+class AttentionGradCAM(Explainer):
+    """Attention Grad-CAM, the "GC" baseline of Chefer et al. (CVPR 2021) and MDA, ``(B, gh, gw)``.
+
+    At block ``layer`` (default the last): the readout row of every head's attention over the patch tokens, weighted
+    per head by the mean of its gradient over those patch tokens, averaged over heads, ReLU:
+    ``ReLU(mean_h ḡ_h · A_h[r, p:])`` with ``ḡ_h = mean_j ∂y/∂A_h[r, p + j]``.
+
+    Readout row ``r``: the CLS token's row. Models with several readout tokens (distilled DeiT: CLS and DIST) and
+    pooled-readout models (no CLS; every patch token feeds the head) use several rows, each weighted by its own
+    gradient mean and then averaged: the readout tokens' rows, or all patch-token rows.
+
+    Options:
+        layer: block index (negative counts from the end).
+    """
+
+    name = "attn_gradcam"
+    requires = "attention"
+    level = "token"
+    defaults: dict[str, Any] = {"layer": -1}
+
+    def check_options(self) -> None:
+        _check_layer(self.options)
+
+    def attribute(self, adapter: Adapter, x: Tensor, target: Target) -> tuple[Attribution, Tensor, Target]:
+        i = _block_index(adapter, self.options["layer"])
+        logits, tgt, (attn,), (grad,) = _grad_pass(adapter, x, target, lambda rec: [rec.blocks[i].attn])
+        p = adapter.num_prefix_tokens
+        readout = adapter.readout_tokens
+        rows = list(readout) if readout is not None else list(range(p, attn.shape[2]))
+        a = attn[:, :, rows, p:]  # (B, H, R, N)
+        g = grad[:, :, rows, p:]
+        cam = (g.mean(dim=-1, keepdim=True) * a).mean(dim=(1, 2)).clamp_min(0)  # (B, N)
+        return Attribution(values=_to_grid(adapter, cam, tuple(x.shape[-2:]))), logits, tgt

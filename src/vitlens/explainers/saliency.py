@@ -1,0 +1,184 @@
+"""Input-gradient saliency: the vanilla gradient (Simonyan et al., 2014) and SmoothGrad (Smilkov et al., 2017).
+
+Both are pixel-level, model-agnostic (any model mapping ``(B, C, H, W)`` to logits) and read only the gradient of the
+target score with respect to the preprocessed input. Settings, cost and sources: ``docs/methods/gradients.md``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+from torch import Tensor
+
+from ..errors import InputError
+from ..models import Adapter
+from ..targets import Target
+from .base import Attribution, Explainer
+from .gradients import _image_seed, input_gradient
+from .registry import register
+
+__all__ = ["Gradient", "SmoothGrad", "reduce_channels", "input_gradients", "REDUCTIONS"]
+
+#: channel reductions of a ``(B, C, H, W)`` gradient to a ``(B, H, W)`` map.
+REDUCTIONS = ("max_abs", "sum_abs", "sum")
+
+
+def reduce_channels(grad: Tensor, how: str) -> Tensor:
+    """``(B, C, H, W)`` → ``(B, H, W)``: ``max_abs`` = ``max_c |g_c|`` (Simonyan et al.), ``sum_abs`` = ``Σ_c |g_c|``,
+    ``sum`` = ``Σ_c g_c`` (signed)."""
+    if how == "max_abs":
+        return grad.abs().amax(dim=1)
+    if how == "sum_abs":
+        return grad.abs().sum(dim=1)
+    if how == "sum":
+        return grad.sum(dim=1)
+    raise InputError(f"reduce must be one of {REDUCTIONS}, got {how!r}")
+
+
+def input_gradients(adapter: Adapter, points: Callable[[int, int], Tensor], n: int, batch: int, target: Target,
+                    rows_per_call: int | None) -> Tensor:
+    """Gradient of a resolved ``target`` at ``n`` sets of points, one set per image of the batch.
+
+    Args:
+        points: ``points(start, stop)`` returns sets ``start … stop − 1`` as ``(stop − start, B, C, H, W)``; set ``k``
+            holds the ``k``-th point (noisy copy, path point) of every image. Called with increasing, contiguous
+            ranges, so the points are made only when needed (memory) and random draws keep their order.
+        n, batch: number of sets and images ``B``.
+        target: the target resolved for the batch of ``B`` images; it is applied to each set's ``(B, K)`` logits, so
+            any :class:`Target` works.
+        rows_per_call: model rows per call, rounded down to whole sets (at least one set of ``B`` rows), as
+            Captum's ``internal_batch_size``; ``None``: all ``n·B`` rows in one call. Rows never interact, so results
+            do not depend on it beyond float rounding.
+
+    Returns the gradients ``(n, B, C, H, W)``. Must be called inside an open ``adapter.session(capture=False)``.
+    """
+    sets = n if rows_per_call is None else max(1, int(rows_per_call) // batch)
+    grads = []
+    for start in range(0, n, sets):
+        chunk = points(start, min(start + sets, n))
+        s = chunk.shape[0]
+        xs = chunk.reshape(s * batch, *chunk.shape[2:]).detach().requires_grad_(True)
+        logits = adapter.forward(xs).reshape(s, batch, -1)
+        score = sum(target(logits[k]).sum() for k in range(s))
+        (g,) = torch.autograd.grad(score, [xs])
+        grads.append(g.reshape(chunk.shape))
+    return torch.cat(grads)
+
+
+def _resolve(adapter: Adapter, x: Tensor, target: Target) -> tuple[Tensor, Target]:
+    """One gradient-free forward on the clean batch: its logits and the resolved target."""
+    with torch.no_grad():
+        logits = adapter.forward(x)
+    return logits, (target if target.classes is not None else target.resolve(logits))
+
+
+def _check_reduce(options: dict[str, Any]) -> None:
+    if options["reduce"] not in REDUCTIONS:
+        raise InputError(f"reduce must be one of {REDUCTIONS}, got {options['reduce']!r}")
+
+
+def _check_rows(value: Any, name: str) -> None:
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+        raise InputError(f"{name} must be None or a positive int, got {value!r}")
+
+
+@register
+class Gradient(Explainer):
+    """Vanilla gradient saliency (Simonyan, Vedaldi & Zisserman, ICLR workshop 2014), ``(B, H, W)``.
+
+    ``M = reduce_c ∂y/∂x_c`` on the preprocessed input. Default channel reduction ``max_abs``: the maximum over
+    channels of the absolute gradient, as the paper does for colour images.
+
+    Options:
+        reduce: ``max_abs`` | ``sum_abs`` | ``sum`` (see :func:`reduce_channels`).
+    """
+
+    name = "gradient"
+    level = "pixel"
+    defaults: dict[str, Any] = {"reduce": "max_abs"}
+
+    def check_options(self) -> None:
+        _check_reduce(self.options)
+
+    def attribute(self, adapter: Adapter, x: Tensor, target: Target) -> tuple[Attribution, Tensor, Target]:
+        _, grad, logits, tgt = input_gradient(adapter, x, target)
+        return Attribution(values=reduce_channels(grad, self.options["reduce"])), logits, tgt
+
+
+@register
+class SmoothGrad(Explainer):
+    """SmoothGrad (Smilkov et al., 2017): the gradient averaged over ``n`` noisy copies of the input, ``(B, H, W)``.
+
+    ``M = reduce_c (1/n) Σ_k ∂y/∂x_c (x + ε_k)``, ``ε_k ~ N(0, σ²)``, ``σ = noise · (max(x) − min(x))`` per image (the
+    paper's noise level as a fraction of the input range; it recommends 10–20 % and n ≈ 50). The target class is
+    fixed on the clean image (one extra, gradient-free forward) and kept for every noisy copy.
+
+    Each image's noise comes from its own generator, seeded by ``seed`` and a hash of the image's values, so the maps
+    are deterministic and a batch gives the same maps as one-by-one calls.
+
+    Options:
+        n: number of noisy samples (≥ 1). noise: σ as a fraction of the per-image value range (≥ 0).
+        seed: int. reduce: channel reduction of the averaged gradient (as for ``gradient``).
+        internal_batch_size: model rows per call, rounded down to whole sets of ``B`` noisy copies (at least one set);
+            ``None``: all ``n·B`` at once. Memory knob only.
+    """
+
+    name = "smoothgrad"
+    level = "pixel"
+    defaults: dict[str, Any] = {"n": 50, "noise": 0.15, "seed": 0, "reduce": "max_abs", "internal_batch_size": 64}
+    fast_options: dict[str, Any] = {"n": 4}
+
+    def check_options(self) -> None:
+        o = self.options
+        _check_reduce(o)
+        if isinstance(o["n"], bool) or not isinstance(o["n"], int) or o["n"] < 1:
+            raise InputError(f"n must be a positive int, got {o['n']!r}")
+        try:
+            noise = float(o["noise"])
+        except (TypeError, ValueError):
+            noise = float("nan")
+        if not (0.0 <= noise < float("inf")):
+            raise InputError(f"noise must be >= 0 (a fraction of the input range), got {o['noise']!r}")
+        if isinstance(o["seed"], bool) or not isinstance(o["seed"], int):
+            raise InputError(f"seed must be an int, got {o['seed']!r}")
+        _check_rows(o["internal_batch_size"], "internal_batch_size")
+
+    def declared_cost(self) -> dict[str, float]:
+        n = float(self.options["n"])
+        return {"forward": n + 1.0, "backward": n}
+
+    def _noise_source(self, x: Tensor) -> Callable[[int, int], Tensor]:
+        """``draw(start, stop)`` → noise samples ``start … stop − 1``, ``(stop − start, B, C, H, W)``.
+
+        One CPU generator per image, seeded by ``seed`` and a hash of the image; samples are drawn one at a time in
+        order, so the noise does not depend on how the draws are chunked.
+        """
+        level, seed = float(self.options["noise"]), int(self.options["seed"])
+        gens = [torch.Generator().manual_seed(_image_seed(xi, seed)) for xi in x]
+        sigmas = [level * float(xi.max() - xi.min()) for xi in x]
+        shape = tuple(x.shape[1:])
+
+        def draw(start: int, stop: int) -> Tensor:
+            out = torch.stack([
+                torch.stack([torch.randn(shape, generator=g, dtype=torch.float32) * sd for g, sd in zip(gens, sigmas)])
+                for _ in range(start, stop)
+            ])
+            return out.to(device=x.device, dtype=x.dtype)
+
+        return draw
+
+    def noise(self, x: Tensor) -> Tensor:
+        """The ``(n, B, C, H, W)`` noise this method adds to ``x``."""
+        return self._noise_source(x)(0, int(self.options["n"]))
+
+    def attribute(self, adapter: Adapter, x: Tensor, target: Target) -> tuple[Attribution, Tensor, Target]:
+        n = int(self.options["n"])
+        x = x.detach()
+        draw = self._noise_source(x)
+        with adapter.session(capture=False):
+            logits, tgt = _resolve(adapter, x, target)
+            grads = input_gradients(adapter, lambda i, j: x[None] + draw(i, j), n, x.shape[0], tgt,
+                                    self.options["internal_batch_size"])
+        mean_grad = grads.mean(dim=0)
+        return Attribution(values=reduce_channels(mean_grad, self.options["reduce"])), logits, tgt
