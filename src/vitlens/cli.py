@@ -6,13 +6,13 @@ import argparse
 import ast
 import json
 import sys
-import time
 from pathlib import Path
 from typing import Any, Sequence
 
 __all__ = ["main"]
 
-DEMO_METHODS = "gradskip,inputxgradient,random"
+DEMO_METHODS = "gradskip,attnlrp,gae,rollout,inputxgradient,random"
+DEMO_METRICS = "insertion_deletion:preset='aha',pointing_game:tolerance=4"
 
 
 def _parse_options(pairs: Sequence[str]) -> dict[str, Any]:
@@ -95,62 +95,22 @@ def cmd_explain(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
+    """The README's main job: a small benchmark of the bundled model on fresh scenes, with the HTML report."""
     import torch
-    from tqdm.auto import tqdm
 
     import vitlens
-    from vitlens import images as vimages
-    from vitlens import viz
-    from vitlens.metrics import energy_inside, pointing_game
+    from vitlens.bench import BenchConfig, run_benchmark, split_specs
 
     torch.manual_seed(0)
     model = vitlens.load_model(args.model)
-    cfg = vimages.data_config(model)
-    scenes = vitlens.data.make_scenes(n=args.n, seed=args.seed)
-    x = vitlens.load_images(scenes.images, cfg)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    methods = [m for m in args.methods.split(",") if m]
-    with torch.no_grad():
-        acc = float((model(x).argmax(-1) == scenes.labels).float().mean())
-    print(f"vitlens demo: model {args.model}, {len(scenes)} fresh synthetic scenes (seed {args.seed}), "
-          f"accuracy {acc:.3f}; explaining the true class")
-    tol = args.tolerance
-    rows = []
-    shown: dict[str, torch.Tensor] = {}
-    for method in methods:
-        maps, seconds = [], 0.0
-        for start in tqdm(range(0, len(scenes), args.batch), desc=f"{method:>15}", unit="batch", leave=False):
-            sl = slice(start, start + args.batch)
-            t0 = time.perf_counter()
-            exp = vitlens.explain(model, x[sl], method=method, target=scenes.labels[sl])
-            seconds += time.perf_counter() - t0
-            maps.append(exp.maps)
-        m = torch.cat(maps)
-        shown[method] = m[: args.show]
-        pg = pointing_game(m, scenes.masks, tolerance=tol)
-        en = energy_inside(m, scenes.masks)
-        rows.append({"method": method, "pointing_game": float(pg.mean()), "energy_in_mask": float(en.mean()),
-                     "forward_passes": exp.cost.forward_passes, "backward_passes": exp.cost.backward_passes,
-                     "ms_per_image": 1000 * seconds / len(scenes)})
-    area = float(scenes.masks.float().mean())
-    header = (f"| method | pointing game (tol {tol:g} px) | positive relevance inside the object | "
-              f"fwd/bwd passes per image | ms per image |\n|---|---|---|---|---|")
-    lines = [header] + [
-        f"| {r['method']} | {r['pointing_game']:.3f} | {r['energy_in_mask']:.3f} | "
-        f"{r['forward_passes']:g}/{r['backward_passes']:g} | {r['ms_per_image']:.1f} |" for r in rows
-    ]
-    table = "\n".join(lines)
-    note = f"(objects cover {area:.1%} of the pixels on average: a random map puts that share inside)"
-    print(table)
-    print(note)
-    grid_path = out / "overlays.png"
-    viz.save_grid(str(grid_path), vimages.denormalize(x[: args.show], cfg), shown,
-                  row_labels=[scenes.class_names[int(c)] for c in scenes.labels[: args.show]])
-    (out / "results.md").write_text(table + "\n\n" + note + "\n")
-    (out / "results.json").write_text(json.dumps({"model": args.model, "n": len(scenes), "seed": args.seed,
-                                                   "accuracy": acc, "object_area": area, "rows": rows}, indent=2))
-    print(f"overlays: {grid_path}\ntable: {out / 'results.md'}")
+    data = f"scenes:seed={args.seed}"
+    config = BenchConfig(model=args.model, data=data, methods=split_specs(args.methods),
+                         metrics=split_specs(args.metrics), n=args.n, batch_size=args.batch, show=args.show)
+    print(f"vitlens demo: {args.model} on {args.n} fresh synthetic scenes (seed {args.seed}); methods "
+          f"{', '.join(m for m, _ in config.methods)}; nothing is downloaded")
+    run_dir = run_benchmark(config, args.out, model=model, progress=not args.quiet)
+    print((Path(run_dir) / "summary.md").read_text())
+    print(f"report: {Path(run_dir) / 'report.html'}  (overlays: {Path(run_dir) / 'examples.png'})")
     return 0
 
 
@@ -183,15 +143,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--version", action="version", version=f"vitlens {vitlens.__version__}")
     sub = p.add_subparsers(dest="command", required=True)
 
-    d = sub.add_parser("demo", help="offline demo on the bundled model and fresh synthetic scenes")
+    d = sub.add_parser("demo", help="offline demo: a small benchmark of the bundled model with an HTML report")
     d.add_argument("--model", default="shapes-vit")
-    d.add_argument("--n", type=int, default=200, help="number of scenes")
+    d.add_argument("--n", type=int, default=100, help="number of fresh scenes")
     d.add_argument("--seed", type=int, default=2026, help="scene seed (the training data used other seeds)")
-    d.add_argument("--methods", default=DEMO_METHODS, help="comma-separated method names")
-    d.add_argument("--batch", type=int, default=50)
-    d.add_argument("--tolerance", type=float, default=4.0, help="pointing-game tolerance in pixels")
+    d.add_argument("--methods", default=DEMO_METHODS, help="method specs (see vitlens bench)")
+    d.add_argument("--metrics", default=DEMO_METRICS, help="metric specs (see vitlens bench)")
+    d.add_argument("--batch", type=int, default=25)
     d.add_argument("--show", type=int, default=6, help="scenes shown in the overlay grid")
-    d.add_argument("--out", default="vitlens-demo")
+    d.add_argument("--quiet", action="store_true")
+    d.add_argument("--out", default="vitlens-demo", help="run directory (rerun to resume)")
     d.set_defaults(func=cmd_demo)
 
     e = sub.add_parser("explain", help="explain images and save overlays, maps and provenance")
