@@ -3,6 +3,7 @@ and records its protocol next to its values (see :mod:`.base`)."""
 
 from .base import Metric, MetricResult, check_maps, get_metric, metric_names, register_metric
 from .localisation import PointingGame, boxes_to_masks, energy_inside, pointing_game
+from .perturbation import FaithfulnessViolation, InsertionDeletion, PositiveNegativePerturbation
 from .sanity import randomisation_check, reinitialise, spearman, ssim
 from .segmentation import (
     Segmentation,
@@ -20,6 +21,7 @@ from .segmentation import (
 __all__ = [
     "Metric", "MetricResult", "check_maps", "get_metric", "metric_names", "register_metric",
     "PointingGame", "boxes_to_masks", "energy_inside", "pointing_game",
+    "InsertionDeletion", "PositiveNegativePerturbation", "FaithfulnessViolation",
     "Segmentation", "average_precision", "binarise", "classes_in", "minmax_normalise", "otsu_threshold",
     "pooled_scores", "segmentation_counts", "segmentation_per_class", "segmentation_scores",
     "randomisation_check", "reinitialise", "spearman", "ssim",
