@@ -165,11 +165,22 @@ def test_token_methods_refuse_the_cnn_clearly(model, batch, method):
         vitlens.explain(model, batch[:1], method=method)
 
 
-def test_randomisation_check_has_no_cnn_stages_yet(model, batch):
-    """Today's cascade walks transformer blocks (``adapter.blocks()``); a CNN gets a clear error. Remove once the
-    cascade accepts CNN stages (see the by-hand cascade below for what it would do)."""
-    with pytest.raises(UnsupportedModelError, match="no transformer blocks"):
-        randomisation_check(model, batch[:1], method="inputxgradient")
+def test_randomisation_check_walks_the_cnn_stages(model, batch):
+    """Without an adapter, the cascade walks the model's own stage container (EfficientNet: ``blocks``, 7 stages)."""
+    res = randomisation_check(model, batch[:2], method="inputxgradient")
+    assert res["stages"] == ["head"] + [f"blocks.{i}" for i in reversed(range(7))]
+    maps = res["maps"]  # (stages, B, H, W)
+    assert float(res["spearman_mean"][0]) < 0.9  # the head alone already changes the map
+    # deeper stages: re-initialised depthwise convs with reset BatchNorm statistics saturate ReLU6, so the gradient
+    # maps vanish (constant maps: Spearman is NaN by definition) — the map has changed completely either way
+    for k in range(1, len(res["stages"])):
+        assert not torch.allclose(maps[k], res["original_maps"], atol=1e-6)
+
+
+def test_randomisation_check_needs_stages():
+    net = torch.nn.Sequential(torch.nn.Conv2d(3, 2, 3), torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten())
+    with pytest.raises(UnsupportedModelError, match="no blocks or stages found"):
+        randomisation_check(net, torch.rand(1, 3, 16, 16), method="inputxgradient")
 
 
 def test_randomisation_cascade_by_hand_changes_the_maps(model, batch):

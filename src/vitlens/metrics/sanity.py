@@ -146,6 +146,16 @@ def _classifier_modules(model: nn.Module) -> list[nn.Module]:
     return heads
 
 
+def _stage_modules(model: nn.Module) -> list[nn.Module]:
+    """The stages of a model without an adapter: the children of its ``blocks``/``stages``/``layers``/``features``
+    container (timm CNNs such as EfficientNet, ConvNeXt, ResNet-like ``layers``), input side first."""
+    for name in ("blocks", "stages", "layers", "features"):
+        container = getattr(model, name, None)
+        if isinstance(container, (nn.Sequential, nn.ModuleList)) and len(container) > 0:
+            return list(container)
+    return []
+
+
 def reinitialise(modules: list[nn.Module], seed: int) -> None:
     """Re-initialise the parameters of ``modules`` in place (rule in the module doc), reproducibly from ``seed``,
     without changing the caller's global RNG state."""
@@ -203,11 +213,11 @@ def randomisation_check(model: nn.Module, x: Tensor, method: str = "gradskip", t
     try:
         blocks = list(adapter.blocks())
     except NotImplementedError:
-        blocks = []
+        blocks = _stage_modules(work)
     if not blocks:
         raise UnsupportedModelError(
-            f"{type(model).__name__}: no transformer blocks found (the cascade needs an adapter with blocks(), "
-            "e.g. timm or HuggingFace ViTs)"
+            f"{type(model).__name__}: no blocks or stages found (the cascade needs an adapter with blocks(), or a "
+            "model with a 'blocks', 'stages', 'layers' or 'features' container, as timm models have)"
         )
     heads = _classifier_modules(work)
     device = next(work.parameters()).device
