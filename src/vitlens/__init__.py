@@ -1,3 +1,48 @@
-"""vitlens: faithful, fast attribution maps for vision transformers."""
+"""vitlens: faithful, fast attribution maps for vision transformers.
+
+>>> import vitlens
+>>> model = vitlens.load_model("shapes-vit")
+>>> scenes = vitlens.data.make_scenes(n=4, seed=0)
+>>> x = vitlens.load_images(scenes.images, model)
+>>> exp = vitlens.explain(model, x, method="gradskip")
+>>> exp.maps.shape
+torch.Size([4, 64, 64])
+"""
+
+from . import data, targets
+from .api import explain, methods
+from .errors import (
+    ImageLoadError,
+    InputError,
+    TargetError,
+    UnsupportedModelError,
+    VitlensError,
+    WeightsUnavailableError,
+)
+from .explainers import Explainer, Explanation
+from .images import load_images
+from .models import get_adapter, load_model
+from .targets import ClassLogit, ClassProbability, Contrast
 
 __version__ = "0.1.0"
+
+__all__ = [
+    "explain",
+    "methods",
+    "load_model",
+    "load_images",
+    "get_adapter",
+    "Explainer",
+    "Explanation",
+    "ClassLogit",
+    "ClassProbability",
+    "Contrast",
+    "data",
+    "targets",
+    "VitlensError",
+    "InputError",
+    "TargetError",
+    "UnsupportedModelError",
+    "WeightsUnavailableError",
+    "ImageLoadError",
+]

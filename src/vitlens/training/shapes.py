@@ -1,0 +1,623 @@
+"""Train the bundled ``shapes-vit`` model on synthetic scenes (the one command that produces the shipped weights).
+
+Usage::
+
+    python -m vitlens.training.shapes --out src/vitlens/models/weights [--seed 0] [--minutes 9]
+
+What it does (all on CPU, ``torch.set_num_threads(2)`` by default):
+
+1. Pre-generates a fixed training set ``make_scenes(n_train, seed=seed)`` and a held-out test set
+   ``make_scenes(n_test, seed=10_000 + seed)`` (different data seed, so no image is shared).
+2. Trains :func:`vitlens.models.zoo.build_shapes_vit` with AdamW, linear warm-up + cosine decay, label smoothing and
+   random dihedral augmentation (horizontal/vertical flips and transposition: every class shape is mirror-symmetric and
+   drawn at a uniformly random rotation, so these transforms never change the class).
+3. Budgets by wall clock: the whole command (data generation, training, evaluation, writing) finishes within
+   ``--minutes``. After a short calibration the number of steps is planned from the measured step time; the learning
+   rate schedule follows ``max(step progress, time progress)`` so a CPU slowed by other work still anneals fully and
+   stops in time. ``--steps N`` fixes the number of steps instead (the JSON records the steps actually run).
+4. Writes ``shapes-vit.safetensors`` (float16 state dict, ~5 MB), ``shapes-vit.json`` (metadata) and
+   ``shapes-vit.md`` (model card) to ``--out``. All numbers in them are measured on the shipped (float16-rounded)
+   weights loaded back into a float32 model.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import hashlib
+import json
+import math
+import os
+import platform
+import shlex
+import sys
+import time
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from vitlens.data.scenes import CLASS_NAMES, make_scenes
+from vitlens.models.zoo import BUNDLED, SHAPES_MEAN, SHAPES_STD, WEIGHTS_DIR, build_shapes_vit
+
+__all__ = ["main", "attention_gini", "gini"]
+
+NAME = "shapes-vit"
+TEST_SEED_OFFSET = 10_000
+
+
+def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="python -m vitlens.training.shapes",
+        description="Train the bundled shapes-vit model on synthetic scenes and write weights, metadata and card.",
+    )
+    p.add_argument("--out", type=Path, default=WEIGHTS_DIR, help="output folder (default: the package weights dir)")
+    p.add_argument("--seed", type=int, default=0, help="seed of torch/numpy and of the training data (default 0)")
+    p.add_argument("--minutes", type=float, default=9.0, help="wall-clock budget of the whole command (default 9)")
+    p.add_argument("--steps", type=int, default=None, help="fixed number of optimiser steps (default: planned)")
+    p.add_argument("--n-train", type=int, default=24_000, help="training images (default 24000)")
+    p.add_argument("--n-test", type=int, default=3_000, help="held-out test images (default 3000)")
+    p.add_argument("--batch-size", type=int, default=128)
+    p.add_argument("--lr", type=float, default=1e-3, help="peak learning rate")
+    p.add_argument("--min-lr-frac", type=float, default=0.01, help="final learning rate as a fraction of the peak")
+    p.add_argument("--weight-decay", type=float, default=0.05)
+    p.add_argument("--warmup-frac", type=float, default=0.05, help="warm-up length as a fraction of training")
+    p.add_argument("--label-smoothing", type=float, default=0.1)
+    p.add_argument("--threads", type=int, default=2, help="intra-op threads (default 2)")
+    p.add_argument("--fixed-threads", action="store_true",
+                   help="never fall back to 1 thread when the CPU is contended (default: probe and pick the faster)")
+    p.add_argument("--aux-weight", type=float, default=0.0,
+                   help="weight of the auxiliary per-token label loss from the masks (training only; 0 = off)")
+    p.add_argument("--aux-pixel-weight", type=float, default=0.0,
+                   help="weight of the auxiliary per-token 8x8 object-mask loss (training only; 0 = off)")
+    p.add_argument("--lowres-frac", type=float, default=0.0,
+                   help="train the first fraction of the schedule on downsampled images (fewer tokens, faster)")
+    p.add_argument("--lowres-size", type=int, default=48, help="image size of the low-resolution phase")
+    p.add_argument("--aux-decay", action="store_true", help="decay the auxiliary weight linearly to 0")
+    p.add_argument("--reserve-s", type=float, default=45.0, help="seconds kept for evaluation and writing")
+    p.add_argument("--stop-after", type=int, default=None,
+                   help="recipe experiments: stop after N steps without changing the schedule")
+    p.add_argument("--init", choices=["timm", "mimetic"], default="timm", help="attention initialisation")
+    p.add_argument("--pos-init", choices=["timm", "sincos"], default="timm",
+                   help="initial values of the (learned) position embeddings")
+    p.add_argument("--eval-every", type=int, default=0, help="evaluate on 500 test images every N steps (0: never)")
+    p.add_argument("--no-progress", action="store_true", help="disable the tqdm progress bar")
+    return p.parse_args(argv)
+
+
+def _normalise(x: torch.Tensor) -> torch.Tensor:
+    """``(B, 3, H, W)`` in [0, 1] → normalised with the bundled model's mean/std."""
+    mean = torch.tensor(SHAPES_MEAN, dtype=x.dtype).view(1, 3, 1, 1)
+    std = torch.tensor(SHAPES_STD, dtype=x.dtype).view(1, 3, 1, 1)
+    return (x - mean) / std
+
+
+def _dihedral(x: torch.Tensor, f: torch.Tensor) -> torch.Tensor:
+    """Apply per-sample flips/transposition (an element of the dihedral group D4) to ``(B, ..., H, W)``.
+
+    ``f`` is a ``(B, 3)`` bool tensor: horizontal flip, vertical flip, transpose.
+    """
+    shape = (-1,) + (1,) * (x.ndim - 1)
+    x = torch.where(f[:, 0].view(shape), x.flip(-1), x)
+    x = torch.where(f[:, 1].view(shape), x.flip(-2), x)
+    x = torch.where(f[:, 2].view(shape), x.transpose(-1, -2), x)
+    return x
+
+
+def _aux_targets(masks: torch.Tensor, labels: torch.Tensor, patch: int, num_classes: int
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Dense training targets from object masks (used only by the auxiliary heads, never shipped).
+
+    Args:
+        masks: ``(B, H, W)`` float object masks in [0, 1] (``H, W`` multiples of ``patch``).
+        labels: ``(B,)`` class labels.
+
+    Returns:
+        ``tok (B, T, num_classes + 1)``: per token ``frac * onehot(label) + (1 - frac) * onehot(background)`` with
+        ``frac`` the token's object fraction; ``pix (B, T, patch * patch)``: the mask pixels of each token
+        (``T = H * W / patch**2`` tokens in row-major order, as timm's patch embedding).
+    """
+    b, h, w = masks.shape
+    gh, gw = h // patch, w // patch
+    pix = masks.view(b, gh, patch, gw, patch).permute(0, 1, 3, 2, 4).reshape(b, gh * gw, patch * patch)
+    frac = pix.mean(-1)  # (B, T)
+    tok = torch.zeros(b, gh * gw, num_classes + 1)
+    tok[:, :, num_classes] = 1.0 - frac
+    tok.scatter_(2, labels.view(-1, 1, 1).expand(-1, gh * gw, 1), frac[..., None])
+    return tok, pix
+
+
+class _ThreadChooser:
+    """Pick the faster of ``threads`` and 1 intra-op threads, re-probing periodically.
+
+    On a dedicated machine ``threads`` (2) is fastest; when other processes compete for the cores, a 2-thread
+    OpenMP region can stall on a descheduled thread and one thread is often several times faster. Every
+    ``every`` steps the other setting is timed for ``probe`` steps and the one with the lower median step time is kept.
+    """
+
+    def __init__(self, threads: int, adaptive: bool = True, every: int = 100, probe: int = 4) -> None:
+        self.options = [threads, 1] if adaptive and threads > 1 else [threads]
+        self.current = threads
+        self.every, self.probe = every, probe
+        self.times: dict[int, list[float]] = {o: [] for o in self.options}
+        self._probing_until = -1
+        self._base = threads
+        torch.set_num_threads(threads)
+
+    def start(self, step: int) -> float:
+        if len(self.options) > 1:
+            if step > 0 and step % self.every == 10 % self.every and self._probing_until < step:
+                self._base = self.current
+                other = self.options[1] if self.current == self.options[0] else self.options[0]
+                self._set(other)
+                self._probing_until = step + self.probe
+                self.times[other] = []
+            elif step == self._probing_until:
+                probe_t = self.times[self.current]
+                base_t = self.times[self._base][-8:]
+                if not (probe_t and base_t and _median(probe_t[1:] or probe_t) < 0.9 * _median(base_t)):
+                    self._set(self._base)
+        return time.perf_counter()
+
+    def stop(self, t_start: float) -> None:
+        self.times[self.current].append(time.perf_counter() - t_start)
+        self.times[self.current] = self.times[self.current][-16:]
+
+    def _set(self, n: int) -> None:
+        self.current = n
+        torch.set_num_threads(n)
+
+
+@torch.no_grad()
+def _mimetic_init(model: torch.nn.Module, g: torch.Generator, a1: float = 0.7, b1: float = 0.7,
+                  a2: float = 0.4, b2: float = 0.4) -> None:
+    """Mimetic initialisation of self-attention (Trockman & Kolter, 2023): per head, ``W_q W_k^T ≈ a1 Z + b1 I``
+    and ``W_v W_o ≈ a2 Z - b2 I`` with ``Z ~ N(0, 1/d)``; factors from a truncated SVD. Changes only initial values."""
+    for blk in model.blocks:
+        attn = blk.attn
+        d = attn.qkv.in_features
+        h = attn.num_heads
+        k = d // h
+        wq, wk, wv = attn.qkv.weight.view(3, h, k, d).unbind(0)  # (h, k, d) each (out, in)
+        wo = attn.proj.weight.view(d, h, k)  # (out d, h, k)
+        for i in range(h):
+            z = torch.randn(d, d, generator=g) / math.sqrt(d)
+            u, s, vt = torch.linalg.svd(a1 * z + b1 * torch.eye(d))
+            # q.k = x^T Wq^T Wk x ; want Wq^T Wk = M -> Wq^T = U_k sqrt(S_k), Wk = sqrt(S_k) Vt_k
+            wq[i].copy_((u[:, :k] * s[:k].sqrt()).T)
+            wk[i].copy_(s[:k].sqrt()[:, None] * vt[:k])
+            z = torch.randn(d, d, generator=g) / math.sqrt(d)
+            u, s, vt = torch.linalg.svd(a2 * z - b2 * torch.eye(d))
+            # out = Wo Wv x ; want Wo Wv = M -> Wo = U_k sqrt(S_k), Wv = sqrt(S_k) Vt_k
+            wo[:, i].copy_(u[:, :k] * s[:k].sqrt())
+            wv[i].copy_(s[:k].sqrt()[:, None] * vt[:k])
+
+
+@torch.no_grad()
+def _sincos_pos_init(model: torch.nn.Module, amplitude: float = 1.0) -> None:
+    """Initialise the learned patch position embeddings with a 2-D sine/cosine code (CLS position left as is).
+
+    Frequencies are spread geometrically between 2π/16 and 2π/2.5 radians per token, suited to a small grid, so the
+    Gram matrix of the codes decays with token distance (attention starts out local)."""
+    pe = model.pos_embed  # (1, prefix + gh * gw, D)
+    d = pe.shape[-1]
+    gh, gw = model.patch_embed.grid_size
+    nf = d // 4
+    omega = 2 * math.pi / torch.logspace(math.log10(16.0), math.log10(2.5), nf)
+    yy, xx = torch.meshgrid(torch.arange(gh, dtype=torch.float32), torch.arange(gw, dtype=torch.float32),
+                            indexing="ij")
+    ay = yy.reshape(-1, 1) * omega
+    ax = xx.reshape(-1, 1) * omega
+    code = torch.cat([ay.sin(), ay.cos(), ax.sin(), ax.cos()], dim=1)  # (gh * gw, D)
+    prefix = pe.shape[1] - gh * gw
+    pe[0, prefix:] = amplitude * code
+
+
+def _median(xs: list[float]) -> float:
+    return float(np.median(xs))
+
+
+def _param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
+    decay, no_decay = [], []
+    for n, p in model.named_parameters():
+        if p.ndim <= 1 or n.endswith(".bias") or n in {"pos_embed", "cls_token"}:
+            no_decay.append(p)
+        else:
+            decay.append(p)
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+def _lr_factor(progress: float, warmup: float, min_frac: float) -> float:
+    """Linear warm-up to 1 over ``warmup`` (fraction of training), then cosine decay to ``min_frac``."""
+    progress = min(max(progress, 0.0), 1.0)
+    if warmup > 0 and progress < warmup:
+        return progress / warmup
+    t = (progress - warmup) / max(1.0 - warmup, 1e-8)
+    return min_frac + (1.0 - min_frac) * 0.5 * (1.0 + math.cos(math.pi * t))
+
+
+@torch.inference_mode()
+def _predict(model: torch.nn.Module, images: torch.Tensor, batch: int = 500) -> torch.Tensor:
+    """Predicted labels ``(N,)`` for raw ``(N, 3, H, W)`` images in [0, 1]."""
+    model.eval()
+    out = [model(_normalise(images[i : i + batch])).argmax(-1) for i in range(0, len(images), batch)]
+    return torch.cat(out)
+
+
+def gini(p: torch.Tensor) -> torch.Tensor:
+    """Gini coefficient along the last dim of non-negative ``(..., n)``: 0 = uniform, (n-1)/n = one-hot.
+
+    For ``p`` sorted ascending, ``G = 2 * sum_i i * p_(i) / (n * sum p) - (n + 1) / n`` with ``i = 1..n``.
+    """
+    n = p.shape[-1]
+    s, _ = torch.sort(p, dim=-1)
+    i = torch.arange(1, n + 1, dtype=p.dtype, device=p.device)
+    return 2.0 * (s * i).sum(-1) / (n * s.sum(-1).clamp_min(1e-12)) - (n + 1.0) / n
+
+
+@torch.inference_mode()
+def attention_gini(model: torch.nn.Module, images: torch.Tensor, batch: int = 250) -> np.ndarray:
+    """Per-layer, per-head Gini sparsity of the attention rows, averaged over rows and images.
+
+    Args:
+        model: a timm ``VisionTransformer`` (``model.blocks[l].attn``).
+        images: raw ``(N, 3, H, W)`` images in [0, 1].
+
+    Returns:
+        ``(depth, heads)`` float64 array.
+    """
+    model.eval()
+    blocks = list(model.blocks)
+    sums: list[torch.Tensor | None] = [None] * len(blocks)
+    saved = [blk.attn.fused_attn for blk in blocks]
+    hooks = []
+
+    def make_hook(layer: int):
+        def hook(_mod, _inp, out):  # out: (B, heads, N, N) attention probabilities
+            g = gini(out.float()).mean(-1).sum(0)  # (heads,) summed over images
+            sums[layer] = g if sums[layer] is None else sums[layer] + g
+
+        return hook
+
+    try:
+        for li, blk in enumerate(blocks):
+            blk.attn.fused_attn = False
+            hooks.append(blk.attn.attn_drop.register_forward_hook(make_hook(li)))
+        for i in range(0, len(images), batch):
+            model(_normalise(images[i : i + batch]))
+    finally:
+        for h in hooks:
+            h.remove()
+        for blk, f in zip(blocks, saved):
+            blk.attn.fused_attn = f
+    return torch.stack([s / len(images) for s in sums]).double().numpy()  # type: ignore[misc]
+
+
+def _fmt_time(s: float) -> str:
+    return f"{int(s // 60)} min {s % 60:04.1f} s"
+
+
+def _write_card(path: Path, meta: dict, gini_lh: np.ndarray) -> None:
+    per_class = meta["per_class_accuracy"]
+    lines = [
+        f"# {NAME}",
+        "",
+        "A small vision transformer trained by vitlens on its synthetic scenes (the proving ground). "
+        "It exists so that explanation methods can be checked against pixel-exact ground truth offline.",
+        "",
+        "## Architecture",
+        "",
+        "timm `VisionTransformer`: input 64×64 RGB, patch 8 (8×8 = 64 patch tokens + 1 CLS token), embedding dim 192, "
+        "6 blocks, 6 heads per block (head dim 32), MLP ratio 4, pre-norm, CLS-token readout (`global_pool='token'`), "
+        f"6 classes, `dynamic_img_size=True` (other sizes that are multiples of 8 are accepted). "
+        f"{meta['n_params']:,} parameters. Built by `vitlens.models.zoo.build_shapes_vit()`; load the trained model "
+        "with `vitlens.models.zoo.load_bundled('shapes-vit')` (offline).",
+        "",
+        "## Input and normalisation",
+        "",
+        f"RGB in [0, 1], normalised per channel as `(x - {SHAPES_MEAN[0]}) / {SHAPES_STD[0]}` "
+        "(mean/std in `model.pretrained_cfg`; the scenes' pixel mean is ≈ 0.50 and std ≈ 0.23). "
+        "Interpolation bilinear, crop_pct 1.0.",
+        "",
+        "## Data",
+        "",
+        f"`vitlens.data.make_scenes`: {meta['image_size']}×{meta['image_size']} cluttered synthetic scenes (smooth "
+        "noise and gradient backgrounds, 1–3 distractors: bars, dots, strokes) with one class-defining object per "
+        "image, random colour/texture, rotation, position and area (7–28% of the image).",
+        f"Classes (label order): {', '.join(CLASS_NAMES)}.",
+        "",
+        f"- training: {meta['n_train']:,} images, `make_scenes(n={meta['n_train']}, seed={meta['train_data_seed']})`",
+        f"- test (held out): {meta['n_test']:,} images, `make_scenes(n={meta['n_test']}, "
+        f"seed={meta['test_data_seed']})`",
+        "",
+        "## Training",
+        "",
+        f"- command: `{meta['command']}`",
+        f"- seed: {meta['seed']} (torch, numpy, training data)",
+        f"- AdamW (peak lr {meta['lr']}, weight decay {meta['weight_decay']} on matrices only, batch "
+        f"{meta['batch_size']}), linear warm-up ({meta['warmup_frac']:.0%}) + cosine decay to "
+        f"{meta['min_lr_frac']:.0%} of the peak, label smoothing {meta['label_smoothing']}, random flips/transposition",
+        f"- steps: {meta['steps']} ({meta['epochs']:.2f} epochs); reproduce exactly with "
+        f"`--steps {meta['steps']}`",
+        f"- training time (measured): {_fmt_time(meta['training_time_s'])} of training, "
+        f"{_fmt_time(meta['total_time_s'])} for the whole command, on {meta['threads']} CPU threads "
+        f"({meta['cpu']})",
+        f"- torch {meta['torch_version']}, timm {meta['timm_version']}, numpy {meta['numpy_version']}; "
+        f"date {meta['date']}",
+        f"- weights stored as {meta['weights_dtype']} safetensors ({meta['weights_bytes'] / 1e6:.1f} MB, "
+        f"sha256 `{meta['weights_sha256'][:16]}…`)",
+        "",
+        "## Accuracy (measured on the held-out test set with the shipped weights)",
+        "",
+        f"**Test accuracy: {meta['test_accuracy']:.2%}** ({meta['n_test']:,} images)",
+        "",
+        "| class | accuracy | n |",
+        "|---|---|---|",
+    ]
+    for name in CLASS_NAMES:
+        lines.append(f"| {name} | {per_class[name]['accuracy']:.2%} | {per_class[name]['n']} |")
+    lines += [
+        "",
+        "## Attention heads",
+        "",
+        "Gini sparsity of the attention rows (0 = uniform attention over the 65 tokens, 64/65 ≈ 0.985 = attention "
+        "on a single token), averaged over all rows and all test images, per head; min / mean / max over the 6 heads "
+        "of each layer. A wide spread means the heads of a layer are heterogeneous.",
+        "",
+        "| layer | min | mean | max | spread (max − min) |",
+        "|---|---|---|---|---|",
+    ]
+    for li, row in enumerate(gini_lh):
+        lines.append(f"| {li} | {row.min():.3f} | {row.mean():.3f} | {row.max():.3f} | {row.max() - row.min():.3f} |")
+    lines += [
+        "",
+        "Per-head values (layer × head):",
+        "",
+        "```",
+        *(" ".join(f"{v:.3f}" for v in row) for row in gini_lh),
+        "```",
+        "",
+    ]
+    path.write_text("\n".join(lines), encoding="utf-8")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the training command; returns the process exit code (0 on success, 1 if below the accuracy target)."""
+    t0 = time.perf_counter()
+    args = _parse(argv)
+    argv_list = list(sys.argv[1:] if argv is None else argv)
+    deadline = t0 + args.minutes * 60.0
+
+    import timm  # noqa: F401  (fail early if missing)
+    from safetensors.torch import load_file, save_file
+    from tqdm import tqdm
+
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(args.seed)
+    np.random.seed(args.seed)
+    train_seed, test_seed = args.seed, TEST_SEED_OFFSET + args.seed
+    log = print
+
+    # ---- data ---------------------------------------------------------------------------------------------------
+    log(f"generating {args.n_train} training scenes (seed {train_seed}) and {args.n_test} test scenes "
+        f"(seed {test_seed}) ...")
+    train = make_scenes(args.n_train, seed=train_seed)
+    test = make_scenes(args.n_test, seed=test_seed)
+    x_train, y_train = train.images, train.labels
+    m_train = train.masks
+    x_test, y_test = test.images, test.labels
+    del train
+    log(f"data ready after {time.perf_counter() - t0:.1f} s")
+
+    # ---- model / optimiser ----------------------------------------------------------------------------------------
+    model = build_shapes_vit()
+    n_params = sum(p.numel() for p in model.parameters())
+    if args.init == "mimetic":
+        _mimetic_init(model, g=torch.Generator().manual_seed(args.seed + 1))
+    if args.pos_init == "sincos":
+        _sincos_pos_init(model)
+    # auxiliary token-label head (training only; not part of the shipped model)
+    aux_head = torch.nn.Linear(model.embed_dim, len(CLASS_NAMES) + 1)
+    pix_head = torch.nn.Linear(model.embed_dim, 64)
+    aux_params = list(aux_head.parameters()) + list(pix_head.parameters())
+    groups = _param_groups(model, args.weight_decay)
+    groups[0]["params"] += [aux_head.weight, pix_head.weight]
+    groups[1]["params"] += [aux_head.bias, pix_head.bias]
+    opt = torch.optim.AdamW(groups, lr=args.lr, betas=(0.9, 0.999))
+    g = torch.Generator().manual_seed(args.seed)
+
+    n, bs = len(x_train), args.batch_size
+    t_train0 = time.perf_counter()
+    train_budget = max(deadline - args.reserve_s - t_train0, 1.0)
+    by_steps = args.steps is not None
+    perm = torch.randperm(n, generator=g)
+    pos = 0
+    step = 0
+    time_limited = False
+    loss_ema = acc_ema = None
+    threads = _ThreadChooser(args.threads, adaptive=not args.fixed_threads)
+    if by_steps:
+        bar = tqdm(total=args.steps, disable=args.no_progress, unit="step", dynamic_ncols=True, mininterval=2.0)
+    else:
+        bar = tqdm(total=round(train_budget), disable=args.no_progress, unit="s", dynamic_ncols=True,
+                   mininterval=2.0, bar_format="{l_bar}{bar}| {n:.0f}/{total:.0f} s [{elapsed}<{remaining}{postfix}]")
+    model.train()
+    while True:
+        now = time.perf_counter()
+        elapsed = now - t_train0
+        if by_steps:
+            progress = step / max(args.steps, 1)
+            if step >= args.steps:
+                break
+            if elapsed >= train_budget:
+                time_limited = True
+                break
+        else:  # the schedule follows wall-clock time, so training ends on time whatever the CPU load
+            progress = elapsed / train_budget
+            if progress >= 1.0:
+                break
+        if args.stop_after is not None and step >= args.stop_after:
+            break
+        lr = args.lr * _lr_factor(progress, args.warmup_frac, args.min_lr_frac)
+        for grp in opt.param_groups:
+            grp["lr"] = lr
+
+        if pos + bs > n:
+            perm = torch.randperm(n, generator=g)
+            pos = 0
+        idx = perm[pos : pos + bs]
+        pos += bs
+        t_step = threads.start(step)
+        flips = torch.randint(0, 2, (len(idx), 3), generator=g).bool()
+        xb = _dihedral(x_train[idx], flips)
+        mb = _dihedral(m_train[idx], flips).float()[:, None]  # (B, 1, 64, 64)
+        if progress < args.lowres_frac:  # cheap low-resolution phase (fewer tokens)
+            xb = F.interpolate(xb, size=args.lowres_size, mode="bilinear", antialias=True, align_corners=False)
+            mb = F.interpolate(mb, size=args.lowres_size, mode="area")
+        xb = _normalise(xb)
+        yb = y_train[idx]
+        feats = model.forward_features(xb)  # (B, 1 + T, D), final norm applied
+        logits = model.forward_head(feats)
+        loss = F.cross_entropy(logits, yb, label_smoothing=args.label_smoothing)
+        decay = (1.0 - progress) if args.aux_decay else 1.0
+        aux_w, pix_w = args.aux_weight * decay, args.aux_pixel_weight * decay
+        if aux_w > 0 or pix_w > 0:
+            tok_t, pix_t = _aux_targets(mb[:, 0], yb, 8, len(CLASS_NAMES))
+            tokens = feats[:, model.num_prefix_tokens :]
+            if aux_w > 0:
+                aux = -(tok_t * F.log_softmax(aux_head(tokens), -1)).sum(-1).mean()
+                loss = loss + aux_w * aux
+            if pix_w > 0:
+                loss = loss + pix_w * F.binary_cross_entropy_with_logits(pix_head(tokens), pix_t)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(list(model.parameters()) + aux_params, 1.0)
+        opt.step()
+        step += 1
+        threads.stop(t_step)
+
+        acc = (logits.argmax(-1) == yb).float().mean().item()
+        loss_ema = loss.item() if loss_ema is None else 0.98 * loss_ema + 0.02 * loss.item()
+        acc_ema = acc if acc_ema is None else 0.98 * acc_ema + 0.02 * acc
+        if by_steps:
+            bar.update(1)
+        else:
+            bar.update(min(time.perf_counter() - t_train0, train_budget) - bar.n)
+        bar.set_postfix(step=step, loss=f"{loss_ema:.3f}", acc=f"{acc_ema:.3f}", lr=f"{lr:.1e}",
+                        thr=threads.current, refresh=False)
+        if args.eval_every and step % args.eval_every == 0:
+            val = (_predict(model, x_test[:500]) == y_test[:500]).float().mean().item()
+            model.train()
+            bar.write(f"step {step}: loss {loss_ema:.3f} train acc {acc_ema:.3f} lr {lr:.1e} "
+                      f"test acc (500) {val:.3f} threads {threads.current} [{time.perf_counter() - t_train0:.0f} s]")
+    bar.close()
+    training_time = time.perf_counter() - t_train0
+    log(f"trained {step} steps ({step * bs / n:.2f} epochs) in {training_time:.1f} s"
+        + (" (stopped by the time budget)" if time_limited else ""))
+
+    acc_fp32 = (_predict(model, x_test) == y_test).float().mean().item()
+
+    # ---- export and re-measure on the shipped weights ---------------------------------------------------------------
+    out: Path = args.out
+    out.mkdir(parents=True, exist_ok=True)
+    w_path = out / f"{NAME}.safetensors"
+    state = {k: v.detach().to(torch.float16).contiguous() for k, v in model.state_dict().items()}
+    tmp = w_path.with_suffix(".safetensors.tmp")
+    save_file(state, str(tmp), metadata={"name": NAME, "format": "pt", "seed": str(args.seed)})
+    os.replace(tmp, w_path)
+
+    shipped = build_shapes_vit()
+    ref = shipped.state_dict()
+    shipped.load_state_dict({k: v.to(ref[k].dtype) for k, v in load_file(str(w_path)).items()}, strict=True)
+    shipped.eval()
+    pred = _predict(shipped, x_test)
+    correct = pred == y_test
+    test_acc = correct.float().mean().item()
+    per_class = {
+        name: {
+            "accuracy": float(correct[y_test == c].float().mean().item()) if (y_test == c).any() else float("nan"),
+            "n": int((y_test == c).sum().item()),
+        }
+        for c, name in enumerate(CLASS_NAMES)
+    }
+    gini_lh = attention_gini(shipped, x_test)
+
+    import timm as _timm
+
+    total_time = time.perf_counter() - t0
+    data = w_path.read_bytes()
+    meta = {
+        "name": NAME,
+        "command": "python -m vitlens.training.shapes " + shlex.join(argv_list),
+        "seed": args.seed,
+        "train_data_seed": train_seed,
+        "test_data_seed": test_seed,
+        "n_train": len(x_train),
+        "n_test": len(x_test),
+        "image_size": int(x_train.shape[-1]),
+        "class_names": list(CLASS_NAMES),
+        "normalisation": {"mean": list(SHAPES_MEAN), "std": list(SHAPES_STD)},
+        "batch_size": bs,
+        "lr": args.lr,
+        "min_lr_frac": args.min_lr_frac,
+        "weight_decay": args.weight_decay,
+        "warmup_frac": args.warmup_frac,
+        "label_smoothing": args.label_smoothing,
+        "augmentation": "random horizontal flip, vertical flip, transpose (dihedral group)",
+        "steps": step,
+        "epochs": step * bs / n,
+        "stopped_by_time_budget": time_limited,
+        "minutes_budget": args.minutes,
+        "training_time_s": round(training_time, 1),
+        "total_time_s": round(total_time, 1),
+        "test_accuracy": test_acc,
+        "test_accuracy_fp32_before_export": acc_fp32,
+        "per_class_accuracy": per_class,
+        "attention_gini": {
+            "definition": "per head: Gini of each attention row, averaged over rows and test images",
+            "per_layer": [
+                {"layer": li, "min": float(r.min()), "mean": float(r.mean()), "max": float(r.max())}
+                for li, r in enumerate(gini_lh)
+            ],
+            "per_head": [[round(float(v), 5) for v in r] for r in gini_lh],
+        },
+        "n_params": n_params,
+        "weights_file": w_path.name,
+        "weights_dtype": "float16",
+        "weights_bytes": len(data),
+        "weights_sha256": hashlib.sha256(data).hexdigest(),
+        "threads": args.threads,
+        "cpu": platform.processor() or platform.machine(),
+        "torch_version": torch.__version__,
+        "timm_version": _timm.__version__,
+        "numpy_version": np.__version__,
+        "python_version": platform.python_version(),
+        "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "train_command": BUNDLED[NAME].train_command,
+    }
+    meta["cpu"] = _cpu_name() or meta["cpu"]
+    (out / f"{NAME}.json").write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
+    _write_card(out / f"{NAME}.md", meta, gini_lh)
+
+    log(f"test accuracy {test_acc:.4f} (fp32 before export {acc_fp32:.4f}); per class: "
+        + ", ".join(f"{k} {v['accuracy']:.3f}" for k, v in per_class.items()))
+    for li, r in enumerate(gini_lh):
+        log(f"layer {li}: head Gini min {r.min():.3f} mean {r.mean():.3f} max {r.max():.3f}")
+    log(f"wrote {w_path}, {NAME}.json, {NAME}.md to {out} (total {total_time:.1f} s)")
+    return 0 if test_acc >= 0.97 else 1
+
+
+def _cpu_name() -> str | None:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return None
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,105 @@
+"""Tests of the bundled-model registry (vitlens.models.zoo). Never retrains; uses the shipped weights."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("timm")
+
+from vitlens.data import CLASS_NAMES, make_scenes  # noqa: E402
+from vitlens.errors import UnsupportedModelError, VitlensError, WeightsUnavailableError  # noqa: E402
+from vitlens.models import zoo  # noqa: E402
+
+
+def _normalise(x: torch.Tensor, model: torch.nn.Module) -> torch.Tensor:
+    mean = torch.tensor(model.pretrained_cfg["mean"]).view(1, 3, 1, 1)
+    std = torch.tensor(model.pretrained_cfg["std"]).view(1, 3, 1, 1)
+    return (x - mean) / std
+
+
+def test_registry() -> None:
+    assert zoo.bundled_names() == ["shapes-vit"]
+    assert set(zoo.BUNDLED) == {"shapes-vit"}
+
+
+def test_architecture_and_cfg() -> None:
+    from timm.data import resolve_model_data_config
+    from timm.models.vision_transformer import VisionTransformer
+
+    m = zoo.build_shapes_vit()
+    assert isinstance(m, VisionTransformer)
+    assert len(m.blocks) == 6 and m.blocks[0].attn.num_heads == 6 and m.embed_dim == 192
+    assert m.patch_embed.patch_size == (8, 8) and m.num_classes == 6 and m.global_pool == "token"
+    assert m.cls_token is not None
+    cfg = resolve_model_data_config(m)
+    assert cfg["input_size"] == (3, 64, 64)
+    assert tuple(cfg["mean"]) == tuple(m.pretrained_cfg["mean"])
+    assert tuple(cfg["std"]) == tuple(m.pretrained_cfg["std"])
+    assert cfg["interpolation"] == "bilinear" and cfg["crop_pct"] == 1.0
+    assert tuple(m.pretrained_cfg["label_names"]) == CLASS_NAMES
+    with torch.no_grad():  # dynamic image size: other inputs are accepted
+        assert m.eval()(torch.zeros(1, 3, 96, 96)).shape == (1, 6)
+
+
+@pytest.fixture(scope="module")
+def model() -> torch.nn.Module:
+    return zoo.load_bundled("shapes-vit")
+
+
+def test_load_bundled_offline_eval_mode(model: torch.nn.Module, monkeypatch: pytest.MonkeyPatch) -> None:
+    assert not model.training
+    assert all(not mod.training for mod in model.modules())
+
+
+def test_loading_never_touches_the_network(monkeypatch: pytest.MonkeyPatch) -> None:
+    import socket
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise AssertionError("network access attempted")
+
+    monkeypatch.setattr(socket.socket, "connect", refuse)
+    monkeypatch.setattr(socket, "create_connection", refuse)
+    assert not zoo.load_bundled("shapes-vit").training
+
+
+def test_bundled_accuracy_on_fresh_scenes(model: torch.nn.Module) -> None:
+    s = make_scenes(n=200, seed=12345)
+    with torch.inference_mode():
+        pred = model(_normalise(s.images, model)).argmax(-1)
+    acc = (pred == s.labels).float().mean().item()
+    assert acc >= 0.95, f"accuracy {acc:.3f}"
+
+
+def test_model_card_and_metadata() -> None:
+    card = zoo.model_card("shapes-vit")
+    assert "shapes-vit" in card and "accuracy" in card.lower() and "Gini" in card
+    meta = zoo.WEIGHTS_DIR / "shapes-vit.json"
+    assert meta.is_file()
+    assert zoo.weights_path("shapes-vit").stat().st_size < 20_000_000
+
+
+def test_unknown_name_raises() -> None:
+    with pytest.raises(UnsupportedModelError, match="shapes-vit"):
+        zoo.load_bundled("resnet-9000")
+    with pytest.raises(VitlensError):
+        zoo.model_card("resnet-9000")
+
+
+def test_missing_weights_raise(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setattr(zoo, "WEIGHTS_DIR", tmp_path)
+    with pytest.raises(WeightsUnavailableError) as info:
+        zoo.load_bundled("shapes-vit")
+    msg = str(info.value)
+    assert "\n" not in msg and "shapes-vit.safetensors" in msg and "vitlens.training.shapes" in msg
+    assert not zoo.load_bundled("shapes-vit", weights=False).training  # architecture alone still works
+    assert "vitlens.training.shapes" in zoo.model_card("shapes-vit")
+
+
+def test_corrupt_weights_raise(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    (tmp_path / "shapes-vit.safetensors").write_bytes(b"not a safetensors file")
+    monkeypatch.setattr(zoo, "WEIGHTS_DIR", tmp_path)
+    with pytest.raises(WeightsUnavailableError):
+        zoo.load_bundled("shapes-vit")
