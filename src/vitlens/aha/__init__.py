@@ -1,0 +1,46 @@
+"""AHA (Amortized Hybrid Attribution): an explainer network trained to optimise deletion and insertion directly.
+
+``image → explainer network E(x, c) (frozen backbone + small class-conditional decoder) → pixel map S``; trained by
+making the deletion/insertion AUCs of the frozen target differentiable with a Gumbel-Sinkhorn soft sort over regions.
+
+Modules: :mod:`.sorter` (soft permutations), :mod:`.soft_metrics` (soft curves and the loss), :mod:`.network`
+(the explainer network, saving/loading), :mod:`.train` (training, ``vitlens train-aha``), :mod:`.refine`
+(test-time refinement), :mod:`.evaluation` (hard pixel-level deletion/insertion, the authors' protocol).
+The method itself is ``vitlens.explain(model, x, method="aha")`` (:mod:`vitlens.explainers.aha`); the equations are
+in docs/methods/aha.md.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from torch import nn
+
+from .network import AHANet, load_explainer, save_explainer
+
+__all__ = ["AHANet", "SHIPPED", "WEIGHTS_DIR", "load_explainer", "save_explainer", "shipped_explainer"]
+
+#: Folder of the shipped explainers (``<name>.safetensors`` + ``.json`` metadata + ``.md`` model card).
+WEIGHTS_DIR: Path = Path(__file__).resolve().parent / "weights"
+
+#: target architecture (``model.pretrained_cfg["architecture"]``) → (shipped explainer name, command that trains it)
+SHIPPED: dict[str, tuple[str, str]] = {
+    "vit_shapes_patch8_64": (
+        "shapes-vit-aha",
+        "vitlens train-aha --model shapes-vit --data scenes --out src/vitlens/aha/weights --name shapes-vit-aha "
+        "(full command in src/vitlens/aha/weights/shapes-vit-aha.md)",
+    ),
+}
+
+
+def shipped_explainer(model: nn.Module) -> tuple[str, Path, str] | None:
+    """``(name, weights path, training command)`` of the shipped explainer for ``model``'s architecture, or ``None``.
+
+    The path may not exist (a checkout without the trained file).
+    """
+    cfg = getattr(model, "pretrained_cfg", None)
+    arch = cfg.get("architecture") if isinstance(cfg, dict) else None
+    if arch not in SHIPPED:
+        return None
+    name, command = SHIPPED[arch]
+    return name, WEIGHTS_DIR / f"{name}.safetensors", command

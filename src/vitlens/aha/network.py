@@ -1,0 +1,435 @@
+"""The AHA explainer network ``E(x, c) → S``: a frozen backbone and a small class-conditional DPT-style decoder.
+
+* :class:`FeatureBackbone` — frozen features at ``n_levels`` (default 4) evenly spaced depths of any model: the
+  blocks of a ViT (through the vitlens adapter: prefix tokens dropped, tokens laid out on the model's token grid) or
+  the ``feature_info`` modules of a timm model (ConvNeXt, ResNet, …). By default the backbone is the target model
+  itself: one forward gives the features *and* the logits, so no second model is needed. Not an ``nn.Module``: the
+  backbone's weights are never part of the explainer's state.
+* :class:`AHADecoder` — the only trained part (with the class embedding): per depth, every feature vector is
+  concatenated with a learned class embedding and mixed by ``Linear(C + E → C) + GELU``; projected to ``width``
+  channels (1×1 conv), resized (bilinear) to 4 scales (×4, ×2, ×1, ×½ of the token grid when all depths share one
+  grid, their own resolutions otherwise) and refined by a 3×3 conv; fused top-down with residual conv units and
+  bilinear upsampling; a small conv head gives one channel at input resolution. The last conv starts near zero.
+* :class:`AHANet` — both together, plus :func:`save_explainer` / :func:`load_explainer` (safetensors + JSON).
+
+Shapes: input ``x`` ``(B, C, H, W)`` normalised for the target model, ``classes`` ``(B,)`` long; output map logits
+``(B, H, W)`` (any real values; only their order matters, see :mod:`vitlens.aha.sorter`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import math
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ..errors import InputError, UnsupportedModelError, WeightsUnavailableError
+from ..models import get_adapter
+
+__all__ = [
+    "AHADecoder",
+    "AHANet",
+    "FeatureBackbone",
+    "build_explainer",
+    "evenly_spaced",
+    "load_explainer",
+    "model_digest",
+    "save_explainer",
+]
+
+
+def evenly_spaced(n_total: int, n_levels: int = 4) -> list[int]:
+    """Indices of ``n_levels`` depths out of ``n_total``, ending at the last: ``⌊(k+1)·n/L + ½⌋ − 1``.
+
+    12 blocks → [2, 5, 8, 11] (DPT's choice for ViT-B); 6 → [1, 2, 4, 5]; 3 → [0, 1, 1, 2].
+    """
+    if n_total < 1:
+        raise ValueError("the backbone has no feature levels")
+    return [max(0, min(n_total - 1, int(math.floor((k + 1) * n_total / n_levels + 0.5)) - 1)) for k in range(n_levels)]
+
+
+def model_digest(model: nn.Module) -> str:
+    """SHA-256 (first 16 hex digits) of a model's state dict (names, dtypes, shapes and float32 values)."""
+    h = hashlib.sha256()
+    for name, t in model.state_dict().items():
+        if not isinstance(t, Tensor):
+            continue
+        h.update(name.encode())
+        h.update(str(tuple(t.shape)).encode())
+        h.update(t.detach().to("cpu", torch.float32).contiguous().numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Backbone
+# --------------------------------------------------------------------------------------------------------------------
+
+
+class FeatureBackbone:
+    """Frozen multi-depth features of a model.
+
+    Args:
+        model: the backbone (the target model itself by default, see :class:`AHANet`).
+        depths: indices of the levels to read (ViT blocks, or timm ``feature_info`` entries); default
+            :func:`evenly_spaced` over all of them.
+        n_levels: number of levels when ``depths`` is not given.
+
+    ``__call__(x) → (features, logits)``: ``features`` is a list of ``(B, C_l, h_l, w_l)`` tensors (detached), the
+    logits ``(B, K)`` are the model's output on ``x`` (the same forward pass). Runs without gradient.
+    """
+
+    def __init__(self, model: nn.Module, depths: Sequence[int] | None = None, n_levels: int = 4) -> None:
+        self.model = model
+        adapter = get_adapter(model)
+        self.adapter = adapter
+        self.tokens = "tokens" in adapter.capabilities
+        if self.tokens:
+            self.modules: list[nn.Module] = list(adapter.blocks())
+            self.module_names = [f"block {i}" for i in range(len(self.modules))]
+            width = _vit_width(model)
+            self.all_channels = [width] * len(self.modules)
+        else:
+            info = getattr(model, "feature_info", None)
+            if info is None:
+                raise UnsupportedModelError(
+                    f"{type(model).__name__} has no token blocks (vitlens adapter) and no timm feature_info: cannot "
+                    "read multi-depth features for the AHA backbone; pass a timm model or a supported ViT as backbone"
+                )
+            entries = [dict(e) for e in (info.info if hasattr(info, "info") else info)]
+            self.modules = [model.get_submodule(e["module"]) for e in entries]
+            self.module_names = [e["module"] for e in entries]
+            self.all_channels = [int(e["num_chs"]) for e in entries]
+        self.depths = list(depths) if depths is not None else evenly_spaced(len(self.modules), n_levels)
+        bad = [d for d in self.depths if not 0 <= d < len(self.modules)]
+        if bad:
+            raise InputError(f"backbone depths {bad} out of range [0, {len(self.modules)})")
+        self.channels = [self.all_channels[d] for d in self.depths]
+
+    def _to_map(self, out: Any, k: int, hw: tuple[int, int]) -> Tensor:
+        t = out[0] if isinstance(out, (tuple, list)) else out
+        if self.tokens:
+            gh, gw = self.adapter.grid(hw)
+            p = self.adapter.num_prefix_tokens
+            t = t[:, p:p + gh * gw]
+            return t.reshape(t.shape[0], gh, gw, t.shape[-1]).permute(0, 3, 1, 2)
+        c = self.channels[k]
+        if t.ndim == 4 and t.shape[1] != c and t.shape[-1] == c:  # NHWC (Swin-style)
+            t = t.permute(0, 3, 1, 2)
+        if t.ndim != 4:
+            raise UnsupportedModelError(f"feature {self.module_names[self.depths[k]]} has shape {tuple(t.shape)}")
+        return t
+
+    def __call__(self, x: Tensor) -> tuple[list[Tensor], Tensor]:
+        hw = (int(x.shape[-2]), int(x.shape[-1]))
+        found: dict[int, Tensor] = {}
+        handles = []
+        wanted: dict[int, list[int]] = {}
+        for k, d in enumerate(self.depths):
+            wanted.setdefault(d, []).append(k)
+
+        def hook_for(d: int):
+            def hook(module: nn.Module, args: tuple, out: Any) -> None:
+                for k in wanted[d]:
+                    found[k] = self._to_map(out, k, hw).detach()
+            return hook
+
+        try:
+            for d in wanted:
+                handles.append(self.modules[d].register_forward_hook(hook_for(d)))
+            with torch.no_grad():
+                logits = self.adapter.forward(x)
+        finally:
+            for h in handles:
+                h.remove()
+        return [found[k] for k in range(len(self.depths))], logits.detach()
+
+    def describe(self) -> dict[str, Any]:
+        return {"depths": self.depths, "channels": self.channels, "levels": [self.module_names[d] for d in self.depths]}
+
+
+def _vit_width(model: nn.Module) -> int:
+    for attr in ("embed_dim", "num_features"):
+        v = getattr(model, attr, None)
+        if isinstance(v, int):
+            return v
+    cfg = getattr(model, "config", None)
+    if cfg is not None and isinstance(getattr(cfg, "hidden_size", None), int):
+        return int(cfg.hidden_size)
+    raise UnsupportedModelError(f"cannot find the token width of {type(model).__name__}")
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Decoder
+# --------------------------------------------------------------------------------------------------------------------
+
+
+class ResidualConvUnit(nn.Module):
+    """``x + conv3(ReLU(conv3(ReLU(x))))`` (no normalisation: every image is processed independently)."""
+
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(width, width, 3, padding=1)
+        self.conv2 = nn.Conv2d(width, width, 3, padding=1)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return x + self.conv2(F.relu(self.conv1(F.relu(x))))
+
+
+class FusionBlock(nn.Module):
+    """DPT fusion: ``y = RCU2(x + RCU1(skip))``, resized (bilinear) to ``size``, then a 1×1 conv."""
+
+    def __init__(self, width: int, skip: bool = True) -> None:
+        super().__init__()
+        self.rcu1 = ResidualConvUnit(width) if skip else None
+        self.rcu2 = ResidualConvUnit(width)
+        self.out = nn.Conv2d(width, width, 1)
+
+    def forward(self, x: Tensor, skip: Tensor | None, size: tuple[int, int]) -> Tensor:
+        if skip is not None and self.rcu1 is not None:
+            x = x + self.rcu1(skip)
+        x = self.rcu2(x)
+        x = F.interpolate(x, size=size, mode="bilinear", align_corners=False)
+        return self.out(x)
+
+
+class AHADecoder(nn.Module):
+    """Class-conditional DPT-style decoder (the trained part of the explainer).
+
+    Args:
+        in_channels: channels ``C_l`` of each backbone level (fine → deep order as read).
+        num_classes: number of classes of the target (size of the class embedding table).
+        width: channels of the fusion path (the main cost knob; default 32).
+        embed_dim: class-embedding size ``E`` (default: the largest ``C_l``; for a ViT ``E = D`` as in the paper).
+        head_width: hidden channels of the head (default ``max(8, width // 2)``).
+        last_init_std: standard deviation of the last conv's initial weights (it has no bias): near zero, so
+            training starts from an almost constant map.
+
+    ``forward(features, classes, out_hw)`` → ``(B, H, W)`` map logits.
+    """
+
+    def __init__(self, in_channels: Sequence[int], num_classes: int, width: int = 32, embed_dim: int | None = None,
+                 head_width: int | None = None, last_init_std: float = 1e-3) -> None:
+        super().__init__()
+        in_channels = [int(c) for c in in_channels]
+        if num_classes < 1:
+            raise InputError(f"num_classes must be >= 1, got {num_classes}")
+        e = int(embed_dim or max(in_channels))
+        hw_ = int(head_width or max(8, width // 2))
+        self.n_levels = len(in_channels)
+        self.class_embed = nn.Embedding(num_classes, e)
+        nn.init.normal_(self.class_embed.weight, std=0.02)
+        self.mix = nn.ModuleList(nn.Linear(c + e, c) for c in in_channels)
+        self.proj = nn.ModuleList(nn.Conv2d(c, width, 1) for c in in_channels)
+        self.post = nn.ModuleList(nn.Conv2d(width, width, 3, padding=1) for _ in in_channels)
+        n = len(in_channels)
+        self.fuse = nn.ModuleList(FusionBlock(width, skip=k < n - 1) for k in range(n))  # the deepest has no skip
+        self.head1 = nn.Conv2d(width, hw_, 3, padding=1)
+        self.head2 = nn.Conv2d(hw_, hw_, 3, padding=1)
+        # no bias: the sorter and the loss are invariant to a constant offset of the map, so a bias would only
+        # receive rounding noise (which Adam would amplify to full-size steps)
+        self.head3 = nn.Conv2d(hw_, 1, 1, bias=False)
+        nn.init.normal_(self.head3.weight, std=last_init_std)
+
+    def level_sizes(self, features: Sequence[Tensor]) -> list[tuple[int, int]]:
+        """Target size of each level: ×2^(L−2−l) of the deepest level's grid when all levels share one grid (ViT:
+        ×4, ×2, ×1, ×½ for 4 levels), else each level's own size (CNN stages are already multi-scale)."""
+        sizes = [tuple(int(s) for s in f.shape[-2:]) for f in features]
+        if len(set(sizes)) > 1:
+            return sizes
+        h, w = sizes[-1]
+        out = []
+        for level in range(len(features)):
+            f = 2.0 ** (len(features) - 2 - level)
+            out.append((max(1, int(math.ceil(h * f))), max(1, int(math.ceil(w * f)))))
+        return out
+
+    def forward(self, features: Sequence[Tensor], classes: Tensor, out_hw: tuple[int, int]) -> Tensor:
+        if len(features) != self.n_levels:
+            raise InputError(f"decoder expects {self.n_levels} feature levels, got {len(features)}")
+        emb = self.class_embed(classes)  # (B, E)
+        sizes = self.level_sizes(features)
+        levels = []
+        for k, f in enumerate(features):
+            b, _, h, w = f.shape
+            z = f.to(emb.dtype).permute(0, 2, 3, 1)
+            z = torch.cat([z, emb[:, None, None, :].expand(b, h, w, emb.shape[-1])], dim=-1)
+            z = F.gelu(self.mix[k](z)).permute(0, 3, 1, 2)
+            z = self.proj[k](z)
+            if (h, w) != sizes[k]:
+                z = F.interpolate(z, size=sizes[k], mode="bilinear", align_corners=False)
+            levels.append(self.post[k](z))
+        y = None
+        for k in range(self.n_levels - 1, -1, -1):
+            nxt = sizes[k - 1] if k > 0 else (2 * sizes[0][0], 2 * sizes[0][1])
+            y = self.fuse[k](levels[k] if y is None else y, None if y is None else levels[k], nxt)
+        y = self.head1(y)
+        y = F.interpolate(y, size=tuple(out_hw), mode="bilinear", align_corners=False)
+        y = self.head3(F.relu(self.head2(y)))
+        return y[:, 0]
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# The explainer network
+# --------------------------------------------------------------------------------------------------------------------
+
+
+class AHANet(nn.Module):
+    """``E(x, c) → S``: frozen backbone + trainable :class:`AHADecoder`.
+
+    Args:
+        target: the model to explain.
+        backbone: ``None`` (default: the target itself), a timm model name (``"timm:convnext_atto"`` or
+            ``"convnext_atto"``, random weights unless cached — see :func:`vitlens.load_model`) or an ``nn.Module``.
+        depths, n_levels: backbone levels (see :class:`FeatureBackbone`).
+        width, embed_dim, head_width: decoder size (see :class:`AHADecoder`).
+        num_classes: classes of the target (default: the adapter's ``num_classes``).
+        seed: if given, the decoder is initialised from ``torch.manual_seed(seed)`` without touching the global RNG.
+
+    ``forward(x, classes, features=None)`` → map logits ``(B, H, W)``; :meth:`features` → ``(features, logits)``
+    where ``logits`` are the *target*'s logits on ``x`` (from the same pass when the backbone is the target).
+    ``state_dict()`` holds the decoder only.
+    """
+
+    def __init__(self, target: nn.Module, backbone: str | nn.Module | None = None, depths: Sequence[int] | None = None,
+                 n_levels: int = 4, width: int = 32, embed_dim: int | None = None, head_width: int | None = None,
+                 num_classes: int | None = None, seed: int | None = None) -> None:
+        super().__init__()
+        self.backbone_spec = "target" if backbone is None or backbone is target else (
+            backbone if isinstance(backbone, str) else f"module:{type(backbone).__name__}")
+        if isinstance(backbone, str):
+            from ..models import load_model
+
+            name = backbone if ":" in backbone else f"timm:{backbone}"
+            try:
+                backbone_model = load_model(name)
+            except Exception:
+                backbone_model = load_model(name, pretrained=False)
+            backbone_model.eval()
+        else:
+            backbone_model = backbone if backbone is not None else target
+        object.__setattr__(self, "target", target)  # not registered: never part of the state
+        object.__setattr__(self, "target_adapter", get_adapter(target))
+        object.__setattr__(self, "backbone", FeatureBackbone(backbone_model, depths, n_levels))
+        k = int(num_classes or self.target_adapter.num_classes)
+        if k < 1:
+            raise InputError("cannot tell the number of classes of the target; pass num_classes=")
+        self.num_classes = k
+        self.arch = {"backbone": self.backbone_spec, "depths": list(self.backbone.depths),
+                     "channels": list(self.backbone.channels), "width": int(width), "embed_dim": embed_dim,
+                     "head_width": head_width, "num_classes": k}
+        rng = torch.random.fork_rng(devices=[]) if seed is not None else contextlib.nullcontext()
+        with rng:
+            if seed is not None:
+                torch.manual_seed(seed)
+            self.decoder = AHADecoder(self.backbone.channels, k, width=width, embed_dim=embed_dim,
+                                      head_width=head_width)
+
+    @property
+    def uses_target_backbone(self) -> bool:
+        return self.backbone.model is self.target
+
+    def features(self, x: Tensor) -> tuple[list[Tensor], Tensor]:
+        """Backbone features on ``x`` and the target's logits ``(B, K)`` (no gradient)."""
+        if self.uses_target_backbone:
+            return self.backbone(x)
+        feats, _ = self.backbone(self._backbone_input(x))
+        with torch.no_grad():
+            logits = self.target_adapter.forward(x)
+        return feats, logits.detach()
+
+    def _backbone_input(self, x: Tensor) -> Tensor:
+        """Re-normalise ``x`` from the target's data config to the backbone's (and resize if it needs a fixed size)."""
+        from ..images import data_config
+
+        try:
+            src, dst = data_config(self.target), data_config(self.backbone.model)
+        except Exception:
+            return x
+        ms = torch.tensor(src.mean, device=x.device, dtype=x.dtype).view(1, 3, 1, 1)
+        ss = torch.tensor(src.std, device=x.device, dtype=x.dtype).view(1, 3, 1, 1)
+        md = torch.tensor(dst.mean, device=x.device, dtype=x.dtype).view(1, 3, 1, 1)
+        sd = torch.tensor(dst.std, device=x.device, dtype=x.dtype).view(1, 3, 1, 1)
+        y = ((x * ss + ms) - md) / sd
+        pe = getattr(self.backbone.model, "patch_embed", None)
+        fixed = pe is not None and not getattr(pe, "dynamic_img_size", False)
+        if fixed and tuple(y.shape[-2:]) != dst.size_hw:
+            y = F.interpolate(y, size=dst.size_hw, mode="bilinear", align_corners=False)
+        return y
+
+    def forward(self, x: Tensor, classes: Tensor, features: Sequence[Tensor] | None = None) -> Tensor:
+        if features is None:
+            features, _ = self.features(x)
+        return self.decoder(features, classes.to(x.device).long(), tuple(x.shape[-2:]))
+
+
+def build_explainer(target: nn.Module, **arch: Any) -> AHANet:
+    """An :class:`AHANet` for ``target`` from architecture keywords (as stored in the JSON metadata)."""
+    arch = dict(arch)
+    channels = arch.pop("channels", None)
+    spec = arch.pop("backbone", "target")
+    net = AHANet(target, backbone=None if spec in (None, "target") else spec, **arch)
+    if channels is not None and list(channels) != list(net.backbone.channels):
+        raise InputError(
+            f"the explainer was trained on backbone features with {list(channels)} channels; this model gives "
+            f"{list(net.backbone.channels)} (an explainer works only with the model it was trained for)"
+        )
+    return net
+
+
+def save_explainer(net: AHANet, path: str | Path, meta: dict[str, Any] | None = None) -> tuple[Path, Path]:
+    """Write the decoder weights to ``path`` (``.safetensors``) and ``{arch, ...meta}`` to the ``.json`` beside it."""
+    from safetensors.torch import save_file
+
+    path = Path(path)
+    if path.suffix != ".safetensors":
+        path = path.with_suffix(".safetensors")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    state = {k: v.detach().to("cpu", torch.float32).contiguous() for k, v in net.state_dict().items()}
+    save_file(state, str(path))
+    info = {"format": "vitlens-aha-1", "arch": net.arch, **(meta or {})}
+    jpath = path.with_suffix(".json")
+    jpath.write_text(json.dumps(info, indent=2, default=str) + "\n", encoding="utf-8")
+    return path, jpath
+
+
+def load_explainer(path: str | Path, target: nn.Module, check_target: bool = True) -> AHANet:
+    """Build the explainer described by ``path`` (``.safetensors`` with its ``.json``) on ``target`` and load it.
+
+    With ``check_target``, a warning is issued when the target's weights differ from those the explainer was trained
+    for (``target.sha`` in the metadata).
+    """
+    import warnings
+
+    from safetensors.torch import load_file
+
+    path = Path(path)
+    if path.is_dir():
+        found = sorted(path.glob("*.safetensors"))
+        if len(found) != 1:
+            raise WeightsUnavailableError(f"expected one .safetensors explainer in {path}, found {len(found)}")
+        path = found[0]
+    jpath = path.with_suffix(".json")
+    if not path.is_file() or not jpath.is_file():
+        raise WeightsUnavailableError(f"AHA explainer {path} (and its {jpath.name} metadata) not found")
+    info = json.loads(jpath.read_text(encoding="utf-8"))
+    net = build_explainer(target, **info["arch"])
+    try:
+        net.load_state_dict(load_file(str(path), device="cpu"), strict=True)
+    except RuntimeError as exc:
+        raise WeightsUnavailableError(f"AHA explainer {path} does not match its metadata: {str(exc)[:200]}") from None
+    sha = (info.get("target") or {}).get("sha")
+    if check_target and sha and sha != model_digest(target):
+        warnings.warn(
+            f"the AHA explainer {path.name} was trained for a model with weights {sha}; this model's differ "
+            f"({model_digest(target)}): its maps may not be faithful to this model",
+            stacklevel=2,
+        )
+    device = next((p.device for p in target.parameters()), torch.device("cpu"))
+    net.meta = info
+    return net.to(device).eval()

@@ -1,0 +1,152 @@
+"""AHA: one forward pass of a trained explainer network, optionally refined for ``T`` steps on the soft loss.
+
+The network, its training and the soft deletion/insertion loss live in :mod:`vitlens.aha`; this file only runs them
+as a vitlens method. Equations and measured numbers: docs/methods/aha.md.
+"""
+
+from __future__ import annotations
+
+import weakref
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from ..errors import InputError, UnsupportedModelError, WeightsUnavailableError
+from ..models import Adapter
+from ..targets import Target
+from .base import Attribution, Explainer
+from .registry import register
+
+__all__ = ["AHA"]
+
+
+@register
+class AHA(Explainer):
+    """Amortized Hybrid Attribution: pixel map ``S = E(x, c)`` from a trained explainer network ``E``.
+
+    Options:
+        explainer: ``None`` (the shipped explainer of a bundled model, e.g. ``shapes-vit``), a path to a
+            ``.safetensors`` explainer (with its ``.json``), an :class:`vitlens.aha.AHANet`, or ``"untrained"`` (a
+            randomly initialised network, seed 0: only for smoke tests).
+        refine_steps: ``T`` test-time Adam steps on the map logits (0: the network's map exactly).
+        lr: step size of the refinement, as a fraction of each map's range.
+        grid: refinement region grid (int or ``(gy, gx)``); ``None``: the model's token grid (pixels // 16 without).
+        tau, m, n_iters: sorter temperature, curve points (incl. endpoints), Sinkhorn iterations of the refinement.
+        reference: ``"mean"`` | ``"black"`` | ``"blur"``, the refinement's deletion reference.
+        w_peak: weight of the peak penalty in the refinement loss.
+
+    Cost per image: one target forward (the backbone is the target: features and logits in one pass) plus, when
+    ``T > 0``, one forward on the reference and ``T·2·(m − 2)`` forward+backward passes (:meth:`declared_cost`).
+    The score explained is the softmax probability of the target's class (its class index is what the network is
+    conditioned on, whatever the target object's score is).
+    """
+
+    name = "aha"
+    level = "pixel"
+    requires = None
+    defaults: dict[str, Any] = {"explainer": None, "refine_steps": 3, "lr": 0.05, "grid": None, "tau": 0.3, "m": 16,
+                                "n_iters": 30, "reference": "mean", "w_peak": 0.0025}
+    fast_options: dict[str, Any] = {"explainer": "untrained", "refine_steps": 1, "m": 4}
+
+    def __init__(self, **options: Any) -> None:
+        super().__init__(**options)
+        self._cache: dict[int, tuple[weakref.ref, Any]] = {}
+
+    def check_options(self) -> None:
+        o = self.options
+        if int(o["refine_steps"]) < 0:
+            raise InputError(f"refine_steps must be >= 0, got {o['refine_steps']}")
+        if int(o["refine_steps"]) > 0 and int(o["m"]) < 3:
+            raise InputError(f"refinement needs m >= 3 curve points, got {o['m']}")
+        if not float(o["tau"]) > 0:
+            raise InputError(f"tau must be > 0, got {o['tau']}")
+        if o["reference"] not in ("mean", "black", "blur"):
+            raise InputError(f"reference must be 'mean', 'black' or 'blur', got {o['reference']!r}")
+        e = o["explainer"]
+        if not (e is None or isinstance(e, (str, Path, nn.Module))):
+            raise InputError(f"explainer must be None, a path, an AHANet or 'untrained'; got {type(e).__name__}")
+
+    def declared_cost(self) -> dict[str, float]:
+        t = int(self.options["refine_steps"])
+        inner = 2 * (int(self.options["m"]) - 2)
+        return {"forward": 1.0 + (1.0 + t * inner if t else 0.0), "backward": float(t * inner)}
+
+    # -- the explainer network, built once per model --------------------------------------------------------------
+    def _network(self, model: nn.Module) -> Any:
+        hit = self._cache.get(id(model))
+        if hit is not None and hit[0]() is model:
+            return hit[1]
+        net = self._build(model)
+        self._cache[id(model)] = (weakref.ref(model), net)
+        return net
+
+    def _build(self, model: nn.Module) -> Any:
+        from ..aha import AHANet, load_explainer, shipped_explainer
+        from ..aha.network import build_explainer
+
+        spec = self.options["explainer"]
+        device = next((p.device for p in model.parameters()), torch.device("cpu"))
+        if spec is None:
+            shipped = shipped_explainer(model)
+            if shipped is None:
+                raise UnsupportedModelError(
+                    f"no shipped AHA explainer for {type(model).__name__} (shipped: shapes-vit); train one with "
+                    "`vitlens train-aha --model MODEL --data DATA --out DIR` and pass explainer='DIR/NAME.safetensors'"
+                )
+            name, path, command = shipped
+            if not path.is_file():
+                raise WeightsUnavailableError(f"the shipped AHA explainer {name} is missing ({path}); train it with: "
+                                              f"{command}")
+            return load_explainer(path, model)
+        if isinstance(spec, AHANet):
+            if spec.target is model:
+                return spec.eval()
+            net = build_explainer(model, **spec.arch)  # same weights, bound to this model
+            net.load_state_dict(spec.state_dict())
+            return net.to(device).eval()
+        if isinstance(spec, nn.Module):
+            raise InputError(f"explainer must be an AHANet, got {type(spec).__name__}")
+        if str(spec) == "untrained":
+            return AHANet(model, seed=0).to(device).eval()
+        return load_explainer(Path(spec), model)
+
+    # -- one chunk ------------------------------------------------------------------------------------------------
+    def attribute(self, adapter: Adapter, x: Tensor, target: Target) -> tuple[Attribution, Tensor, Target]:
+        from ..aha.refine import refine_maps
+        from ..aha.soft_metrics import reference
+        from ..errors import UnsupportedModelError as _NoConfig
+        from ..images import DataConfig, data_config
+
+        o = self.options
+        net = self._network(adapter.model)
+        with adapter.session(capture=False):
+            feats, logits = net.features(x)
+            tgt = target if target.classes is not None else target.resolve(logits)
+            classes = tgt.classes.to(x.device).long()
+            with torch.no_grad():
+                maps = net(x, classes, feats)
+            steps = int(o["refine_steps"])
+            if steps:
+                try:
+                    cfg = data_config(adapter.model)
+                except _NoConfig:
+                    cfg = DataConfig()  # only the 'black' reference needs mean/std
+                ref = reference(x, o["reference"], cfg.mean, cfg.std)
+                with torch.no_grad():
+                    p1 = adapter.forward(ref).float().softmax(-1).gather(1, classes[:, None])[:, 0]
+                p0 = logits.float().softmax(-1).gather(1, classes[:, None])[:, 0]
+
+                def prob_fn(images: Tensor, cls: Tensor) -> Tensor:
+                    return adapter.forward(images).float().softmax(-1).gather(1, cls[:, None])[:, 0]
+
+                grid = o["grid"]
+                if grid is None:
+                    hw = tuple(x.shape[-2:])
+                    grid = adapter.grid(hw) if "tokens" in adapter.capabilities else (
+                        max(1, hw[0] // 16), max(1, hw[1] // 16))
+                maps = refine_maps(prob_fn, x, maps, classes, ref, (p0, p1), steps=steps, lr=float(o["lr"]),
+                                   grid=grid, tau=float(o["tau"]), m=int(o["m"]), n_iters=int(o["n_iters"]),
+                                   w_peak=float(o["w_peak"]))
+        return Attribution(values=maps.detach()), logits, tgt
