@@ -392,6 +392,7 @@ def save_explainer(net: AHANet, path: str | Path, meta: dict[str, Any] | None = 
     path.parent.mkdir(parents=True, exist_ok=True)
     state = {k: v.detach().to("cpu", torch.float32).contiguous() for k, v in net.state_dict().items()}
     save_file(state, str(path))
+    path.chmod(0o644)  # safetensors writes owner-only files; the weights are meant to be shipped
     info = {"format": "vitlens-aha-1", "arch": net.arch, **(meta or {})}
     jpath = path.with_suffix(".json")
     jpath.write_text(json.dumps(info, indent=2, default=str) + "\n", encoding="utf-8")
