@@ -30,3 +30,10 @@ def test_readme_commands_match_ci():
     setup, tests = commands
     assert setup.split("&&")[0].strip() in ci and ".venv/bin/vitlens demo" in ci
     assert tests in ci
+
+
+def test_cli_lists_every_command():
+    from vitlens.cli import build_parser
+
+    sub = next(a for a in build_parser()._actions if a.dest == "command")
+    assert {"demo", "explain", "bench", "train-aha", "methods"} <= set(sub.choices)

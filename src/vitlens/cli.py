@@ -183,6 +183,10 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--out", required=True, help="run directory (rerun the same command to resume)")
     b.set_defaults(func=cmd_bench)
 
+    from vitlens.aha.train import add_train_aha_parser
+
+    add_train_aha_parser(sub)
+
     m = sub.add_parser("methods", help="list the registered methods")
     m.set_defaults(func=cmd_methods)
     return p
