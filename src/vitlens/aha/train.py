@@ -726,8 +726,8 @@ def _model_card(meta: dict[str, Any], net: AHANet) -> str:
         f"{net.arch['depths']}), {n_params:,} trained parameters.",
         f"- Loss: w_del {t['w_del']}, w_ins {t['w_ins']}, w_peak {t['w_peak']} (pool {t['peak_kernel']}); "
         f"m = {t['m']} ({t['step_sampling']}); grid range {t['grid_range'] or 'default'}, offset {t['grid_offset']}; "
-        f"references {t['references']}; τ {t['tau_start']} → {t['tau_end']}, {t['n_iters']} Sinkhorn iterations; "
-        f"{t['classes_per_image']} class(es) per image.",
+        f"references {t['references']}; τ {t['tau_start']} → {t['tau_end']}, Gumbel noise × {t.get('noise_scale', 1.0)}, "
+        f"{t['n_iters']} Sinkhorn iterations; {t['classes_per_image']} class(es) per image.",
         f"- Optimiser: AdamW lr {t['lr']}, weight decay {t['weight_decay']}, clip {t['clip']}, warm-up "
         f"{t['warmup_frac']:.0%} then cosine.",
         f"- Final training loss (mean of the last 10 steps): "
@@ -742,6 +742,14 @@ def _model_card(meta: dict[str, Any], net: AHANet) -> str:
         "|---|---|---|---|",
         f"| {v.get('n', 0)} | {v.get('deletion', float('nan')):.4f} | {v.get('insertion', float('nan')):.4f} | "
         f"{v.get('difference', float('nan')):.4f} |",
+        "",
+        "## Notes",
+        "",
+        "- The explainer is tied to the target's weights (digest above; loading it for other weights warns): retrain "
+        "it with the command above whenever they change. The command also leaves `checkpoint.pt` (optimiser state, "
+        "for `--resume`) in the output folder; it is not part of the shipped files.",
+        "- Any number of processes gives the same weights up to float rounding (the batch is sharded, every random "
+        "draw is keyed by step and image); the same process count reproduces them bit for bit.",
         "",
         f"Versions: {json.dumps(meta['versions'])}",
         "",
