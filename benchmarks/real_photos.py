@@ -38,29 +38,11 @@ import torch
 
 import vitlens
 from vitlens import viz
+from vitlens.data.photos import bundled_photos
 from vitlens.images import data_config, denormalize
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_OUT = ROOT / "docs" / "gallery"
-
-
-def bundled_photos() -> list[tuple[str, str, Any]]:
-    """The real photographs shipped inside installed wheels: ``(name, source, image)`` with ``image`` a uint8
-    ``(H, W, 3)`` array or a file path. Nothing is downloaded (only ``skimage.data`` names whose file is in the
-    wheel)."""
-    import matplotlib.cbook
-    from skimage import data
-    from sklearn.datasets import load_sample_images
-
-    photos: list[tuple[str, str, Any]] = [
-        (name, f"skimage.data.{name}()", getattr(data, name)()) for name in ("chelsea", "astronaut", "coffee", "rocket")
-    ]
-    sample = load_sample_images()
-    for path, image in zip(sample.filenames, sample.images):
-        photos.append((Path(path).stem, f"sklearn load_sample_images: {Path(path).name}", image))
-    hopper = matplotlib.cbook.get_sample_data("grace_hopper.jpg", asfileobj=False)
-    photos.append(("grace_hopper", "matplotlib sample_data/grace_hopper.jpg", str(hopper)))
-    return photos
 
 
 def classify(model: torch.nn.Module, x: torch.Tensor, k: int = 2) -> tuple[torch.Tensor, torch.Tensor]:

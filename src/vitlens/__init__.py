@@ -22,7 +22,7 @@ from .errors import (
 from .explainers import Explainer, Explanation
 from .images import load_images
 from .models import get_adapter, load_model
-from .targets import ClassLogit, ClassProbability, Contrast
+from .targets import ClassLogit, ClassProbability, Contrast, SegmentationTarget
 
 __version__ = "0.1.0"
 
@@ -37,6 +37,7 @@ __all__ = [
     "ClassLogit",
     "ClassProbability",
     "Contrast",
+    "SegmentationTarget",
     "data",
     "targets",
     "VitlensError",

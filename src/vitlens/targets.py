@@ -9,6 +9,7 @@ logits to give the scores ``y`` (shape ``(B,)``) whose gradients and relevance a
 >>> t = make_target([3, 1])                     # per-sample classes
 >>> t = ClassProbability(3)                     # softmax probability of class 3
 >>> t = Contrast(3, 5, gamma=1.0)               # y_3 - 1.0 * y_5
+>>> t = SegmentationTarget(3)                   # segmentation: Σ of class-3 logits over the pixels predicted as 3
 """
 
 from __future__ import annotations
@@ -16,17 +17,21 @@ from __future__ import annotations
 from typing import Sequence, Union
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from .errors import TargetError
 
-__all__ = ["Target", "ClassLogit", "ClassProbability", "Contrast", "make_target", "TargetSpec"]
+__all__ = ["Target", "ClassLogit", "ClassProbability", "Contrast", "SegmentationTarget", "make_target", "TargetSpec"]
 
 ClassSpec = Union[None, int, Sequence[int], Tensor]
 
 
 def _as_class_tensor(classes: ClassSpec, logits: Tensor, what: str) -> Tensor:
     """Resolve a class spec to a ``(B,)`` long tensor on the logits' device, validating range and batch size."""
+    if logits.ndim != 2:
+        hint = " (per-pixel logits: use vitlens.targets.SegmentationTarget)" if logits.ndim == 4 else ""
+        raise TargetError(f"{what} expects logits of shape (B, K); got shape {tuple(logits.shape)}{hint}")
     b, k = logits.shape
     if classes is None:
         return logits.detach().argmax(dim=-1)
@@ -178,6 +183,131 @@ class Contrast(Target):
             "versus": "runner-up" if self._versus_spec is None else plain(self._versus_spec),
             "gamma": self.gamma,
         }
+
+
+class SegmentationTarget(Target):
+    """Segmentation target: the sum of class-``c`` logits over a region, ``y = Σ_{p ∈ region} z_c[p]``.
+
+    For models with per-pixel logits ``(B, K, h, w)`` (SegFormer: ``h, w`` ≈ input size / 4).
+
+    Args:
+        class_index: the class ``c`` — an int for every image, or one int per image (sequence or ``(B,)`` tensor).
+        region: where to sum, a bool mask:
+
+            * ``None`` (default): the pixels of the logit grid whose argmax prediction is ``c``, fixed when the target
+              is resolved on the model's output for the unperturbed images (perturbation methods keep this region).
+              If no pixel of an image is predicted as ``c``, that image's region is **all pixels** (so ``y`` is the
+              summed class-``c`` logit of the whole image); ``fallback`` ``(B,)`` records which images fell back.
+            * ``(h, w)`` or ``(B, h, w)`` at the logits' resolution: summed as is.
+            * ``(H, W)`` or ``(B, H, W)`` at input resolution (any size with an integer factor ``f ≥ 2`` such that
+              ``⌈H/f⌉ = h`` and ``⌈W/f⌉ = w``): the class-``c`` logits are first bilinearly upsampled to ``(H, W)``
+              (half-pixel centres, as HF's loss does) and summed over the mask — ``y`` is then in units of input
+              pixels (≈ ``f²`` times the logit-grid sum).
+
+            An empty region gives ``y = 0``. A ``(B, …)`` region belongs to one batch: ``explain(batch_size=…)``
+            chunking does not split it (a clear :class:`TargetError`); pass one ``(h, w)`` / ``(H, W)`` mask or no
+            chunking.
+    """
+
+    def __init__(self, class_index: ClassSpec, region: Tensor | None = None) -> None:
+        if class_index is None:
+            raise TargetError("SegmentationTarget needs a class index (the class whose logits are summed)")
+        if region is not None:
+            if not isinstance(region, Tensor) or region.dtype != torch.bool:
+                got = region.dtype if isinstance(region, Tensor) else type(region).__name__
+                raise TargetError(f"SegmentationTarget region must be a bool tensor (h, w) or (B, h, w); got {got}")
+            if region.ndim not in (2, 3):
+                raise TargetError(
+                    f"SegmentationTarget region must have shape (h, w) or (B, h, w); got {tuple(region.shape)}"
+                )
+        self._spec = class_index
+        self._region = region
+        self.classes = None
+        self.mask: Tensor | None = None  # (B, h', w') bool once resolved
+        self.upsample_to: tuple[int, int] | None = None  # input-resolution region: logits are upsampled to this
+        self.fallback: Tensor | None = None  # (B,) bool: default region fell back to all pixels
+
+    @staticmethod
+    def _check_logits(logits: Tensor) -> None:
+        if logits.ndim != 4:
+            raise TargetError(
+                f"SegmentationTarget needs per-pixel logits (B, K, h, w); got shape {tuple(logits.shape)} "
+                "(for a classifier use ClassLogit)"
+            )
+
+    def resolve(self, logits: Tensor) -> "SegmentationTarget":
+        self._check_logits(logits)
+        b, _, h, w = logits.shape
+        t = type(self).__new__(type(self))
+        t.__dict__.update(self.__dict__)
+        t.classes = _as_class_tensor(self._spec, logits[:, :, 0, 0], "SegmentationTarget")
+        t.upsample_to = None
+        if self._region is None:
+            mask = logits.detach().argmax(dim=1) == t.classes[:, None, None]
+            t.fallback = ~mask.flatten(1).any(dim=1)
+            t.mask = mask | t.fallback[:, None, None]
+            return t
+        region = self._region.to(logits.device)
+        if region.ndim == 2:
+            region = region[None].expand(b, -1, -1)
+        if region.shape[0] != b:
+            raise TargetError(
+                f"SegmentationTarget region has {region.shape[0]} masks for a batch of {b} images "
+                "(explain's batch_size chunking does not split per-image regions)"
+            )
+        hr, wr = region.shape[-2:]
+        if (hr, wr) != (h, w):
+            fits = any(-(-hr // f) == h and -(-wr // f) == w for f in range(2, max(hr, wr) + 1))
+            if not fits:
+                raise TargetError(
+                    f"SegmentationTarget region of size {hr}x{wr} matches neither the logits' {h}x{w} grid nor an "
+                    f"input size that the model maps to it"
+                )
+            t.upsample_to = (hr, wr)
+        t.mask = region
+        t.fallback = torch.zeros(b, dtype=torch.bool, device=logits.device)
+        return t
+
+    def score(self, logits: Tensor) -> Tensor:
+        z = logits[torch.arange(logits.shape[0], device=logits.device), self.classes.to(logits.device)]  # (B, h, w)
+        if self.upsample_to is not None:
+            z = F.interpolate(z[:, None], size=self.upsample_to, mode="bilinear", align_corners=False)[:, 0]
+        if z.shape[-2:] != self.mask.shape[-2:]:
+            raise TargetError(
+                f"SegmentationTarget was resolved for {tuple(self.mask.shape[-2:])} logits, got {tuple(z.shape[-2:])}"
+            )
+        return (z * self.mask.to(device=z.device, dtype=z.dtype)).sum(dim=(1, 2))
+
+    def __call__(self, logits: Tensor) -> Tensor:
+        self._check_logits(logits)
+        if self.classes is None:
+            return self.resolve(logits).score(logits)
+        if self.classes.shape[0] != logits.shape[0]:
+            raise TargetError(
+                f"target was resolved for a batch of {self.classes.shape[0]}, got logits for {logits.shape[0]}"
+            )
+        return self.score(logits)
+
+    def select(self, index: Tensor | slice) -> "SegmentationTarget":
+        t = type(self).__new__(type(self))
+        t.__dict__.update(self.__dict__)
+        t.classes = self.classes[index]
+        t.mask = self.mask[index]
+        t.fallback = self.fallback[index]
+        t._spec = t.classes
+        t._region = t.mask if self._region is not None else None
+        return t
+
+    def describe(self) -> dict:
+        spec = self._spec.tolist() if isinstance(self._spec, Tensor) else self._spec
+        if self._region is None:
+            region = "predicted as the class (all pixels if none)"
+        else:
+            region = f"given mask {list(self._region.shape)}"
+        out = {"kind": "SegmentationTarget", "classes": spec, "region": region}
+        if self.fallback is not None:
+            out["fallback_to_all_pixels"] = self.fallback.tolist()
+        return out
 
 
 TargetSpec = Union[Target, ClassSpec, str]

@@ -31,9 +31,10 @@ def _check_layer(options: dict[str, Any]) -> None:
 
 
 def _block_index(adapter: Adapter, layer: int) -> int:
-    n = len(adapter.blocks())
+    n = len(adapter.feature_layers())
     if not -n <= layer < n:
-        raise InputError(f"layer {layer} is out of range for a model with {n} blocks (valid: {-n}..{n - 1})")
+        kind = "blocks" if "attention" in adapter.capabilities else "feature layers"
+        raise InputError(f"layer {layer} is out of range for a model with {n} {kind} (valid: {-n}..{n - 1})")
     return layer % n
 
 
@@ -88,7 +89,7 @@ class GradCAM(Explainer):
     """
 
     name = "gradcam"
-    requires = "tokens"
+    requires = "features"
     level = "token"
     defaults: dict[str, Any] = {"layer": -1}
 
@@ -168,7 +169,7 @@ class FinerCAM(Explainer):
     """
 
     name = "finercam"
-    requires = "tokens"
+    requires = "features"
     level = "token"
     defaults: dict[str, Any] = {"references": 3, "gamma": 1.0, "weighting": "mean", "layer": -1}
 

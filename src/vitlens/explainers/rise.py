@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ..errors import InputError
+from ..errors import InputError, TargetError
 from ..models import Adapter
 from ..targets import Target
 from .base import Attribution, Explainer
@@ -48,6 +48,9 @@ def target_scores(logits: Tensor, target: Target, index: int, kind: str) -> Tens
     score (``target.select`` restricted to that image, repeated over the rows).
     """
     if kind == "probability":
+        if logits.ndim != 2:
+            raise TargetError(f"score='probability' needs classifier logits (B, K), got shape {tuple(logits.shape)}; "
+                              "use score='target' (e.g. with a SegmentationTarget)")
         cls = int(target.classes[index])
         return logits.float().softmax(dim=-1)[:, cls]
     rows = torch.full((logits.shape[0],), index, dtype=torch.long, device=target.classes.device)

@@ -59,7 +59,8 @@ def input_gradients(adapter: Adapter, points: Callable[[int, int], Tensor], n: i
         chunk = points(start, min(start + sets, n))
         s = chunk.shape[0]
         xs = chunk.reshape(s * batch, *chunk.shape[2:]).detach().requires_grad_(True)
-        logits = adapter.forward(xs).reshape(s, batch, -1)
+        out = adapter.forward(xs)
+        logits = out.reshape(s, batch, *out.shape[1:])  # (B, K) or per-pixel (B, K, h, w) logits per set
         score = sum(target(logits[k]).sum() for k in range(s))
         (g,) = torch.autograd.grad(score, [xs])
         grads.append(g.reshape(chunk.shape))

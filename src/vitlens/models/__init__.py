@@ -15,7 +15,9 @@ from torch import nn
 
 from ..errors import UnsupportedModelError, WeightsUnavailableError
 from .base import Adapter, BlockRecord, Recording
+from .hf_segformer import SegformerAdapter
 from .hf_vit import HFViTAdapter
+from .timm_cnn import TimmCNNAdapter
 from .timm_vit import TimmViTAdapter
 
 __all__ = [
@@ -25,6 +27,8 @@ __all__ = [
     "GenericAdapter",
     "TimmViTAdapter",
     "HFViTAdapter",
+    "SegformerAdapter",
+    "TimmCNNAdapter",
     "get_adapter",
     "register_adapter",
     "load_model",
@@ -56,7 +60,7 @@ class GenericAdapter(Adapter):
         )
 
 
-_ADAPTERS: list[type[Adapter]] = [TimmViTAdapter, HFViTAdapter]
+_ADAPTERS: list[type[Adapter]] = [TimmViTAdapter, HFViTAdapter, SegformerAdapter, TimmCNNAdapter]
 
 
 def register_adapter(cls: type[Adapter], first: bool = True) -> type[Adapter]:

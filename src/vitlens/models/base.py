@@ -111,6 +111,11 @@ class Adapter:
         """The transformer blocks, in order."""
         raise NotImplementedError
 
+    def feature_layers(self) -> Sequence[nn.Module]:
+        """The layers whose features (``BlockRecord.u``, ``(B, T, D)``) feature methods such as Grad-CAM may read;
+        for transformers the blocks (layer ``l``: the residual stream entering block ``l``)."""
+        return self.blocks()
+
     def layernorms(self) -> list[nn.LayerNorm]:
         """LayerNorms treated as linear in the backward pass in conservative mode (blocks and final norms)."""
         return [m for m in self.model.modules() if isinstance(m, nn.LayerNorm)]
@@ -118,6 +123,11 @@ class Adapter:
     def _install_capture(self, rec: Recording, hooks: list) -> None:
         """Register the family-specific capture hooks, appending their handles to ``hooks``."""
         raise NotImplementedError
+
+    def _new_recording(self) -> Any:
+        """The object the capture hooks fill: a :class:`Recording` (one token sequence); families with another
+        layout (hierarchical stages) return their own."""
+        return Recording()
 
     @contextlib.contextmanager
     def _explicit_attention(self) -> Iterator[None]:
@@ -137,7 +147,7 @@ class Adapter:
         modes = {m: m.training for m in model.modules()}
         grads = {p: p.requires_grad for p in model.parameters()}
         hooks: list[Any] = []
-        rec = Recording()
+        rec = self._new_recording()
         try:
             model.eval()
             for p in grads:

@@ -32,7 +32,7 @@ class HFViTAdapter(Adapter):
     """HuggingFace ViT/DeiT classifiers. Eager attention is switched on for the duration of a session."""
 
     family = "hf-vit"
-    capabilities = frozenset({"attention", "tokens"})
+    capabilities = frozenset({"attention", "tokens", "features"})
 
     @staticmethod
     def matches(model: nn.Module) -> bool:

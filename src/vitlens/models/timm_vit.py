@@ -29,7 +29,7 @@ class TimmViTAdapter(Adapter):
     """
 
     family = "timm-vit"
-    capabilities = frozenset({"attention", "tokens"})
+    capabilities = frozenset({"attention", "tokens", "features"})
 
     @staticmethod
     def matches(model: nn.Module) -> bool:

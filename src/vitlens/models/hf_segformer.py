@@ -1,0 +1,277 @@
+"""Adapter for HuggingFace SegFormer semantic segmentation (``SegformerForSemanticSegmentation``, transformers ≥ 5).
+
+SegFormer is not one token sequence: its encoder has ``S`` hierarchical stages (usually 4). Stage ``s`` embeds the
+previous stage's output (the image for stage 1) with an overlapping strided convolution ("patch merging") onto a
+coarser token grid, runs pre-norm blocks whose attention takes its keys and values from a spatially reduced grid
+(a ``r×r``, stride-``r`` convolution, ``r`` = the stage's ``sr_ratio``; no reduction when ``r = 1``), and ends with a
+LayerNorm. The all-MLP decode head reads **every** stage's output. So a capture session records a
+:class:`SegformerRecording` — per stage, per block, the tensors below — instead of the single-sequence
+:class:`~vitlens.models.base.Recording`:
+
+- per block (:class:`SegformerBlockRecord`): ``u``/``h`` ``(B, T_s, D_s)`` (residual input, stream after the
+  attention add), ``attn`` ``(B, heads, T_s, T_k)`` (probabilities over the ``T_k`` reduced keys, in the graph),
+  ``value`` ``(B, heads, T_k, d)`` (detached), and ``reduction`` (a :class:`ConvRecord` of the key/value reduction
+  convolution: its input ``(B, D_s, h_s, w_s)``, detached, and its output, in the graph), ``None`` when ``r = 1``;
+- per stage (:class:`StageRecord`): ``grid`` ``(h_s, w_s)``, ``merge`` (a :class:`ConvRecord` of the patch-merging
+  convolution that made this stage's tokens from the previous stage's output; ``None`` for stage 1, whose input is
+  the image) and ``readout`` (this stage's output exactly as the decode head reads it, a separate graph node so its
+  gradient is the decode head's *direct* gradient, without what flows through later stages).
+
+The residual stream entering stage 1's first block is a fresh leaf (the backward stops there: the stage-1
+convolution on pixels is never back-propagated). Methods that read a single token sequence (``rec.blocks``) get an
+:class:`UnsupportedModelError` from the recording. Eager attention is on only inside a session (restored after, also
+on error). Note that transformers itself installs output-capturing forward hooks on the stages and attention
+modules the first time the model runs (permanently, with or without vitlens).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field
+from typing import Any, Iterator, Sequence
+
+from torch import Tensor, nn
+
+from ..errors import InputError, UnsupportedModelError
+from .base import Adapter, BlockRecord, _logits_of
+
+__all__ = ["SegformerAdapter", "SegformerRecording", "StageRecord", "SegformerBlockRecord", "ConvRecord",
+           "conv_output_size"]
+
+
+@dataclass
+class ConvRecord:
+    """A convolution seen in the forward pass: the module, its input (detached) and its output (in the graph)."""
+
+    conv: nn.Conv2d
+    input: Tensor
+    output: Tensor
+
+
+@dataclass
+class SegformerBlockRecord(BlockRecord):
+    """A SegFormer block: the :class:`BlockRecord` tensors plus the key/value reduction (``None`` when ``r = 1``)."""
+
+    reduction: ConvRecord | None = None
+
+
+@dataclass
+class StageRecord:
+    """One encoder stage: blocks, token grid, the patch merging into it, its output as the decode head reads it."""
+
+    blocks: list[SegformerBlockRecord] = field(default_factory=list)
+    grid: tuple[int, int] | None = None
+    merge: ConvRecord | None = None
+    readout: Tensor | None = None
+
+
+class SegformerRecording:
+    """What a SegFormer capture session records: ``stages`` in forward order (see the module docstring)."""
+
+    def __init__(self) -> None:
+        self.stages: list[StageRecord] = []
+
+    @property
+    def blocks(self) -> list[BlockRecord]:
+        raise UnsupportedModelError(
+            "SegFormer has hierarchical stages, not one token sequence: this method reads a single-sequence ViT; "
+            "on SegFormer use gradskip or a model-agnostic method (inputxgradient, gradient, integrated_gradients, "
+            "rise, random)"
+        )
+
+    @property
+    def final(self) -> Tensor:
+        return self.blocks  # raises: there is no single final stream
+
+    def graph_tensors(self) -> list[Tensor]:
+        """All captured tensors that are part of the autograd graph, stage by stage."""
+        out: list[Tensor] = []
+        for st in self.stages:
+            if st.readout is not None:
+                out.append(st.readout)
+            if st.merge is not None:
+                out.append(st.merge.output)
+            for b in st.blocks:
+                out += [t for t in (b.attn, b.h) if t is not None]
+                if b.reduction is not None:
+                    out.append(b.reduction.output)
+        return out
+
+
+def conv_output_size(conv: nn.Conv2d, hw: tuple[int, int]) -> tuple[int, int]:
+    """Spatial output size of ``conv`` for an input of size ``hw`` (PyTorch's formula)."""
+    out = []
+    for i in range(2):
+        k, s, p, d = conv.kernel_size[i], conv.stride[i], conv.padding[i], conv.dilation[i]
+        out.append((hw[i] + 2 * p - d * (k - 1) - 1) // s + 1)
+    return out[0], out[1]
+
+
+class SegformerAdapter(Adapter):
+    """HuggingFace SegFormer semantic segmentation (hierarchical stages, reduced keys). Eager attention in sessions."""
+
+    family = "hf-segformer"
+    capabilities = frozenset({"attention", "hierarchical"})
+    #: explainers with a hierarchical code path (GradSkip) dispatch on this flag.
+    hierarchical = True
+
+    @staticmethod
+    def matches(model: nn.Module) -> bool:
+        backbone = getattr(model, "segformer", None)
+        return (type(model).__name__ == "SegformerForSemanticSegmentation" and hasattr(model, "config")
+                and hasattr(backbone, "stages") and hasattr(model, "decode_head"))
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__(model)
+        cfg = model.config
+        self.num_classes = int(cfg.num_labels)
+        self.in_chans = int(cfg.num_channels)
+        self.stages = list(model.segformer.stages)
+        self.readouts = list(model.decode_head.linear_projections)
+        if len(self.readouts) != len(self.stages):
+            raise UnsupportedModelError(
+                f"the SegFormer decode head reads {len(self.readouts)} stages, the encoder has {len(self.stages)}"
+            )
+        for s, stage in enumerate(self.stages):
+            conv = getattr(getattr(stage, "patch_embeddings", None), "proj", None)
+            if not isinstance(conv, nn.Conv2d) or conv.groups != 1 or isinstance(conv.padding, str):
+                raise UnsupportedModelError(f"SegFormer stage {s + 1} has no plain patch-merging convolution")
+            for j, layer in enumerate(stage.blocks):
+                att = getattr(layer, "attention", None)
+                if not (hasattr(layer, "layernorm_after") and isinstance(getattr(att, "v_proj", None), nn.Linear)):
+                    raise UnsupportedModelError(f"SegFormer stage {s + 1} block {j} is not a pre-norm block")
+                red = self._reduction_conv(layer)
+                if red is not None and (red.groups != 1 or red.kernel_size != red.stride or red.padding != (0, 0)):
+                    raise UnsupportedModelError(
+                        f"SegFormer stage {s + 1} block {j}: the key reduction is not an r×r, stride-r convolution"
+                    )
+
+    @staticmethod
+    def _reduction_conv(layer: nn.Module) -> nn.Conv2d | None:
+        red = getattr(layer.attention, "sequence_reduction", None)
+        return None if red is None else red.sequence_reduction
+
+    # -- layout --------------------------------------------------------------------------------------------------
+    def stage_grids(self, input_hw: tuple[int, int]) -> list[tuple[int, int]]:
+        """Token grid ``(h_s, w_s)`` of every stage for an input of size ``input_hw``."""
+        grids, hw = [], tuple(input_hw)
+        for stage in self.stages:
+            hw = conv_output_size(stage.patch_embeddings.proj, hw)
+            grids.append(hw)
+        return grids
+
+    def grid(self, input_hw: tuple[int, int]) -> tuple[int, int]:
+        """The finest (stage-1) token grid, where GradSkip's token maps live (``⌈H/4⌉ × ⌈W/4⌉`` for the usual
+        7×7, stride-4 stage-1 embedding)."""
+        return self.stage_grids(input_hw)[0]
+
+    def blocks(self) -> Sequence[nn.Module]:
+        return [layer for stage in self.stages for layer in stage.blocks]
+
+    def check_input(self, x: Tensor) -> None:
+        if x.shape[1] != self.in_chans:
+            raise InputError(f"model expects {self.in_chans} input channels; got a batch with {x.shape[1]}")
+        hw = tuple(x.shape[-2:])
+        for s, (stage, (gh, gw)) in enumerate(zip(self.stages, self.stage_grids(hw))):
+            if gh < 1 or gw < 1:
+                raise InputError(f"input size {hw[0]}x{hw[1]} is too small for this SegFormer (stage {s + 1} is empty)")
+            red = self._reduction_conv(stage.blocks[0]) if len(stage.blocks) else None
+            if red is not None and (gh < red.kernel_size[0] or gw < red.kernel_size[1]):
+                raise InputError(
+                    f"input size {hw[0]}x{hw[1]} is too small for this SegFormer: stage {s + 1}'s {gh}x{gw} token "
+                    f"grid holds no {red.kernel_size[0]}x{red.kernel_size[1]} key-reduction window"
+                )
+
+    # -- running -------------------------------------------------------------------------------------------------
+    def forward(self, x: Tensor) -> Tensor:
+        """Per-pixel logits ``(B, K, h, w)`` (``h, w`` = the stage-1 grid)."""
+        return _logits_of(self.model(pixel_values=x))
+
+    def _new_recording(self) -> SegformerRecording:
+        return SegformerRecording()
+
+    @contextlib.contextmanager
+    def _explicit_attention(self) -> Iterator[None]:
+        cfg = self.model.config
+        configs = {id(c): c for c in (cfg, getattr(self.model.segformer, "config", cfg))}
+        saved = {k: c._attn_implementation for k, c in configs.items()}
+        try:
+            for c in configs.values():
+                c._attn_implementation = "eager"
+            yield
+        finally:
+            for k, c in configs.items():
+                c._attn_implementation = saved[k]
+
+    def _install_capture(self, rec: SegformerRecording, hooks: list) -> None:
+        for s, stage in enumerate(self.stages):
+            srec = StageRecord()
+            rec.stages.append(srec)
+
+            def grid_hook(module, args, output, srec=srec):
+                srec.grid = (int(output[1]), int(output[2]))
+
+            hooks.append(stage.patch_embeddings.register_forward_hook(grid_hook))
+            if s > 0:
+                hooks.append(stage.patch_embeddings.proj.register_forward_hook(_conv_hook(srec, "merge")))
+            for j, layer in enumerate(stage.blocks):
+                brec = SegformerBlockRecord()
+                srec.blocks.append(brec)
+                hooks.append(layer.register_forward_pre_hook(_residual_input_hook(brec, leaf=(s == 0 and j == 0)),
+                                                              with_kwargs=True))
+
+                def h_hook(module, args, brec=brec):
+                    brec.h = args[0]
+
+                def attn_hook(module, args, output, brec=brec):
+                    probs = output[1] if isinstance(output, tuple) and len(output) > 1 else None
+                    if probs is None:
+                        raise UnsupportedModelError("SegFormer attention returned no probabilities (eager was set)")
+                    brec.attn = probs
+
+                def value_hook(module, args, output, brec=brec, heads=int(layer.attention.num_attention_heads)):
+                    b, n, d = output.shape
+                    brec.value = output.detach().reshape(b, n, heads, d // heads).permute(0, 2, 1, 3)
+
+                hooks.append(layer.layernorm_after.register_forward_pre_hook(h_hook))
+                hooks.append(layer.attention.register_forward_hook(attn_hook))
+                hooks.append(layer.attention.v_proj.register_forward_hook(value_hook))
+                red = self._reduction_conv(layer)
+                if red is not None:
+                    hooks.append(red.register_forward_hook(_conv_hook(brec, "reduction")))
+
+            def readout_hook(module, args, srec=srec):
+                view = args[0].view_as(args[0])  # its own graph node: the gradient here is the decode head's alone
+                srec.readout = view
+                return (view, *args[1:])
+
+            hooks.append(self.readouts[s].register_forward_pre_hook(readout_hook))
+
+
+def _conv_hook(record: Any, attr: str):
+    def hook(module: nn.Conv2d, args: tuple, output: Tensor) -> None:
+        setattr(record, attr, ConvRecord(conv=module, input=args[0].detach(), output=output))
+
+    return hook
+
+
+def _residual_input_hook(brec: SegformerBlockRecord, leaf: bool):
+    """Pre-hook of a block: records ``u``; for the first block of stage 1, replaces it by a leaf that requires grad."""
+
+    def hook(module: nn.Module, args: tuple, kwargs: dict):
+        key = None
+        if args:
+            u = args[0]
+        else:
+            key = "hidden_states" if "hidden_states" in kwargs else next(iter(kwargs))
+            u = kwargs[key]
+        if leaf:
+            u = u.detach().requires_grad_(True)
+        brec.u = u
+        if not leaf:
+            return None
+        if key is None:
+            return (u, *args[1:]), kwargs
+        return args, {**kwargs, key: u}
+
+    return hook
