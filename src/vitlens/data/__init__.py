@@ -11,10 +11,13 @@ from .loaders import (
     transform_label_map,
     voc_to_pixel_box,
 )
+from .digits import DIGIT_CLASS_NAMES, Digits, load_mnist5k, split_mnist5k
+from .multiscenes import MultiScenes, make_multi_scenes
 from .scenes import CLASS_NAMES, Scenes, make_scenes
 
 __all__ = [
-    "CLASS_NAMES", "Scenes", "make_scenes",
+    "CLASS_NAMES", "Scenes", "make_scenes", "MultiScenes", "make_multi_scenes",
     "ADE20K", "BLOODMNIST_CLASSES", "IMAGE_EXTENSIONS", "BloodMNIST", "ImageFolder", "ImageNetVal", "collate",
     "transform_label_map", "voc_to_pixel_box",
+    "DIGIT_CLASS_NAMES", "Digits", "load_mnist5k", "split_mnist5k",
 ]
