@@ -20,20 +20,32 @@ def _normalise(x: torch.Tensor, model: torch.nn.Module) -> torch.Tensor:
     return (x - mean) / std
 
 
+SHAPES_MODELS = ["shapes-vit", "shapes-deit", "shapes-vit-gap-reg"]
+
+
 def test_registry() -> None:
-    assert zoo.bundled_names() == ["shapes-vit"]
-    assert set(zoo.BUNDLED) == {"shapes-vit"}
+    assert set(SHAPES_MODELS) <= set(zoo.BUNDLED)
+    assert zoo.bundled_names() == sorted(zoo.BUNDLED)
 
 
-def test_architecture_and_cfg() -> None:
+@pytest.mark.parametrize("name", SHAPES_MODELS)
+def test_architecture_and_cfg(name: str) -> None:
     from timm.data import resolve_model_data_config
+    from timm.models.deit import VisionTransformerDistilled
     from timm.models.vision_transformer import VisionTransformer
 
-    m = zoo.build_shapes_vit()
+    m = zoo.BUNDLED[name].build()
     assert isinstance(m, VisionTransformer)
     assert len(m.blocks) == 6 and m.blocks[0].attn.num_heads == 6 and m.embed_dim == 192
-    assert m.patch_embed.patch_size == (8, 8) and m.num_classes == 6 and m.global_pool == "token"
-    assert m.cls_token is not None
+    assert m.patch_embed.patch_size == (8, 8) and m.num_classes == 6
+    assert isinstance(m.patch_embed.proj, zoo.ConvStem)
+    prefix = {"shapes-vit": 1, "shapes-deit": 2, "shapes-vit-gap-reg": 4}[name]
+    assert m.num_prefix_tokens == prefix
+    assert isinstance(m, VisionTransformerDistilled) == (name == "shapes-deit")
+    assert m.global_pool == ("avg" if name == "shapes-vit-gap-reg" else "token")
+    assert (m.cls_token is None) == (name == "shapes-vit-gap-reg")
+    with torch.no_grad():  # the stem maps 8x8 pixels to one token, like a patch-8 projection
+        assert m.patch_embed.proj(torch.zeros(1, 3, 64, 48)).shape == (1, 192, 8, 6)
     cfg = resolve_model_data_config(m)
     assert cfg["input_size"] == (3, 64, 64)
     assert tuple(cfg["mean"]) == tuple(m.pretrained_cfg["mean"])
@@ -42,6 +54,11 @@ def test_architecture_and_cfg() -> None:
     assert tuple(m.pretrained_cfg["label_names"]) == CLASS_NAMES
     with torch.no_grad():  # dynamic image size: other inputs are accepted
         assert m.eval()(torch.zeros(1, 3, 96, 96)).shape == (1, 6)
+
+
+@pytest.fixture(scope="module", params=SHAPES_MODELS)
+def named_model(request: pytest.FixtureRequest) -> tuple[str, torch.nn.Module]:
+    return request.param, zoo.load_bundled(request.param)
 
 
 @pytest.fixture(scope="module")
@@ -65,25 +82,29 @@ def test_loading_never_touches_the_network(monkeypatch: pytest.MonkeyPatch) -> N
     assert not zoo.load_bundled("shapes-vit").training
 
 
-def test_bundled_accuracy_on_fresh_scenes(model: torch.nn.Module) -> None:
-    s = make_scenes(n=200, seed=12345)
+def test_bundled_accuracy_on_fresh_scenes(named_model: tuple[str, torch.nn.Module]) -> None:
+    name, model = named_model
+    assert not model.training
+    s = make_scenes(n=300, seed=12345)
     with torch.inference_mode():
         pred = model(_normalise(s.images, model)).argmax(-1)
     acc = (pred == s.labels).float().mean().item()
     import json
 
-    recorded = json.loads((zoo.WEIGHTS_DIR / "shapes-vit.json").read_text())["test_accuracy"]
-    # the shipped weights perform as their model card says (200 fresh scenes: ±0.07 covers sampling noise)
-    assert acc >= recorded - 0.07, f"accuracy {acc:.3f} on fresh scenes vs {recorded:.3f} recorded"
-    assert acc > 0.5, f"accuracy {acc:.3f}: far above chance (1/6) is the least a bundled model must give"
+    recorded = json.loads((zoo.WEIGHTS_DIR / f"{name}.json").read_text())["test_accuracy"]
+    # the shipped weights perform as their model card says (300 fresh scenes: ±0.04 covers sampling noise at ≥ 95%)
+    assert acc >= recorded - 0.04, f"{name}: accuracy {acc:.3f} on fresh scenes vs {recorded:.3f} recorded"
+    assert recorded > 0.8, f"{name}: recorded test accuracy {recorded:.3f} (chance is 1/6)"
+    # the spec's targets (97% / 95% / 95%) are compared with the recorded values in docs/models.md, met or not
 
 
-def test_model_card_and_metadata() -> None:
-    card = zoo.model_card("shapes-vit")
-    assert "shapes-vit" in card and "accuracy" in card.lower() and "Gini" in card
-    meta = zoo.WEIGHTS_DIR / "shapes-vit.json"
+@pytest.mark.parametrize("name", SHAPES_MODELS)
+def test_model_card_and_metadata(name: str) -> None:
+    card = zoo.model_card(name)
+    assert name in card and "accuracy" in card.lower() and "Gini" in card
+    meta = zoo.WEIGHTS_DIR / f"{name}.json"
     assert meta.is_file()
-    assert zoo.weights_path("shapes-vit").stat().st_size < 20_000_000
+    assert zoo.weights_path(name).stat().st_size < 20_000_000
 
 
 def test_unknown_name_raises() -> None:

@@ -25,7 +25,7 @@ WEIGHTS_DIR: Path = Path(__file__).resolve().parent / "weights"
 
 #: target architecture (``model.pretrained_cfg["architecture"]``) → (shipped explainer name, command that trains it)
 SHIPPED: dict[str, tuple[str, str]] = {
-    "vit_shapes_patch8_64": (
+    "vit_shapes_convstem8_64": (
         "shapes-vit-aha",
         "vitlens train-aha --model shapes-vit --data scenes --out src/vitlens/aha/weights --name shapes-vit-aha "
         "(full command in src/vitlens/aha/weights/shapes-vit-aha.md)",

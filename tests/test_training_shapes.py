@@ -1,0 +1,59 @@
+"""The shapes training command runs end to end (a few steps on a handful of scenes) for every model it trains, and
+writes weights that load into the bundled architecture. Never asserts on accuracy or time (that is the model cards')."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("timm")
+
+from vitlens.models import zoo  # noqa: E402
+from vitlens.training import shapes  # noqa: E402
+
+
+@pytest.mark.parametrize("name", sorted(shapes.MODELS))
+def test_training_command_end_to_end(name: str, tmp_path: Path) -> None:
+    threads = torch.get_num_threads()
+    try:
+        code = shapes.main(["--model", name, "--out", str(tmp_path), "--steps", "2", "--n-train", "48",
+                            "--n-test", "24", "--batch-size", "16", "--threads", "1", "--fixed-threads",
+                            "--no-progress"])
+    finally:
+        torch.set_num_threads(threads)
+    assert code in (0, 1)  # 1 = below the accuracy target, expected after 2 steps
+    meta = json.loads((tmp_path / f"{name}.json").read_text())
+    assert meta["name"] == name and meta["steps"] == 2 and not meta["stopped_by_time_budget"]
+    assert len(meta["attention_gini"]["per_head"]) == 6
+    assert (tmp_path / f"{name}.md").read_text().startswith(f"# {name}")
+    from safetensors.torch import load_file
+
+    model = zoo.BUNDLED[name].build()
+    ref = model.state_dict()
+    model.load_state_dict({k: v.to(ref[k].dtype) for k, v in load_file(str(tmp_path / f"{name}.safetensors")).items()})
+
+
+def test_same_seed_same_weights(tmp_path: Path) -> None:
+    """Fixed steps + fixed seed: the weights do not depend on the machine's load (bit for bit on one machine)."""
+    args = ["--model", "shapes-vit", "--steps", "2", "--n-train", "32", "--n-test", "16", "--batch-size", "8",
+            "--threads", "1", "--fixed-threads", "--no-progress", "--precision", "fp32"]
+    threads = torch.get_num_threads()
+    try:
+        for sub in ("a", "b"):
+            shapes.main(args + ["--out", str(tmp_path / sub)])
+    finally:
+        torch.set_num_threads(threads)
+    from safetensors.torch import load_file
+
+    a = load_file(str(tmp_path / "a" / "shapes-vit.safetensors"))
+    b = load_file(str(tmp_path / "b" / "shapes-vit.safetensors"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert (tmp_path / "a" / "shapes-vit.safetensors").stat().st_mode & 0o044 == 0o044  # world-readable
+
+
+def test_clock_schedule_needs_a_budget() -> None:
+    with pytest.raises(SystemExit, match="--minutes"):
+        shapes.main(["--steps", "0", "--no-progress"])
