@@ -1,9 +1,19 @@
-"""Every registered method × the quality metrics on the bundled shapes ViT, through ``vitlens bench``.
+"""Every method that applies × the quality metrics, on one bundled model, through ``vitlens bench``.
 
-    python benchmarks/shapes_all_methods.py [--n 50] [--out runs/shapes-all] [--doc docs/benchmarks/shapes_all_methods.md]
+    python benchmarks/all_methods.py --model shapes-vit [--n 50] [--out runs/all-shapes-vit] [--doc PATH]
 
-Expensive perturbation methods run with reduced settings so the table finishes in minutes on 2 CPU cores; the
+Models and their data:
+
+- ``shapes-vit``, ``shapes-deit``, ``shapes-vit-gap-reg``: fresh synthetic scenes (seed 2026) — insertion/deletion,
+  pointing game + energy in the object mask, positive/negative perturbation, faithfulness violation;
+- ``digits-vit``: the held-out MNIST-5k test split — everything except the mask metrics (digits have no masks);
+- ``efficientnet_lite0``: the real photographs bundled in wheels (``photos``) — insertion/deletion and faithfulness
+  violation (only the methods that run on a CNN).
+
+Methods that need attention or tokens are skipped on models without them (the table lists what was skipped and
+why). Expensive perturbation methods run with reduced settings so a table finishes in minutes on 2 CPU cores; the
 settings are printed in the table's method names (``rise[n_masks=500]``). The run is resumable (rerun the command).
+AHA needs an explainer trained for the model and is evaluated separately (``benchmarks/aha_eval.py``).
 """
 
 from __future__ import annotations
@@ -18,6 +28,7 @@ import torch
 
 import vitlens
 from vitlens.bench import BenchConfig, run_benchmark
+from vitlens.errors import UnsupportedModelError
 
 #: reduced settings for methods whose paper settings take thousands of forwards per image
 REDUCED = {
@@ -25,39 +36,77 @@ REDUCED = {
     "tis": {"n_masks": 256},
     "integrated_gradients": {"n_steps": 16},
     "smoothgrad": {"n": 16},
+    "mda": {"n_regions": 16},
 }
 SKIP = {"aha"}  # needs a trained explainer for the model: evaluated in benchmarks/aha_eval.py
 
-METRICS = [
-    ("insertion_deletion", {"preset": "aha"}),
-    ("pointing_game", {"tolerance": 4}),
-    ("pos_neg_perturbation", {}),
-    ("faithfulness_violation", {}),
-]
+ID = ("insertion_deletion", {"preset": "aha"})
+POINTING = ("pointing_game", {"tolerance": 4})
+POSNEG = ("pos_neg_perturbation", {})
+VIOLATION = ("faithfulness_violation", {})
+
+#: model → (data spec, metrics, description of the data)
+SETUPS = {
+    "shapes-vit": ("scenes:seed=2026", [ID, POINTING, POSNEG, VIOLATION], "fresh synthetic scenes (seed 2026)"),
+    "shapes-deit": ("scenes:seed=2026", [ID, POINTING, POSNEG, VIOLATION], "fresh synthetic scenes (seed 2026)"),
+    "shapes-vit-gap-reg": ("scenes:seed=2026", [ID, POINTING, POSNEG, VIOLATION],
+                           "fresh synthetic scenes (seed 2026)"),
+    "digits-vit": ("mnist5k:split=test", [ID, POSNEG, VIOLATION], "the held-out MNIST-5k test split"),
+    "efficientnet_lite0": ("photos", [ID, VIOLATION], "the real photographs bundled in wheels"),
+}
+
+
+def applicable(model: torch.nn.Module, names: list[str]) -> tuple[list[str], dict[str, str]]:
+    """Split method names into those that run on ``model`` and those that do not (with the reason)."""
+    from vitlens.explainers.registry import get_method
+    from vitlens.models import get_adapter
+
+    ok, skipped = [], {}
+    for name in names:
+        req = get_method(name).requires
+        try:
+            get_adapter(model, require=req)
+            ok.append(name)
+        except UnsupportedModelError as exc:
+            skipped[name] = str(exc).split(";")[0]
+    return ok, skipped
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--n", type=int, default=50)
-    p.add_argument("--out", default="runs/shapes-all")
-    p.add_argument("--doc", default=None)
+    p.add_argument("--model", choices=sorted(SETUPS), default="shapes-vit")
+    p.add_argument("--n", type=int, default=50, help="images (the photos source has 7)")
+    p.add_argument("--out", default=None, help="run directory (default runs/all-<model>)")
+    p.add_argument("--doc", default=None, help="also write the table to this Markdown file")
+    p.add_argument("--methods", default=None, help="comma-separated subset of methods (default: all that apply)")
     a = p.parse_args(argv)
-    names = [m for m in vitlens.methods() if m not in SKIP]
+    data, metrics, data_text = SETUPS[a.model]
+    model = vitlens.load_model(a.model)
+    names = a.methods.split(",") if a.methods else [m for m in vitlens.methods() if m not in SKIP]
+    names, skipped = applicable(model, names)
     methods = [(m, REDUCED.get(m, {})) for m in names]
-    cfg = BenchConfig(model="shapes-vit", data="scenes:seed=2026", methods=methods, metrics=METRICS, n=a.n,
-                      batch_size=25)
+    cfg = BenchConfig(model=a.model, data=data, methods=methods, metrics=metrics, n=a.n, batch_size=25)
     t0 = time.time()
-    run_dir = run_benchmark(cfg, a.out)
+    run_dir = run_benchmark(cfg, a.out or f"runs/all-{a.model}")
     table = (Path(run_dir) / "summary.md").read_text()
-    cmd = "python benchmarks/shapes_all_methods.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    cmd = "python benchmarks/all_methods.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    metric_text = {
+        "insertion_deletion": "insertion/deletion with the `aha` preset (pixel level, 21 points, mean reference, "
+                              "probability)",
+        "pointing_game": "pointing game (4 px) and energy inside the object mask",
+        "pos_neg_perturbation": "positive/negative perturbation (Chefer)",
+        "faithfulness_violation": "faithfulness violation (top-1 patch)",
+    }
     meta = (f"\nCommand: `{cmd.strip()}` ({time.time() - t0:.0f} s; vitlens {vitlens.__version__}, torch "
-            f"{torch.__version__}, Python {platform.python_version()}, {time.strftime('%Y-%m-%d')}). Shapes ViT, "
-            f"{a.n} fresh scenes (seed 2026), predicted class. Metrics: insertion/deletion with the `aha` preset "
-            "(pixel level, 21 points, mean reference, probability), pointing game (4 px) and energy inside the object "
-            "mask, positive/negative perturbation (Chefer), faithfulness violation (top-1 patch).\n")
+            f"{torch.__version__}, Python {platform.python_version()}, {time.strftime('%Y-%m-%d')}). Model "
+            f"`{a.model}`, {min(a.n, 7) if data == 'photos' else a.n} images from {data_text}, predicted class. "
+            f"Metrics: {'; '.join(metric_text[m] for m, _ in metrics)}.\n")
+    if skipped:
+        meta += "\nNot applicable to this model: " + "; ".join(f"{k} ({v})" for k, v in sorted(skipped.items())) + ".\n"
     print(table + meta)
     if a.doc:
-        Path(a.doc).write_text("# All methods on the shapes ViT\n\n" + table + meta)
+        Path(a.doc).parent.mkdir(parents=True, exist_ok=True)
+        Path(a.doc).write_text(f"# All methods on `{a.model}`\n\n" + table + meta)
     return 0
 
 
