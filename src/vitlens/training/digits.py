@@ -46,6 +46,8 @@ import torch.nn.functional as F
 from vitlens.data.digits import DIGIT_CLASS_NAMES, load_mnist5k, split_mnist5k
 from vitlens.models.digits_zoo import DIGITS_MEAN, DIGITS_STD, build_digits_vit
 from vitlens.models.zoo import BUNDLED, WEIGHTS_DIR
+from vitlens.training.common import attention_gini as _attention_gini
+from vitlens.training.common import cpu_has_bf16, cpu_name, fmt_time, param_groups
 
 __all__ = ["main", "attention_gini", "random_affine"]
 
@@ -111,16 +113,6 @@ def random_affine(x: torch.Tensor, g: torch.Generator, rotate: float, scale: flo
     return F.grid_sample(x, grid, mode="bilinear", padding_mode="zeros", align_corners=False)
 
 
-def _param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
-    decay, no_decay = [], []
-    for n, p in model.named_parameters():
-        if p.ndim <= 1 or n.endswith(".bias") or n in {"pos_embed", "cls_token"}:
-            no_decay.append(p)
-        else:
-            decay.append(p)
-    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-
-
 def _lr_factor(step: int, steps: int, warmup_frac: float, min_frac: float) -> float:
     """Linear warm-up to 1 over the first ``warmup_frac`` of the steps, then cosine decay to ``min_frac``."""
     warm = max(int(round(warmup_frac * steps)), 0)
@@ -137,61 +129,10 @@ def _predict(model: torch.nn.Module, images: torch.Tensor, batch: int = 500) -> 
     return torch.cat([model(_normalise(images[i : i + batch])).argmax(-1) for i in range(0, len(images), batch)])
 
 
-def _gini(p: torch.Tensor) -> torch.Tensor:
-    """Gini coefficient along the last dim of non-negative ``(..., n)``: 0 = uniform, (n-1)/n = one-hot."""
-    n = p.shape[-1]
-    s, _ = torch.sort(p, dim=-1)
-    i = torch.arange(1, n + 1, dtype=p.dtype)
-    return 2.0 * (s * i).sum(-1) / (n * s.sum(-1).clamp_min(1e-12)) - (n + 1.0) / n
-
-
 def attention_gini(model: torch.nn.Module, images: torch.Tensor, batch: int = 250) -> np.ndarray:
-    """Per-layer, per-head Gini sparsity of the attention rows, averaged over rows and images.
-
-    The attention probabilities are captured through the model's vitlens adapter (:func:`vitlens.models.get_adapter`),
-    which restores the model when done.
-
-    Args:
-        model: a model with a vitlens adapter that captures attention (here the timm ``digits-vit``).
-        images: raw ``(N, 3, H, W)`` images in [0, 1] (normalised here with the digits mean/std).
-
-    Returns:
-        ``(depth, heads)`` float64 array.
-    """
-    from vitlens.models import get_adapter
-
-    adapter = get_adapter(model, require="attention")
-    total: torch.Tensor | None = None
-    for i in range(0, len(images), batch):
-        with adapter.session() as rec:
-            adapter.forward(_normalise(images[i : i + batch]))
-            g = torch.stack([_gini(b.attn.detach().float()).mean(-1).sum(0) for b in rec.blocks])  # (depth, heads)
-        total = g if total is None else total + g
-    assert total is not None
-    return (total / len(images)).double().numpy()
-
-
-def _cpu_has_bf16() -> bool:
-    """Whether the CPU has native bf16 matrix instructions (AMX-BF16 or AVX512-BF16)."""
-    try:
-        flags = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return False
-    return "amx_bf16" in flags or "avx512_bf16" in flags
-
-
-def _cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
-def _fmt_time(s: float) -> str:
-    return f"{int(s // 60)} min {s % 60:04.1f} s"
+    """Per-layer, per-head Gini sparsity of attention on raw digits ``(N, 3, 28, 28)`` in [0, 1], ``(depth, heads)``
+    (:func:`vitlens.training.common.attention_gini` with the digits normalisation)."""
+    return _attention_gini(model, images, _normalise, batch)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -221,9 +162,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     # ---- model / optimiser ------------------------------------------------------------------------------------------
     model = build_digits_vit()
     n_params = sum(p.numel() for p in model.parameters())
-    opt = torch.optim.AdamW(_param_groups(model, args.weight_decay), lr=args.lr, betas=(0.9, 0.999))
+    opt = torch.optim.AdamW(param_groups(model, args.weight_decay), lr=args.lr, betas=(0.9, 0.999))
     g = torch.Generator().manual_seed(args.seed)
-    use_bf16 = args.precision == "bf16" or (args.precision == "auto" and _cpu_has_bf16())
+    use_bf16 = args.precision == "bf16" or (args.precision == "auto" and cpu_has_bf16())
     log(f"training {args.steps} steps of batch {args.batch_size} in {'bf16 autocast' if use_bf16 else 'fp32'} "
         f"on {args.threads} threads")
 
@@ -350,7 +291,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "weights_dtype": "float16",
         "weights_bytes": len(data),
         "weights_sha256": hashlib.sha256(data).hexdigest(),
-        "cpu": _cpu_name(),
+        "cpu": cpu_name(),
         "torch_version": torch.__version__,
         "timm_version": _timm.__version__,
         "numpy_version": np.__version__,
@@ -416,10 +357,10 @@ def _write_card(path: Path, meta: dict, gini_lh: np.ndarray) -> None:
         f"- augmentation: random affine per image — rotation ±{aug['rotate_deg']:g}°, scale 1 ± {aug['scale']:g}, "
         f"shift ±{aug['shift_px']:g} px per axis (bilinear, black fill); no flips",
         f"- compute: {meta['precision']} (explicit attention during training), evaluation in fp32",
-        f"- training time (measured): {_fmt_time(meta['training_time_s'])} of training, "
-        f"{_fmt_time(meta['total_time_s'])} for the whole command, on {meta['threads']} CPU threads "
+        f"- training time (measured): {fmt_time(meta['training_time_s'])} of training, "
+        f"{fmt_time(meta['total_time_s'])} for the whole command, on {meta['threads']} CPU threads "
         f"({meta['cpu']}; a machine shared with other jobs); CPU time of the training loop "
-        f"{_fmt_time(meta['training_cpu_s'])} (summed over threads; less sensitive to other jobs than wall time)",
+        f"{fmt_time(meta['training_cpu_s'])} (summed over threads; less sensitive to other jobs than wall time)",
         f"- torch {meta['torch_version']}, timm {meta['timm_version']}, numpy {meta['numpy_version']}; "
         f"date {meta['date']}",
         f"- weights stored as {meta['weights_dtype']} safetensors ({meta['weights_bytes'] / 1e6:.1f} MB, "

@@ -46,6 +46,8 @@ import torch.nn.functional as F
 
 from vitlens.data.scenes import CLASS_NAMES, make_scenes
 from vitlens.models.zoo import BUNDLED, SHAPES_MEAN, SHAPES_STD, WEIGHTS_DIR
+from vitlens.training.common import attention_gini as _attention_gini
+from vitlens.training.common import cpu_has_bf16, cpu_name, fmt_time, gini, param_groups
 
 __all__ = ["main", "attention_gini", "gini", "MODELS"]
 
@@ -264,16 +266,6 @@ def _median(xs: list[float]) -> float:
     return float(np.median(xs))
 
 
-def _param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
-    decay, no_decay = [], []
-    for n, p in model.named_parameters():
-        if p.ndim <= 1 or n.endswith(".bias") or n in {"pos_embed", "cls_token"}:
-            no_decay.append(p)
-        else:
-            decay.append(p)
-    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-
-
 def _lr_factor(progress: float, warmup: float, min_frac: float) -> float:
     """Linear warm-up to 1 over ``warmup`` (fraction of training), then cosine decay to ``min_frac``."""
     progress = min(max(progress, 0.0), 1.0)
@@ -291,57 +283,10 @@ def _predict(model: torch.nn.Module, images: torch.Tensor, batch: int = 500) -> 
     return torch.cat(out)
 
 
-def gini(p: torch.Tensor) -> torch.Tensor:
-    """Gini coefficient along the last dim of non-negative ``(..., n)``: 0 = uniform, (n-1)/n = one-hot.
-
-    For ``p`` sorted ascending, ``G = 2 * sum_i i * p_(i) / (n * sum p) - (n + 1) / n`` with ``i = 1..n``.
-    """
-    n = p.shape[-1]
-    s, _ = torch.sort(p, dim=-1)
-    i = torch.arange(1, n + 1, dtype=p.dtype, device=p.device)
-    return 2.0 * (s * i).sum(-1) / (n * s.sum(-1).clamp_min(1e-12)) - (n + 1.0) / n
-
-
-@torch.inference_mode()
 def attention_gini(model: torch.nn.Module, images: torch.Tensor, batch: int = 250) -> np.ndarray:
-    """Per-layer, per-head Gini sparsity of the attention rows, averaged over rows and images.
-
-    Args:
-        model: a timm ``VisionTransformer`` (``model.blocks[l].attn``).
-        images: raw ``(N, 3, H, W)`` images in [0, 1].
-
-    Returns:
-        ``(depth, heads)`` float64 array.
-    """
-    model.eval()
-    blocks = list(model.blocks)
-    sums: list[torch.Tensor | None] = [None] * len(blocks)
-    saved = [blk.attn.fused_attn for blk in blocks]
-    hooks = []
-
-    def make_hook(layer: int):
-        def hook(_mod, _inp, out):  # out: (B, heads, N, N) attention probabilities
-            g = gini(out.float()).mean(-1).sum(0)  # (heads,) summed over images
-            sums[layer] = g if sums[layer] is None else sums[layer] + g
-
-        return hook
-
-    try:
-        for li, blk in enumerate(blocks):
-            blk.attn.fused_attn = False
-            hooks.append(blk.attn.attn_drop.register_forward_hook(make_hook(li)))
-        for i in range(0, len(images), batch):
-            model(_normalise(images[i : i + batch]))
-    finally:
-        for h in hooks:
-            h.remove()
-        for blk, f in zip(blocks, saved):
-            blk.attn.fused_attn = f
-    return torch.stack([s / len(images) for s in sums]).double().numpy()  # type: ignore[misc]
-
-
-def _fmt_time(s: float) -> str:
-    return f"{int(s // 60)} min {s % 60:04.1f} s"
+    """Per-layer, per-head Gini sparsity of attention on raw scenes ``(N, 3, H, W)`` in [0, 1], ``(depth, heads)``
+    (:func:`vitlens.training.common.attention_gini` with the shapes normalisation)."""
+    return _attention_gini(model, images, _normalise, batch)
 
 
 def _write_card(path: Path, meta: dict, gini_lh: np.ndarray) -> None:
@@ -388,8 +333,8 @@ def _write_card(path: Path, meta: dict, gini_lh: np.ndarray) -> None:
         + (f"; DIST head trained on the hard predictions of `{meta['teacher']}`" if meta.get("teacher") else ""),
         f"- steps: {meta['steps']} ({meta['epochs']:.2f} epochs); reproduce exactly with "
         f"`--steps {meta['steps']}`",
-        f"- training time (measured): {_fmt_time(meta['training_time_s'])} of training, "
-        f"{_fmt_time(meta['total_time_s'])} for the whole command, on {meta['threads']} CPU threads "
+        f"- training time (measured): {fmt_time(meta['training_time_s'])} of training, "
+        f"{fmt_time(meta['total_time_s'])} for the whole command, on {meta['threads']} CPU threads "
         f"({meta['cpu']})",
         f"- torch {meta['torch_version']}, timm {meta['timm_version']}, numpy {meta['numpy_version']}; "
         f"date {meta['date']}",
@@ -484,7 +429,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     aux_head = torch.nn.Linear(model.embed_dim, len(CLASS_NAMES) + 1)
     pix_head = torch.nn.Linear(model.embed_dim, 64)
     aux_params = list(aux_head.parameters()) + list(pix_head.parameters())
-    groups = _param_groups(model, args.weight_decay)
+    groups = param_groups(model, args.weight_decay)
     groups[0]["params"] += [aux_head.weight, pix_head.weight]
     groups[1]["params"] += [aux_head.bias, pix_head.bias]
     opt = torch.optim.AdamW(groups, lr=args.lr, betas=(0.9, 0.999))
@@ -505,7 +450,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     else:
         bar = tqdm(total=round(train_budget), disable=args.no_progress, unit="s", dynamic_ncols=True,
                    mininterval=2.0, bar_format="{l_bar}{bar}| {n:.0f}/{total:.0f} s [{elapsed}<{remaining}{postfix}]")
-    use_bf16 = args.precision == "bf16" or (args.precision == "auto" and _cpu_has_bf16())
+    use_bf16 = args.precision == "bf16" or (args.precision == "auto" and cpu_has_bf16())
     # explicit attention (softmax(q k^T) v) trains faster on CPU than the fused kernel, much faster in bf16
     fused = [blk.attn.fused_attn for blk in model.blocks]
     for blk in model.blocks:
@@ -686,7 +631,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "train_command": BUNDLED[name].train_command,
     }
-    meta["cpu"] = _cpu_name() or meta["cpu"]
+    meta["cpu"] = cpu_name()
     (out / f"{name}.json").write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
     _write_card(out / f"{name}.md", meta, gini_lh)
 
@@ -696,26 +641,3 @@ def main(argv: Sequence[str] | None = None) -> int:
         log(f"layer {li}: head Gini min {r.min():.3f} mean {r.mean():.3f} max {r.max():.3f}")
     log(f"wrote {w_path}, {name}.json, {name}.md to {out} (total {total_time:.1f} s)")
     return 0 if test_acc >= target_acc else 1
-
-
-def _cpu_has_bf16() -> bool:
-    """Whether the CPU has native bf16 matrix instructions (AMX-BF16 or AVX512-BF16)."""
-    try:
-        flags = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return False
-    return "amx_bf16" in flags or "avx512_bf16" in flags
-
-
-def _cpu_name() -> str | None:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return None
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
