@@ -220,9 +220,6 @@ BUNDLED: dict[str, BundledModel] = {
         input_size=(3, 28, 28),
         class_names=DIGIT_CLASS_NAMES,
     ),
-        input_size=(3, 64, 64),
-        class_names=SEGFORMER_LABELS,
-    ),
 }
 
 
