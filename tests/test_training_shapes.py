@@ -57,3 +57,13 @@ def test_same_seed_same_weights(tmp_path: Path) -> None:
 def test_clock_schedule_needs_a_budget() -> None:
     with pytest.raises(SystemExit, match="--minutes"):
         shapes.main(["--steps", "0", "--no-progress"])
+
+
+def test_module_is_runnable() -> None:
+    """``python -m vitlens.training.shapes`` (the command in the model cards) runs the CLI."""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", "vitlens.training.shapes", "--help"], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0 and "--model" in out.stdout

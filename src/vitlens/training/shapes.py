@@ -641,3 +641,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         log(f"layer {li}: head Gini min {r.min():.3f} mean {r.mean():.3f} max {r.max():.3f}")
     log(f"wrote {w_path}, {name}.json, {name}.md to {out} (total {total_time:.1f} s)")
     return 0 if test_acc >= target_acc else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
