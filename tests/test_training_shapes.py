@@ -20,7 +20,7 @@ def test_training_command_end_to_end(name: str, tmp_path: Path) -> None:
     threads = torch.get_num_threads()
     try:
         code = shapes.main(["--model", name, "--out", str(tmp_path), "--steps", "2", "--n-train", "48",
-                            "--n-test", "24", "--batch-size", "16", "--threads", "1", "--fixed-threads",
+                            "--n-test", "24", "--batch-size", "16", "--threads", "1",
                             "--no-progress"])
     finally:
         torch.set_num_threads(threads)
@@ -39,7 +39,7 @@ def test_training_command_end_to_end(name: str, tmp_path: Path) -> None:
 def test_same_seed_same_weights(tmp_path: Path) -> None:
     """Fixed steps + fixed seed: the weights do not depend on the machine's load (bit for bit on one machine)."""
     args = ["--model", "shapes-vit", "--steps", "2", "--n-train", "32", "--n-test", "16", "--batch-size", "8",
-            "--threads", "1", "--fixed-threads", "--no-progress", "--precision", "fp32"]
+            "--threads", "1", "--no-progress", "--precision", "fp32"]
     threads = torch.get_num_threads()
     try:
         for sub in ("a", "b"):
@@ -67,3 +67,15 @@ def test_module_is_runnable() -> None:
     out = subprocess.run([sys.executable, "-m", "vitlens.training.shapes", "--help"], capture_output=True, text=True,
                          timeout=120)
     assert out.returncode == 0 and "--model" in out.stdout
+
+
+def test_parallel_scene_generation_is_identical() -> None:
+    """The training command generates its scenes in several processes; the data must equal the serial call's."""
+    from vitlens.data import make_scenes
+    from vitlens.training.common import make_scenes_parallel
+
+    a = make_scenes_parallel(30, seed=3, workers=2, min_n=0)
+    b = make_scenes(30, seed=3)
+    for k in ("images", "labels", "masks", "boxes", "indices"):
+        assert torch.equal(getattr(a, k), getattr(b, k)), k
+    assert a.seed == b.seed == 3

@@ -35,6 +35,7 @@ from vitlens.data.digits import DIGIT_CLASS_NAMES
 from vitlens.data.scenes import CLASS_NAMES
 from vitlens.errors import UnsupportedModelError, WeightsUnavailableError
 from vitlens.models.digits_zoo import build_digits_vit
+from vitlens.models.segformer_zoo import SEGFORMER_LABELS, build_shapes_segformer
 
 __all__ = [
     "BUNDLED",
@@ -219,6 +220,17 @@ BUNDLED: dict[str, BundledModel] = {
         ),
         input_size=(3, 28, 28),
         class_names=DIGIT_CLASS_NAMES,
+    ),
+    "shapes-segformer": BundledModel(
+        name="shapes-segformer",
+        build=build_shapes_segformer,  # architecture, normalisation, 1/4-resolution logits: models/segformer_zoo.py
+        train_command="python -m vitlens.training.segformer --out src/vitlens/models/weights",
+        description=(
+            "HF SegFormer (4 stages, widths 32/64/128/160, 2 blocks each) trained on 64x64 multi-object scenes, "
+            "7 labels (background + 6 classes), logits at 1/4 of the input size"
+        ),
+        input_size=(3, 64, 64),
+        class_names=SEGFORMER_LABELS,
     ),
 }
 

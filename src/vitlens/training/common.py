@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+import os
 import platform
 from pathlib import Path
 from typing import Callable
@@ -9,7 +11,19 @@ from typing import Callable
 import numpy as np
 import torch
 
-__all__ = ["attention_gini", "cpu_has_bf16", "cpu_name", "fmt_time", "gini", "param_groups"]
+__all__ = [
+    "attention_gini",
+    "cpu_has_bf16",
+    "cpu_name",
+    "describe_load",
+    "dihedral",
+    "fmt_time",
+    "gini",
+    "load_average",
+    "lr_factor",
+    "make_scenes_parallel",
+    "param_groups",
+]
 
 
 def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
@@ -83,3 +97,82 @@ def cpu_name() -> str:
 
 def fmt_time(s: float) -> str:
     return f"{int(s // 60)} min {s % 60:04.1f} s"
+
+
+def _scenes_chunk(n: int, seed: int, start: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    from vitlens.data.scenes import make_scenes
+
+    s = make_scenes(n, seed=seed, start=start)
+    return s.images.numpy(), s.labels.numpy(), s.masks.numpy(), s.boxes.numpy()
+
+
+def make_scenes_parallel(n: int, seed: int, workers: int = 2, min_n: int = 2000):  # -> vitlens.data.scenes.Scenes
+    """``make_scenes(n, seed=seed)`` generated in ``workers`` processes; the result is identical to the serial call.
+
+    Every scene depends only on ``(seed, index)``, so the index range is split into contiguous chunks, each generated
+    by its own process (``spawn``: the children never inherit the parent's OpenMP state) and concatenated in order.
+    ``workers <= 1`` or ``n < min_n`` (where starting processes costs more than it saves) generate in this process.
+    """
+    import concurrent.futures as cf
+    import multiprocessing as mp
+
+    from vitlens.data.scenes import Scenes, make_scenes
+
+    if workers <= 1 or n < min_n:
+        return make_scenes(n, seed=seed)
+    bounds = np.linspace(0, n, workers + 1).round().astype(int)
+    with cf.ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("spawn")) as pool:
+        futures = [pool.submit(_scenes_chunk, int(b - a), seed, int(a)) for a, b in zip(bounds[:-1], bounds[1:])]
+        parts = [f.result() for f in futures]
+    images, labels, masks, boxes = (torch.from_numpy(np.concatenate(p)) for p in zip(*parts))
+    return Scenes(images=images, labels=labels, masks=masks, boxes=boxes,
+                  indices=torch.arange(n, dtype=torch.int64), seed=seed)
+
+
+def dihedral(x: torch.Tensor, f: torch.Tensor) -> torch.Tensor:
+    """Apply per-sample flips/transposition (an element of the dihedral group D4) to ``(B, ..., H, W)``.
+
+    ``f`` is a ``(B, 3)`` bool tensor: horizontal flip, vertical flip, transpose (in that order).
+    """
+    shape = (-1,) + (1,) * (x.ndim - 1)
+    x = torch.where(f[:, 0].view(shape), x.flip(-1), x)
+    x = torch.where(f[:, 1].view(shape), x.flip(-2), x)
+    return torch.where(f[:, 2].view(shape), x.transpose(-1, -2), x)
+
+
+def lr_factor(progress: float, warmup: float, min_frac: float) -> float:
+    """Linear warm-up to 1 over the first ``warmup`` (fraction of training), then cosine decay to ``min_frac``."""
+    progress = min(max(progress, 0.0), 1.0)
+    if warmup > 0 and progress < warmup:
+        return progress / warmup
+    t = (progress - warmup) / max(1.0 - warmup, 1e-8)
+    return min_frac + (1.0 - min_frac) * 0.5 * (1.0 + math.cos(math.pi * t))
+
+
+def load_average() -> float | None:
+    """The 1-minute load average, or ``None`` where the OS does not report one."""
+    try:
+        return float(os.getloadavg()[0])
+    except (AttributeError, OSError):
+        return None
+
+
+def describe_load(loads: list[float | None], threads: int, training_time: float, cpu_time: float) -> tuple[dict, str]:
+    """Summarise the load averages sampled during training: ``(record for the JSON, sentence for the model card)``.
+
+    A training time is only comparable with the budget when nothing else ran; the sentence says whether that held.
+    """
+    vals = [v for v in loads if v is not None]
+    load = {"min": min(vals) if vals else None, "max": max(vals) if vals else None, "samples": vals}
+    cores = os.cpu_count() or 1
+    share = cpu_time / max(training_time, 1e-9)
+    if load["max"] is not None and load["max"] > cores + 0.5:
+        text = (f"The machine was **shared with other jobs** during training (1-minute load average "
+                f"{load['min']:.1f}–{load['max']:.1f} on {cores} cores; the process got {share:.2f} CPU-seconds per "
+                f"second on {threads} thread(s)), so the time above is longer than on an idle machine.")
+    elif load["max"] is not None and load["max"] > threads + 0.5:
+        text = (f"Other jobs ran at the same time (1-minute load average {load['min']:.1f}–{load['max']:.1f} on "
+                f"{cores} cores, not oversubscribed; the process got {share:.2f} CPU-seconds per second).")
+    else:
+        text = "The machine was otherwise idle during training."
+    return load, text

@@ -17,7 +17,11 @@ What it does (all on CPU, ``torch.set_num_threads(2)`` by default):
    decayed to 0; the auxiliary head is not shipped). Where the CPU has native bf16 (AMX), the forward/backward run
    under bf16 autocast with float32 master weights (2.2× faster than float32 on this project's machine); evaluation
    is float32. ``shapes-deit`` additionally learns, in its DIST head, the hard predictions of a teacher
-   (``--teacher``, default the bundled ``shapes-vit``), as DeiT does.
+   (``--teacher``, default the bundled ``shapes-vit``), as DeiT does; they are computed once per (un-augmented)
+   training image before training. The intra-op thread count is fixed (``--threads``, default 2), so the same command
+   gives the same weights bit for bit on the same CPU and torch version whatever else runs on the machine
+   (``--adaptive-threads`` trades that for speed on a contended machine). The training scenes are generated in
+   ``--threads`` processes (identical to a serial call).
 3. ``--minutes`` optionally caps the wall clock (training stops early and the JSON says so); ``--steps 0 --minutes
    M`` makes the schedule follow the clock instead.
 4. Writes ``<name>.safetensors`` (float16 state dict, ~5 MB), ``<name>.json`` (metadata) and ``<name>.md`` (model
@@ -47,7 +51,18 @@ import torch.nn.functional as F
 from vitlens.data.scenes import CLASS_NAMES, make_scenes
 from vitlens.models.zoo import BUNDLED, SHAPES_MEAN, SHAPES_STD, WEIGHTS_DIR
 from vitlens.training.common import attention_gini as _attention_gini
-from vitlens.training.common import cpu_has_bf16, cpu_name, fmt_time, gini, param_groups
+from vitlens.training.common import (
+    cpu_has_bf16,
+    cpu_name,
+    describe_load,
+    dihedral,
+    fmt_time,
+    gini,
+    load_average,
+    lr_factor,
+    make_scenes_parallel,
+    param_groups,
+)
 
 __all__ = ["main", "attention_gini", "gini", "MODELS"]
 
@@ -69,14 +84,14 @@ MODELS: dict[str, tuple[str, float, int]] = {
         "dim 192, 6 blocks × 6 heads) with two prefix tokens, CLS and DIST, and two heads; in eval mode the logits "
         "are the mean of the CLS and DIST heads. Trained with hard-label distillation from the bundled shapes-vit",
         0.95,
-        1000,
+        1500,
     ),
     "shapes-vit-gap-reg": (
         "timm `VisionTransformer` without a CLS token, with 4 register tokens and global-average-pool readout over "
         "the 64 patch tokens (`global_pool='avg'`, norm after pooling); otherwise as shapes-vit (same stem, dim 192, "
         "6 blocks × 6 heads)",
         0.95,
-        1000,
+        1500,
     ),
 }
 
@@ -99,7 +114,7 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
                    help="optional wall-clock budget of the whole command: stop training early (the JSON says so) "
                         "when it would run out; with --steps 0 the schedule follows the clock instead")
     p.add_argument("--n-train", type=int, default=24_000, help="training images (default 24000)")
-    p.add_argument("--n-test", type=int, default=3_000, help="held-out test images (default 3000)")
+    p.add_argument("--n-test", type=int, default=2_000, help="held-out test images (default 2000)")
     p.add_argument("--batch-size", type=int, default=128)
     p.add_argument("--lr", type=float, default=1e-3, help="peak learning rate")
     p.add_argument("--min-lr-frac", type=float, default=0.01, help="final learning rate as a fraction of the peak")
@@ -110,8 +125,10 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
                    help="training compute precision: bf16 autocast (fp32 master weights) where the CPU has native "
                         "bf16 (AMX/AVX512-BF16), else fp32 (default: auto). Evaluation is always fp32.")
     p.add_argument("--threads", type=int, default=2, help="intra-op threads (default 2)")
-    p.add_argument("--fixed-threads", action="store_true",
-                   help="never fall back to 1 thread when the CPU is contended (default: probe and pick the faster)")
+    p.add_argument("--adaptive-threads", action="store_true",
+                   help="on a contended machine: periodically probe 1 thread and keep the faster setting (the weights "
+                        "then depend on the machine's load; default: the fixed --threads, reproducible bit for bit)")
+    p.add_argument("--fixed-threads", action="store_true", help=argparse.SUPPRESS)  # the default since 2026-11-29
     p.add_argument("--aux-weight", type=float, default=1.0,
                    help="weight of the auxiliary per-token label loss from the masks (training only; 0 = off; "
                         "default 1)")
@@ -139,18 +156,6 @@ def _normalise(x: torch.Tensor) -> torch.Tensor:
     mean = torch.tensor(SHAPES_MEAN, dtype=x.dtype).view(1, 3, 1, 1)
     std = torch.tensor(SHAPES_STD, dtype=x.dtype).view(1, 3, 1, 1)
     return (x - mean) / std
-
-
-def _dihedral(x: torch.Tensor, f: torch.Tensor) -> torch.Tensor:
-    """Apply per-sample flips/transposition (an element of the dihedral group D4) to ``(B, ..., H, W)``.
-
-    ``f`` is a ``(B, 3)`` bool tensor: horizontal flip, vertical flip, transpose.
-    """
-    shape = (-1,) + (1,) * (x.ndim - 1)
-    x = torch.where(f[:, 0].view(shape), x.flip(-1), x)
-    x = torch.where(f[:, 1].view(shape), x.flip(-2), x)
-    x = torch.where(f[:, 2].view(shape), x.transpose(-1, -2), x)
-    return x
 
 
 def _aux_targets(masks: torch.Tensor, labels: torch.Tensor, patch: int, num_classes: int
@@ -266,15 +271,6 @@ def _median(xs: list[float]) -> float:
     return float(np.median(xs))
 
 
-def _lr_factor(progress: float, warmup: float, min_frac: float) -> float:
-    """Linear warm-up to 1 over ``warmup`` (fraction of training), then cosine decay to ``min_frac``."""
-    progress = min(max(progress, 0.0), 1.0)
-    if warmup > 0 and progress < warmup:
-        return progress / warmup
-    t = (progress - warmup) / max(1.0 - warmup, 1e-8)
-    return min_frac + (1.0 - min_frac) * 0.5 * (1.0 + math.cos(math.pi * t))
-
-
 @torch.inference_mode()
 def _predict(model: torch.nn.Module, images: torch.Tensor, batch: int = 500) -> torch.Tensor:
     """Predicted labels ``(N,)`` for raw ``(N, 3, H, W)`` images in [0, 1]."""
@@ -330,12 +326,13 @@ def _write_card(path: Path, meta: dict, gini_lh: np.ndarray) -> None:
         f"- {meta.get('init', 'timm')} attention initialisation; auxiliary per-token loss from the object masks "
         f"(weight {meta.get('aux_weight', 0.0)}{', decayed linearly to 0' if meta.get('aux_decay') else ''}; training "
         f"only, its head is not shipped); compute precision {meta.get('precision', 'fp32')} (float32 master weights)"
-        + (f"; DIST head trained on the hard predictions of `{meta['teacher']}`" if meta.get("teacher") else ""),
+        + (f"; DIST head trained on the hard predictions of `{meta['teacher']}` (computed once per training image)"
+           if meta.get("teacher") else ""),
         f"- steps: {meta['steps']} ({meta['epochs']:.2f} epochs); reproduce exactly with "
         f"`--steps {meta['steps']}`",
         f"- training time (measured): {fmt_time(meta['training_time_s'])} of training, "
         f"{fmt_time(meta['total_time_s'])} for the whole command, on {meta['threads']} CPU threads "
-        f"({meta['cpu']})",
+        f"({meta['cpu']}). " + meta.get("load_note", ""),
         f"- torch {meta['torch_version']}, timm {meta['timm_version']}, numpy {meta['numpy_version']}; "
         f"date {meta['date']}",
         f"- weights stored as {meta['weights_dtype']} safetensors ({meta['weights_bytes'] / 1e6:.1f} MB, "
@@ -356,8 +353,8 @@ def _write_card(path: Path, meta: dict, gini_lh: np.ndarray) -> None:
         "## Attention heads",
         "",
         "Gini sparsity of the attention rows (0 = uniform attention over the 65 tokens, 64/65 ≈ 0.985 = attention "
-        "on a single token), averaged over all rows and all test images, per head; min / mean / max over the 6 heads "
-        "of each layer. A wide spread means the heads of a layer are heterogeneous.",
+        "on a single token), averaged over all rows and the first 500 test images, per head; min / mean / max over "
+        "the 6 heads of each layer. A wide spread means the heads of a layer are heterogeneous.",
         "",
         "| layer | min | mean | max | spread (max − min) |",
         "|---|---|---|---|---|",
@@ -402,7 +399,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     # ---- data ---------------------------------------------------------------------------------------------------
     log(f"generating {args.n_train} training scenes (seed {train_seed}) and {args.n_test} test scenes "
         f"(seed {test_seed}) ...")
-    train = make_scenes(args.n_train, seed=train_seed)
+    train = make_scenes_parallel(args.n_train, seed=train_seed, workers=args.threads)  # same scenes, both cores
     test = make_scenes(args.n_test, seed=test_seed)
     x_train, y_train = train.images, train.labels
     m_train = train.masks
@@ -432,7 +429,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     groups = param_groups(model, args.weight_decay)
     groups[0]["params"] += [aux_head.weight, pix_head.weight]
     groups[1]["params"] += [aux_head.bias, pix_head.bias]
-    opt = torch.optim.AdamW(groups, lr=args.lr, betas=(0.9, 0.999))
+    opt = torch.optim.AdamW(groups, lr=args.lr, betas=(0.9, 0.999), fused=True)  # fused: one kernel, not a loop
     g = torch.Generator().manual_seed(args.seed)
 
     n, bs = len(x_train), args.batch_size
@@ -444,19 +441,30 @@ def main(argv: Sequence[str] | None = None) -> int:
     step = 0
     time_limited = False
     loss_ema = acc_ema = None
-    threads = _ThreadChooser(args.threads, adaptive=not args.fixed_threads)
+    threads = _ThreadChooser(args.threads, adaptive=args.adaptive_threads and not args.fixed_threads)
     if by_steps:
         bar = tqdm(total=args.steps, disable=args.no_progress, unit="step", dynamic_ncols=True, mininterval=2.0)
     else:
         bar = tqdm(total=round(train_budget), disable=args.no_progress, unit="s", dynamic_ncols=True,
                    mininterval=2.0, bar_format="{l_bar}{bar}| {n:.0f}/{total:.0f} s [{elapsed}<{remaining}{postfix}]")
     use_bf16 = args.precision == "bf16" or (args.precision == "auto" and cpu_has_bf16())
+    teacher_pred = None
+    if teacher is not None:
+        # The teacher's hard predictions, once per training image rather than per augmented batch: the dihedral
+        # transforms never change a scene's class, and one pass over the 24,000 images replaces a teacher forward in
+        # every step (1,500 steps x 128 = 192,000 images).
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=use_bf16):
+            teacher_pred = _predict(teacher, x_train)
+        agree = (teacher_pred == y_train).float().mean().item()
+        log(f"teacher predictions on the training set ready ({agree:.2%} agree with the labels)")
     # explicit attention (softmax(q k^T) v) trains faster on CPU than the fused kernel, much faster in bf16
     fused = [blk.attn.fused_attn for blk in model.blocks]
     for blk in model.blocks:
         blk.attn.fused_attn = False
     log(f"training in {'bf16 autocast' if use_bf16 else 'fp32'}")
     model.train()
+    loads = [load_average()]
+    cpu0 = time.process_time()
     while True:
         now = time.perf_counter()
         elapsed = now - t_train0
@@ -473,7 +481,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 break
         if args.stop_after is not None and step >= args.stop_after:
             break
-        lr = args.lr * _lr_factor(progress, args.warmup_frac, args.min_lr_frac)
+        lr = args.lr * lr_factor(progress, args.warmup_frac, args.min_lr_frac)
         for grp in opt.param_groups:
             grp["lr"] = lr
 
@@ -485,8 +493,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         t_step = threads.start(step)
         flips = torch.randint(0, 2, (len(idx), 3), generator=g).bool()
         xb, mb = x_train[idx], m_train[idx]
-        xb = _dihedral(xb, flips)
-        mb = _dihedral(mb, flips).float()[:, None]  # (B, 1, H, W)
+        xb = dihedral(xb, flips)
+        mb = dihedral(mb, flips).float()[:, None]  # (B, 1, H, W)
         if progress < args.lowres_frac:  # cheap low-resolution phase (fewer tokens)
             xb = F.interpolate(xb, size=args.lowres_size, mode="bilinear", antialias=True, align_corners=False)
             mb = F.interpolate(mb, size=args.lowres_size, mode="area")
@@ -495,10 +503,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=use_bf16):
             feats = model.forward_features(xb)  # (B, 1 + T, D), final norm applied
             logits = model.forward_head(feats)
-            if teacher is not None:
-                with torch.no_grad():
-                    y_teacher = teacher(xb).argmax(-1)
         if teacher is not None:  # DeiT hard distillation: CLS head ← labels, DIST head ← teacher predictions
+            y_teacher = teacher_pred[idx]
             logits, logits_dist = logits[0].float(), logits[1].float()
             loss = 0.5 * F.cross_entropy(logits, yb, label_smoothing=args.label_smoothing) + 0.5 * F.cross_entropy(
                 logits_dist, y_teacher)
@@ -519,10 +525,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                 loss = loss + pix_w * F.binary_cross_entropy_with_logits(pix_head(tokens), pix_t)
         opt.zero_grad(set_to_none=True)
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(list(model.parameters()) + aux_params, 1.0)
+        torch.nn.utils.clip_grad_norm_(list(model.parameters()) + aux_params, 1.0, foreach=True)
         opt.step()
         step += 1
         threads.stop(t_step)
+        if step % 50 == 0:
+            loads.append(load_average())
 
         acc = (logits.argmax(-1) == yb).float().mean().item()
         loss_ema = loss.item() if loss_ema is None else 0.98 * loss_ema + 0.02 * loss.item()
@@ -542,6 +550,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     for blk, f in zip(model.blocks, fused):
         blk.attn.fused_attn = f
     training_time = time.perf_counter() - t_train0
+    cpu_time = time.process_time() - cpu0
+    loads.append(load_average())
+    load, load_note = describe_load(loads, args.threads, training_time, cpu_time)
     log(f"trained {step} steps ({step * bs / n:.2f} epochs) in {training_time:.1f} s"
         + (" (stopped by the time budget)" if time_limited else ""))
 
@@ -571,7 +582,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         }
         for c, name in enumerate(CLASS_NAMES)
     }
-    gini_lh = attention_gini(shipped, x_test)
+    gini_lh = attention_gini(shipped, x_test[:500])
 
     import timm as _timm
 
@@ -606,11 +617,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         "minutes_budget": args.minutes,
         "training_time_s": round(training_time, 1),
         "total_time_s": round(total_time, 1),
+        "cpu_time_s": round(cpu_time, 1),
+        "load_average": load,
+        "load_note": load_note,
         "test_accuracy": test_acc,
         "test_accuracy_fp32_before_export": acc_fp32,
         "per_class_accuracy": per_class,
         "attention_gini": {
-            "definition": "per head: Gini of each attention row, averaged over rows and test images",
+            "definition": "per head: Gini of each attention row, averaged over rows and the first 500 test images",
             "per_layer": [
                 {"layer": li, "min": float(r.min()), "mean": float(r.mean()), "max": float(r.max())}
                 for li, r in enumerate(gini_lh)
