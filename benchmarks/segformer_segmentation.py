@@ -9,7 +9,9 @@ normalised, binarised at its mean or at Otsu's threshold (``vitlens.metrics.segm
 class's ground-truth mask ``label_maps == k + 1``: pixel accuracy (PA), mean of foreground and background IoU (mIoU)
 and the threshold-free average precision (AP). Scores are averaged over the explained classes of each scene, then
 over scenes (mean ± 95% CI, normal approximation). A reference row scores the model's own prediction mask of the
-class, i.e. what a perfect explanation of *this model's* output would look like.
+class, i.e. what a perfect explanation of *this model's* output would look like. The CAM rows are Seg-Grad-CAM
+(Vinogradova et al. 2020) and Finer-CAM on the decode head's fused feature map, where Grad-CAM equals the class's
+bias-free logit map clipped at 0 (``docs/methods/cams.md``, "On SegFormer").
 
 ``--doc`` also writes the table to ``docs/benchmarks/segformer_segmentation.md``. ``--untrained`` runs the untrained
 architecture (a smoke test: its numbers mean nothing).
@@ -52,6 +54,8 @@ ROWS: list[tuple[str, str, dict[str, Any]]] = [
     ("gradient (saliency)", "gradient", {}),
     ("SmoothGrad (n=16)", "smoothgrad", {"n": 16}),
     ("integrated gradients (16 steps)", "integrated_gradients", {"n_steps": 16}),
+    ("Grad-CAM (decode-head features)", "gradcam", {}),
+    ("Finer-CAM", "finercam", {}),
     ("RISE (500 masks, target score)", "rise", {"n_masks": 500, "score": "target"}),
     ("random", "random", {}),
 ]

@@ -380,7 +380,7 @@ def test_model_agnostic_baselines_run_with_a_segmentation_target(name):
     assert exp.targets.tolist() == [1, 1]
 
 
-@pytest.mark.parametrize("name", ["rollout", "gae", "transformer_attribution", "attnlrp", "gradcam", "tis"])
+@pytest.mark.parametrize("name", ["rollout", "gae", "transformer_attribution", "attnlrp", "attn_gradcam", "tis"])
 def test_single_sequence_methods_refuse_segformer_clearly(name):
     with pytest.raises(vitlens.UnsupportedModelError):
         vitlens.explain(tiny_segformer("2stage-sr2"), images(1), method=name, target=SegmentationTarget(1))

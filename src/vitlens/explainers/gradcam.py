@@ -1,12 +1,14 @@
 """Class-activation maps for vision transformers: Grad-CAM on tokens, Finer-CAM, and attention Grad-CAM.
 
 All three are token-level and cost one forward and one activation-only backward pass. The tensors they read (the
-residual stream entering a block, the attention probabilities) come from the adapter's capture session, so the token
-layout (prefix tokens, grid) is the model's own. Settings, sources and cross-checks: ``docs/methods/cams.md``.
+residual stream entering a block, a CNN's or SegFormer's final feature map, the attention probabilities) come from
+the adapter's capture session, so the token layout (prefix tokens, grid) is the model's own. Settings, sources and
+cross-checks: ``docs/methods/cams.md``.
 """
 
 from __future__ import annotations
 
+import copy
 from typing import Any, Callable
 
 import torch
@@ -19,7 +21,7 @@ from ..targets import Target
 from .base import Attribution, Explainer
 from .registry import register
 
-__all__ = ["GradCAM", "FinerCAM", "AttentionGradCAM", "FinerContrast", "similar_classes"]
+__all__ = ["GradCAM", "FinerCAM", "AttentionGradCAM", "FinerContrast", "similar_classes", "class_scores"]
 
 _WEIGHTINGS = ("mean", "probability")
 
@@ -33,9 +35,18 @@ def _check_layer(options: dict[str, Any]) -> None:
 def _block_index(adapter: Adapter, layer: int) -> int:
     n = len(adapter.feature_layers())
     if not -n <= layer < n:
-        kind = "blocks" if "attention" in adapter.capabilities else "feature layers"
+        own = type(adapter).feature_layers is not Adapter.feature_layers  # CNN, SegFormer: not the blocks
+        kind = "feature layers" if own else "blocks"
         raise InputError(f"layer {layer} is out of range for a model with {n} {kind} (valid: {-n}..{n - 1})")
     return layer % n
+
+
+def _features(rec: Any, i: int) -> Tensor:
+    """Feature layer ``i`` of a capture session, ``(B, T, D)``: ``rec.features[i]`` where the family records
+    features of its own (SegFormer: the decode head's fused feature map), else the residual input of block ``i``
+    (ViTs; a CNN records its one feature map as block 0)."""
+    own = getattr(rec, "features", None)
+    return own[i] if own is not None else rec.blocks[i].u
 
 
 def _to_grid(adapter: Adapter, values: Tensor, hw: tuple[int, int]) -> Tensor:
@@ -80,12 +91,15 @@ class GradCAM(Explainer):
     """Grad-CAM (Selvaraju et al., ICCV 2017) on the token features of a ViT, ``(B, gh, gw)``.
 
     Features: the residual stream entering block ``layer`` (default the last block), which is the input of that
-    block's first LayerNorm. Channel weights: the target's gradient with respect to those features, averaged over the
-    patch tokens; map: ReLU of the weighted channel sum at every patch token, on the model's own token grid (prefix
-    tokens — CLS, distillation, registers — are left out).
+    block's first LayerNorm; on a timm CNN the feature map the classifier pools, on a SegFormer the decode head's
+    fused feature map (the input of its 1×1 classifier, on the logits' grid; one layer). Channel weights: the
+    target's gradient with respect to those features, averaged over the patch tokens; map: ReLU of the weighted
+    channel sum at every patch token, on the model's own token grid (prefix tokens — CLS, distillation, registers —
+    are left out). With a :class:`~vitlens.targets.SegmentationTarget` this is Seg-Grad-CAM (Vinogradova et al.,
+    AAAI 2020).
 
     Options:
-        layer: block index (negative counts from the end).
+        layer: feature layer index (negative counts from the end): a block of a ViT, 0/−1 on a CNN or SegFormer.
     """
 
     name = "gradcam"
@@ -98,17 +112,37 @@ class GradCAM(Explainer):
 
     def attribute(self, adapter: Adapter, x: Tensor, target: Target) -> tuple[Attribution, Tensor, Target]:
         i = _block_index(adapter, self.options["layer"])
-        logits, tgt, (u,), (g,) = _grad_pass(adapter, x, target, lambda rec: [rec.blocks[i].u])
+        logits, tgt, (u,), (g,) = _grad_pass(adapter, x, target, lambda rec: [_features(rec, i)])
         cam = token_gradcam(u, g, adapter.num_prefix_tokens)
         return Attribution(values=_to_grid(adapter, cam, tuple(x.shape[-2:]))), logits, tgt
 
 
 def similar_classes(logits: Tensor, classes: Tensor, k: int) -> Tensor:
     """The ``k`` classes (≠ the target class) whose logits are closest to the target's, ``(B, k)`` long, closest
-    first. For the predicted class these are the runner-ups."""
+    first. For the predicted class these are the runner-ups. ``logits``: ``(B, K)`` per-class scores (for a
+    segmentation target, :func:`class_scores`)."""
     diff = (logits.detach() - logits.detach().gather(1, classes[:, None])).abs()
     diff.scatter_(1, classes[:, None], float("inf"))
     return diff.argsort(dim=1, stable=True)[:, :k]
+
+
+def _with_classes(target: Target, classes: Tensor) -> Target:
+    """A copy of a resolved target that scores ``classes`` ``(B,)`` by the same rule (a segmentation target keeps its
+    region)."""
+    t = copy.copy(target)
+    t.classes = classes
+    return t
+
+
+def class_scores(target: Target, logits: Tensor) -> Tensor:
+    """Every class's score under a resolved target's rule, ``(B, K)``: the logits for classifier logits ``(B, K)``;
+    for per-pixel logits ``(B, K, h, w)`` and a :class:`~vitlens.targets.SegmentationTarget`, each class's logits
+    summed over the target's region (the region of the target class, fixed at resolution)."""
+    if logits.ndim == 2:
+        return logits
+    b, k = logits.shape[:2]
+    return torch.stack([_with_classes(target, torch.full((b,), c, dtype=torch.long, device=logits.device))(logits)
+                        for c in range(k)], dim=1)
 
 
 class FinerContrast(Target):
@@ -118,6 +152,11 @@ class FinerContrast(Target):
     :class:`~vitlens.targets.ClassLogit`) and ``Σ_d ω_d = 1``: ``weighting="mean"`` gives ``ω_d = 1/k``, i.e. the
     average of the ``k`` differences ``y_c − γ·y_d``; ``weighting="probability"`` gives ``ω_d = p_d / Σ_d' p_d'`` with
     ``p = softmax(y)`` (the weights are part of the graph), pytorch-grad-cam's ``FinerWeightedTarget``.
+
+    Per-pixel logits ``(B, K, h, w)`` with a :class:`~vitlens.targets.SegmentationTarget` ``base``: each ``y_d`` is
+    class ``d``'s logits summed over the base target's region (the same pixels as ``s``), so the score is
+    ``Σ_{p∈Ω} (z_c[p] − γ · mean_d z_d[p])``, the target class's margin over its references on the region. Only
+    ``weighting="mean"`` (a softmax over classes is defined per pixel, not for region sums).
     """
 
     def __init__(self, base: Target, versus: Tensor, gamma: float, weighting: str) -> None:
@@ -130,15 +169,31 @@ class FinerContrast(Target):
     def resolve(self, logits: Tensor) -> "FinerContrast":
         return self
 
+    def __call__(self, logits: Tensor) -> Tensor:
+        if self.versus.shape[0] != logits.shape[0]:
+            raise TargetError(
+                f"target was resolved for a batch of {self.versus.shape[0]}, got logits for {logits.shape[0]}"
+            )
+        return self.score(logits)
+
     def score(self, logits: Tensor) -> Tensor:
+        s = self.base(logits)  # the base target checks the logits' shape (classifier or per-pixel)
         versus = self.versus.to(logits.device)
+        if logits.ndim != 2:  # per-pixel logits: each reference scored over the base target's region
+            if self.weighting != "mean":
+                raise TargetError(
+                    f"Finer-CAM weighting={self.weighting!r} needs classifier logits (B, K); with per-pixel logits "
+                    "(SegmentationTarget) use weighting='mean'"
+                )
+            ref = torch.stack([_with_classes(self.base, versus[:, j])(logits) for j in range(versus.shape[1])], 1)
+            return s - self.gamma * ref.mean(dim=1)
         yd = logits.gather(1, versus)  # (B, k)
         if self.weighting == "mean":
             ref = yd.mean(dim=1)
         else:
             p = logits.softmax(dim=-1).gather(1, versus)
             ref = (p * yd).sum(dim=1) / p.sum(dim=1).clamp_min(torch.finfo(p.dtype).tiny)
-        return self.base(logits) - self.gamma * ref
+        return s - self.gamma * ref
 
     def select(self, index: Tensor | slice) -> "FinerContrast":
         return FinerContrast(self.base.select(index), self.versus[index], self.gamma, self.weighting)
@@ -158,12 +213,14 @@ class FinerCAM(Explainer):
     The explained score is the :class:`FinerContrast` of the given target (``y_c`` by default) against them: the
     ``k`` differences ``y_c − γ·y_d`` averaged (default) or softmax-weighted. Grad-CAM is linear in the gradient
     before its ReLU, so one backward pass of the combined score serves all comparisons. Everything else is
-    :class:`GradCAM`; ``γ = 0`` gives Grad-CAM.
+    :class:`GradCAM`; ``γ = 0`` gives Grad-CAM. With a :class:`~vitlens.targets.SegmentationTarget` every class is
+    scored over the target's region (its logits summed there), the references are the classes closest to the target
+    class by that score, and only ``weighting="mean"`` applies (see :class:`FinerContrast`).
 
     Options:
         references: number of similar classes compared against (default 3; capped at ``K − 1``).
         gamma: comparison strength γ (default 1). weighting: ``mean`` | ``probability`` (see :class:`FinerContrast`).
-        layer: block index whose residual input holds the features (default the last block).
+        layer: feature layer, as for :class:`GradCAM` (default the last).
 
     ``extras["references"]``: ``(B, k)`` the reference classes per image.
     """
@@ -193,12 +250,12 @@ class FinerCAM(Explainer):
         if n_classes < 2:
             raise TargetError("Finer-CAM needs a model with at least 2 classes")
         k = min(int(self.options["references"]), n_classes - 1)
-        versus = similar_classes(logits, tgt.classes.to(logits.device), k)
+        versus = similar_classes(class_scores(tgt, logits.detach()), tgt.classes.to(logits.device), k)
         return FinerContrast(tgt, versus, float(self.options["gamma"]), self.options["weighting"])
 
     def attribute(self, adapter: Adapter, x: Tensor, target: Target) -> tuple[Attribution, Tensor, Target]:
         i = _block_index(adapter, self.options["layer"])
-        logits, tgt, (u,), (g,) = _grad_pass(adapter, x, target, lambda rec: [rec.blocks[i].u], self._retarget)
+        logits, tgt, (u,), (g,) = _grad_pass(adapter, x, target, lambda rec: [_features(rec, i)], self._retarget)
         cam = token_gradcam(u, g, adapter.num_prefix_tokens)
         att = Attribution(values=_to_grid(adapter, cam, tuple(x.shape[-2:])), extras={"references": tgt.versus})
         return att, logits, tgt

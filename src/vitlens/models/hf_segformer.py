@@ -22,6 +22,14 @@ convolution on pixels is never back-propagated). Methods that read a single toke
 :class:`UnsupportedModelError` from the recording. Eager attention is on only inside a session (restored after, also
 on error). Note that transformers itself installs output-capturing forward hooks on the stages and attention
 modules the first time the model runs (permanently, with or without vitlens).
+
+Features (the ``"features"`` capability, read by Grad-CAM and Finer-CAM): one feature layer, the decode head's fused
+feature map — the input of its final 1×1 classifier convolution (after the fusing convolution, BatchNorm, ReLU and
+dropout), ``(B, h_1·w_1, C_dec)`` in token layout (row-major, no prefix tokens) on the stage-1 grid, the grid of the
+logits and of :meth:`SegformerAdapter.grid`. It is the segmentation counterpart of a CNN's pooled feature map: the
+last spatial feature map before the per-pixel classifier. It is recorded as ``SegformerRecording.features[0]``, a
+node of the graph (not a leaf: GradSkip back-propagates through it), and the classifier reads exactly that tensor
+(reshaped back, the same values and memory layout).
 """
 
 from __future__ import annotations
@@ -70,13 +78,15 @@ class SegformerRecording:
 
     def __init__(self) -> None:
         self.stages: list[StageRecord] = []
+        #: the feature layers' tensors ``(B, T, C)`` in token layout, in the order of ``feature_layers()``
+        self.features: list[Tensor] = []
 
     @property
     def blocks(self) -> list[BlockRecord]:
         raise UnsupportedModelError(
             "SegFormer has hierarchical stages, not one token sequence: this method reads a single-sequence ViT; "
-            "on SegFormer use gradskip or a model-agnostic method (inputxgradient, gradient, integrated_gradients, "
-            "rise, random)"
+            "on SegFormer use gradskip, gradcam/finercam (decode-head features) or a model-agnostic method "
+            "(inputxgradient, gradient, integrated_gradients, rise, random)"
         )
 
     @property
@@ -84,7 +94,8 @@ class SegformerRecording:
         return self.blocks  # raises: there is no single final stream
 
     def graph_tensors(self) -> list[Tensor]:
-        """All captured tensors that are part of the autograd graph, stage by stage."""
+        """All captured encoder tensors that are part of the autograd graph, stage by stage (what GradSkip
+        differentiates; the decode-head ``features`` are not included)."""
         out: list[Tensor] = []
         for st in self.stages:
             if st.readout is not None:
@@ -108,10 +119,11 @@ def conv_output_size(conv: nn.Conv2d, hw: tuple[int, int]) -> tuple[int, int]:
 
 
 class SegformerAdapter(Adapter):
-    """HuggingFace SegFormer semantic segmentation (hierarchical stages, reduced keys). Eager attention in sessions."""
+    """HuggingFace SegFormer semantic segmentation (hierarchical stages, reduced keys). Eager attention in sessions;
+    features: the decode head's fused feature map."""
 
     family = "hf-segformer"
-    capabilities = frozenset({"attention", "hierarchical"})
+    capabilities = frozenset({"attention", "hierarchical", "features"})
     #: explainers with a hierarchical code path (GradSkip) dispatch on this flag.
     hierarchical = True
 
@@ -128,6 +140,9 @@ class SegformerAdapter(Adapter):
         self.in_chans = int(cfg.num_channels)
         self.stages = list(model.segformer.stages)
         self.readouts = list(model.decode_head.linear_projections)
+        self.classifier = getattr(model.decode_head, "classifier", None)
+        if not isinstance(self.classifier, nn.Conv2d) or self.classifier.kernel_size != (1, 1):
+            raise UnsupportedModelError("the SegFormer decode head has no 1x1 classifier convolution")
         if len(self.readouts) != len(self.stages):
             raise UnsupportedModelError(
                 f"the SegFormer decode head reads {len(self.readouts)} stages, the encoder has {len(self.stages)}"
@@ -167,6 +182,12 @@ class SegformerAdapter(Adapter):
 
     def blocks(self) -> Sequence[nn.Module]:
         return [layer for stage in self.stages for layer in stage.blocks]
+
+    def feature_layers(self) -> list[nn.Module]:
+        """One feature layer (``layer`` 0 or −1): the decode head's final classifier, whose input — the fused
+        feature map ``(B, h_1·w_1, C_dec)`` on the stage-1 grid, :meth:`grid` — holds the features. The encoder
+        stages are not feature layers (their grids are coarser than :meth:`grid`)."""
+        return [self.classifier]
 
     def check_input(self, x: Tensor) -> None:
         if x.shape[1] != self.in_chans:
@@ -246,6 +267,15 @@ class SegformerAdapter(Adapter):
                 return (view, *args[1:])
 
             hooks.append(self.readouts[s].register_forward_pre_hook(readout_hook))
+
+        def feature_hook(module: nn.Module, args: tuple):
+            fmap = args[0]  # (B, C, h, w): the fused decode-head features, the classifier's input
+            b, c, h, w = fmap.shape
+            tokens = fmap.flatten(2).transpose(1, 2)  # (B, h·w, C), a view in the graph
+            rec.features = [tokens]
+            return (tokens.transpose(1, 2).reshape(b, c, h, w), *args[1:])  # the classifier reads the recorded node
+
+        hooks.append(self.classifier.register_forward_pre_hook(feature_hook))
 
 
 def _conv_hook(record: Any, attr: str):
