@@ -13,6 +13,15 @@ from vitlens.errors import InputError
 from vitlens.metrics.sanity import randomisation_check, reinitialise, spearman, ssim
 
 
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """One thread: on a shared 2-core machine two OpenMP threads stall when another process holds a core."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope="module")
 def batch():
     return torch.randn(3, 3, 32, 32, generator=torch.Generator().manual_seed(0))
@@ -133,3 +142,83 @@ def test_hf_vit(batch):
     r = randomisation_check(hf, batch[:1], method="gradskip")
     assert r["stages"] == ["head", "blocks.2", "blocks.1", "blocks.0"] and r["ssim"].shape == (4, 1)
     assert r["ssim_mean"][-1] < 0.9
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# CNNs: walked through their stage container, in execution order
+# --------------------------------------------------------------------------------------------------------------------
+
+
+class TinyCNN(torch.nn.Module):
+    """EfficientNet's layout in miniature: stem, a ``blocks`` container, a conv head above it, pool, classifier.
+
+    ``norm_between`` runs a parameterised layer between two stages (no top-down order); ``module_list`` holds the
+    stages in a ModuleList the forward iterates (never called as a whole)."""
+
+    def __init__(self, norm_between: bool = False, module_list: bool = False) -> None:
+        super().__init__()
+        nn = torch.nn
+        with torch.random.fork_rng():
+            torch.manual_seed(0)
+            self.classifier = nn.Linear(12, 4)  # defined first on purpose: the order comes from the forward pass
+            self.conv_stem, self.bn1 = nn.Conv2d(3, 6, 3, padding=1), nn.BatchNorm2d(6)
+            stages = [nn.Sequential(nn.Conv2d(6, 6, 3, padding=1), nn.BatchNorm2d(6), nn.ReLU()) for _ in range(3)]
+            self.blocks = nn.ModuleList(stages) if module_list else nn.Sequential(*stages)
+            self.mid = nn.GroupNorm(1, 6) if norm_between else None
+            self.conv_head, self.bn2 = nn.Conv2d(6, 12, 1), nn.BatchNorm2d(12)
+            self.unused = nn.Linear(3, 3)  # never runs: not a stage
+
+    def get_classifier(self) -> torch.nn.Module:
+        return self.classifier
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.bn1(self.conv_stem(x)).relu()
+        for i, stage in enumerate(self.blocks):
+            x = stage(x)
+            if i == 0 and self.mid is not None:
+                x = self.mid(x)
+        x = self.bn2(self.conv_head(x)).relu()
+        return self.classifier(x.mean((2, 3)))
+
+
+def test_cnn_cascade_follows_the_forward_pass(batch):
+    for module_list in (False, True):
+        model = TinyCNN(module_list=module_list)
+        before = model_fingerprint(model)
+        r = randomisation_check(model, batch, method="inputxgradient")
+        assert r["stages"] == ["head", "conv_head+bn2", "blocks.2", "blocks.1", "blocks.0", "conv_stem+bn1"]
+        assert r["ssim"].shape == (6, 3) and torch.isfinite(r["ssim"]).all()
+        assert model_fingerprint(model) == before
+
+
+def test_cnn_cascade_reinitialises_the_layers_above_the_stages(batch):
+    """Stage 1 re-initialises conv_head + bn2 (seed + 1) on top of the random head: the same as doing it by hand."""
+    model = TinyCNN()
+    r = randomisation_check(model, batch, method="inputxgradient", seed=5)
+    work = TinyCNN()
+    reinitialise([work.classifier], 5)
+    reinitialise([work.conv_head, work.bn2], 6)
+    assert torch.allclose(r["maps"][1], explain(work, batch, "inputxgradient", target=r["targets"]).maps)
+    assert not torch.allclose(r["maps"][1], r["maps"][0])
+
+
+def test_cnn_cascade_refuses_layers_between_stages(batch):
+    from vitlens.errors import UnsupportedModelError
+
+    with pytest.raises(UnsupportedModelError, match="mid run"):
+        randomisation_check(TinyCNN(norm_between=True), batch, method="inputxgradient")
+
+
+def test_timm_cnn_stage_names():
+    """timm's own CNN layouts: ConvNeXt keeps a norm next to its classifier in ``head``; MobileNetV3 runs its
+    ``conv_head`` after the global pool."""
+    timm = pytest.importorskip("timm")
+    x = torch.randn(1, 3, 64, 64, generator=torch.Generator().manual_seed(1))
+    expected = {
+        "convnext_atto": ["head", "head.norm", "stages.3", "stages.2", "stages.1", "stages.0", "stem"],
+        "mobilenetv3_small_050": ["head", "conv_head"] + [f"blocks.{i}" for i in reversed(range(6))]
+        + ["conv_stem+bn1"],
+    }
+    for arch, stages in expected.items():
+        model = timm.create_model(arch, num_classes=3).eval()
+        assert randomisation_check(model, x, method="gradient")["stages"] == stages, arch

@@ -5,6 +5,15 @@ The *cascading* variant re-initialises the model from the top down — first the
 blocks from the last to the first, each stage keeping the earlier ones randomised — and compares the map of every
 stage with the map of the trained model.
 
+Models whose adapter has no transformer blocks (timm CNNs such as EfficientNet, ConvNeXt, MobileNetV3) are walked
+through their own stage container (``blocks``/``stages``/``layers``/``features``), in execution order traced with
+hooks during the forward pass that resolves the targets: the head, then every parameterised layer that runs after
+the last stage (e.g. EfficientNet's ``conv_head`` + ``bn2``) as one stage, then the stages from the last to the first,
+then every parameterised layer that runs before the first stage (the stem) as the last stage. Skipping the layers
+above the last stage would leave a trained layer on top of randomised ones: on EfficientNet-Lite0 the trained
+``conv_head`` + ``bn2`` (BatchNorm + ReLU6) then output zeros everywhere for every photo and every gradient map
+vanishes from the first block stage on.
+
 Protocol (see ``docs/data_and_segmentation.md``):
 
 * Everything runs on a **deep copy** of the model (the user's model is never touched, not even its RNG-dependent
@@ -26,6 +35,7 @@ Protocol (see ``docs/data_and_segmentation.md``):
 from __future__ import annotations
 
 import copy
+import itertools
 from typing import Any
 
 import torch
@@ -146,14 +156,87 @@ def _classifier_modules(model: nn.Module) -> list[nn.Module]:
     return heads
 
 
-def _stage_modules(model: nn.Module) -> list[nn.Module]:
-    """The stages of a model without an adapter: the children of its ``blocks``/``stages``/``layers``/``features``
-    container (timm CNNs such as EfficientNet, ConvNeXt, ResNet-like ``layers``), input side first."""
+def _stage_container(model: nn.Module) -> tuple[str, list[nn.Module]] | None:
+    """The stage container of a model whose adapter has no blocks: its ``blocks``/``stages``/``layers``/``features``
+    child (timm CNNs such as EfficientNet, ConvNeXt, MobileNetV3) as ``(name, stages input side first)``, or None."""
     for name in ("blocks", "stages", "layers", "features"):
         container = getattr(model, name, None)
         if isinstance(container, (nn.Sequential, nn.ModuleList)) and len(container) > 0:
-            return list(container)
-    return []
+            return name, list(container)
+    return None
+
+
+def _owns_parameters(module: nn.Module) -> bool:
+    return any(True for _ in module.parameters(recurse=False))
+
+
+def _traced_cascade(model: nn.Module, adapter: Any, x: Tensor, container: tuple[str, list[nn.Module]],
+                    heads: list[nn.Module]) -> tuple[Tensor, list[tuple[str, list[nn.Module]]]]:
+    """Logits of ``x`` and the cascade below the head of a model walked through its stage container.
+
+    The order comes from the forward pass itself (pre-hooks on the model's children and on the container's stages,
+    removed before returning): parameterised children that run after the last stage form one stage (named by their
+    module names joined with ``+``), then the stages from the last to the first, then the parameterised children that
+    run before the first stage. Head modules (and their parameters) are left out; so are children that never run and
+    parameters registered on the model itself.
+
+    Raises:
+        UnsupportedModelError: a parameterised child runs between two stages (no top-down order exists).
+    """
+    cname, stages = container
+    names = {id(m): n for n, m in model.named_modules()}
+    in_head = {id(m) for h in heads for m in h.modules()}
+    units: dict[str, list[nn.Module]] = {}  # child name -> its modules to re-initialise, heads excluded
+    for name, child in model.named_children():
+        if name == cname or id(child) in in_head:
+            continue
+        inner = list(child.modules())
+        if not any(id(m) in in_head for m in inner):
+            mods = [child] if any(True for _ in child.parameters()) else []
+        else:  # e.g. ConvNeXt's `head` holds the classifier and a norm: keep only the norm
+            mods = [m for m in inner if id(m) not in in_head and _owns_parameters(m)]
+        if mods:
+            units[name] = mods
+    first: dict[str, int] = {}  # child name -> time of its first call
+    stage_calls: list[int] = []
+    clock = itertools.count()
+
+    def unit_hook(name: str) -> Any:
+        def hook(module: nn.Module, args: tuple) -> None:
+            if name not in first:
+                first[name] = next(clock)
+        return hook
+
+    def stage_hook(module: nn.Module, args: tuple) -> None:
+        stage_calls.append(next(clock))
+
+    handles = [model.get_submodule(name).register_forward_pre_hook(unit_hook(name)) for name in units]
+    handles += [stage.register_forward_pre_hook(stage_hook) for stage in stages]
+    try:
+        with torch.no_grad():
+            logits = adapter.forward(x)
+    finally:
+        for handle in handles:
+            handle.remove()
+    if not stage_calls:
+        raise UnsupportedModelError(f"{type(model).__name__}: the stages in '{cname}' never ran in the forward pass")
+    lo, hi = min(stage_calls), max(stage_calls)
+    between = [n for n, t in first.items() if lo < t < hi]
+    if between:
+        raise UnsupportedModelError(
+            f"{type(model).__name__}: {', '.join(between)} run(s) between the stages of '{cname}'; the cascade needs "
+            "every other parameterised layer to run before or after all stages"
+        )
+    ran = sorted(first, key=first.__getitem__)
+    above = [m for n in ran if first[n] > hi for m in units[n]]
+    below = [m for n in ran if first[n] < lo for m in units[n]]
+    cascade: list[tuple[str, list[nn.Module]]] = []
+    if above:
+        cascade.append(("+".join(names[id(m)] for m in above), above))
+    cascade += [(f"{cname}.{i}", [stages[i]]) for i in reversed(range(len(stages)))]
+    if below:
+        cascade.append(("+".join(names[id(m)] for m in below), below))
+    return logits, cascade
 
 
 def reinitialise(modules: list[nn.Module], seed: int) -> None:
@@ -178,7 +261,7 @@ def reinitialise(modules: list[nn.Module], seed: int) -> None:
 
 def randomisation_check(model: nn.Module, x: Tensor, method: str = "gradskip", targets: TargetSpec = None,
                         seed: int = 0, **method_options: Any) -> dict[str, Any]:
-    """Cascading model-parameter randomisation (Adebayo et al. 2018) for a ViT (timm or HuggingFace).
+    """Cascading model-parameter randomisation (Adebayo et al. 2018) for a ViT (timm or HuggingFace) or a timm CNN.
 
     Args:
         model: the trained model; it is deep-copied and never modified.
@@ -192,7 +275,9 @@ def randomisation_check(model: nn.Module, x: Tensor, method: str = "gradskip", t
     Returns:
         A dict with
         ``stages`` — ``["head", "blocks.{L-1}", …, "blocks.0"]`` (cumulative: stage ``blocks.i`` has the head and
-        blocks ``i..L-1`` randomised);
+        blocks ``i..L-1`` randomised); for a model walked through its stage container (see the module doc) the
+        layers above the last stage come after the head and the stem comes last, named by their modules, e.g.
+        EfficientNet's ``["head", "conv_head+bn2", "blocks.6", …, "blocks.0", "conv_stem+bn1"]``;
         ``ssim``, ``spearman`` — ``(S, B)`` float64 similarity of each stage's map to the trained model's map;
         ``ssim_mean``, ``spearman_mean`` — ``(S,)`` means over images (NaN-skipping);
         ``original_maps`` ``(B, H, W)``, ``maps`` ``(S, B, H, W)``; ``targets`` ``(B,)`` long;
@@ -212,9 +297,10 @@ def randomisation_check(model: nn.Module, x: Tensor, method: str = "gradskip", t
     adapter = get_adapter(work)
     try:
         blocks = list(adapter.blocks())
-    except NotImplementedError:
-        blocks = _stage_modules(work)
-    if not blocks:
+    except NotImplementedError:  # no transformer blocks (CNNs): the model's own stage container, traced
+        blocks = []
+    container = None if blocks else _stage_container(work)
+    if not blocks and container is None:
         raise UnsupportedModelError(
             f"{type(model).__name__}: no blocks or stages found (the cascade needs an adapter with blocks(), or a "
             "model with a 'blocks', 'stages', 'layers' or 'features' container, as timm models have)"
@@ -223,8 +309,13 @@ def randomisation_check(model: nn.Module, x: Tensor, method: str = "gradskip", t
     device = next(work.parameters()).device
     x = x.to(device)
     adapter.check_input(x)
-    with torch.no_grad():
-        logits = adapter.forward(x)
+    if blocks:
+        with torch.no_grad():
+            logits = adapter.forward(x)
+        body = [(f"blocks.{i}", [blocks[i]]) for i in reversed(range(len(blocks)))]
+    else:
+        assert container is not None
+        logits, body = _traced_cascade(work, adapter, x, container, heads)
     # fixed for every stage: select() turns a resolved target into one with explicit class indices
     target = make_target(targets).resolve(logits).select(slice(None))
 
@@ -232,7 +323,7 @@ def randomisation_check(model: nn.Module, x: Tensor, method: str = "gradskip", t
         return explain(work, x, method, target=target, **method_options).maps.detach()
 
     original = maps_of()
-    stages = [("head", heads)] + [(f"blocks.{i}", [blocks[i]]) for i in reversed(range(len(blocks)))]
+    stages = [("head", heads)] + body
     names, all_maps, ssims, rhos = [], [], [], []
     for k, (name, modules) in enumerate(stages):
         reinitialise(modules, seed + k)
