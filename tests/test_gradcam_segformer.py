@@ -15,7 +15,14 @@ from conftest import model_fingerprint
 
 transformers = pytest.importorskip("transformers")
 
-from test_gradskip_segformer import CONFIGS, images, majority_classes, tiny_segformer  # noqa: E402
+from test_gradskip_segformer import (  # noqa: E402
+    CONFIGS,
+    Boom,
+    ExplodingTarget,
+    images,
+    majority_classes,
+    tiny_segformer,
+)
 
 SIZES = [(64, 48), (66, 50)]  # an integer and a non-integer stage-1 factor
 
@@ -150,15 +157,6 @@ def test_layer_out_of_range_names_the_feature_layers():
 
 
 # -- restoration ----------------------------------------------------------------------------------------------------
-
-class Boom(RuntimeError):
-    pass
-
-
-class ExplodingTarget(SegmentationTarget):
-    def score(self, logits):
-        raise Boom("fails after the forward pass, with every hook installed")
-
 
 @pytest.mark.parametrize("train_mode", [False, True])
 def test_model_restored_after_success_and_exception(train_mode):

@@ -22,6 +22,7 @@ __all__ = [
     "load_average",
     "lr_factor",
     "make_scenes_parallel",
+    "normalise",
     "param_groups",
 ]
 
@@ -176,3 +177,10 @@ def describe_load(loads: list[float | None], threads: int, training_time: float,
     else:
         text = "The machine was otherwise idle during training."
     return load, text
+
+
+def normalise(x: torch.Tensor, mean: tuple[float, ...], std: tuple[float, ...]) -> torch.Tensor:
+    """``(B, C, H, W)`` images in [0, 1] → ``(x - mean) / std`` per channel."""
+    m = torch.tensor(mean, dtype=x.dtype).view(1, -1, 1, 1)
+    s = torch.tensor(std, dtype=x.dtype).view(1, -1, 1, 1)
+    return (x - m) / s

@@ -47,7 +47,7 @@ from vitlens.data.digits import DIGIT_CLASS_NAMES, load_mnist5k, split_mnist5k
 from vitlens.models.digits_zoo import DIGITS_MEAN, DIGITS_STD, build_digits_vit
 from vitlens.models.zoo import BUNDLED, WEIGHTS_DIR
 from vitlens.training.common import attention_gini as _attention_gini
-from vitlens.training.common import cpu_has_bf16, cpu_name, fmt_time, param_groups
+from vitlens.training.common import cpu_has_bf16, cpu_name, fmt_time, normalise, param_groups
 
 __all__ = ["main", "attention_gini", "random_affine"]
 
@@ -88,9 +88,7 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def _normalise(x: torch.Tensor) -> torch.Tensor:
     """``(B, 3, H, W)`` in [0, 1] → normalised with the model's mean/std."""
-    mean = torch.tensor(DIGITS_MEAN, dtype=x.dtype).view(1, 3, 1, 1)
-    std = torch.tensor(DIGITS_STD, dtype=x.dtype).view(1, 3, 1, 1)
-    return (x - mean) / std
+    return normalise(x, DIGITS_MEAN, DIGITS_STD)
 
 
 def random_affine(x: torch.Tensor, g: torch.Generator, rotate: float, scale: float, shift: float) -> torch.Tensor:

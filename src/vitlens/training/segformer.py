@@ -75,6 +75,7 @@ from vitlens.training.common import (
     fmt_time,
     load_average,
     lr_factor,
+    normalise,
     param_groups,
 )
 
@@ -117,9 +118,7 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def _normalise(x: torch.Tensor) -> torch.Tensor:
     """``(B, 3, H, W)`` in [0, 1] → normalised with the model's mean/std."""
-    mean = torch.tensor(SHAPES_SEGFORMER_MEAN, dtype=x.dtype).view(1, 3, 1, 1)
-    std = torch.tensor(SHAPES_SEGFORMER_STD, dtype=x.dtype).view(1, 3, 1, 1)
-    return (x - mean) / std
+    return normalise(x, SHAPES_SEGFORMER_MEAN, SHAPES_SEGFORMER_STD)
 
 
 @torch.no_grad()

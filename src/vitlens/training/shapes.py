@@ -61,6 +61,7 @@ from vitlens.training.common import (
     load_average,
     lr_factor,
     make_scenes_parallel,
+    normalise,
     param_groups,
 )
 
@@ -153,9 +154,7 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def _normalise(x: torch.Tensor) -> torch.Tensor:
     """``(B, 3, H, W)`` in [0, 1] → normalised with the bundled model's mean/std."""
-    mean = torch.tensor(SHAPES_MEAN, dtype=x.dtype).view(1, 3, 1, 1)
-    std = torch.tensor(SHAPES_STD, dtype=x.dtype).view(1, 3, 1, 1)
-    return (x - mean) / std
+    return normalise(x, SHAPES_MEAN, SHAPES_STD)
 
 
 def _aux_targets(masks: torch.Tensor, labels: torch.Tensor, patch: int, num_classes: int
