@@ -52,7 +52,9 @@ SETUPS = {
     "shapes-vit-gap-reg": ("scenes:seed=2026", [ID, POINTING, POSNEG, VIOLATION],
                            "fresh synthetic scenes (seed 2026)"),
     "digits-vit": ("mnist5k:split=test", [ID, POSNEG, VIOLATION], "the held-out MNIST-5k test split"),
-    "efficientnet_lite0": ("photos", [ID, VIOLATION], "the real photographs bundled in wheels"),
+    # a CNN has no patches: the violation metric perturbs 32-px cells, the network's total stride (7×7 at 224 px)
+    "efficientnet_lite0": ("photos", [ID, ("faithfulness_violation", {"patch_size": 32})],
+                           "the real photographs bundled in wheels"),
 }
 
 
@@ -97,6 +99,9 @@ def main(argv: list[str] | None = None) -> int:
         "pos_neg_perturbation": "positive/negative perturbation (Chefer)",
         "faithfulness_violation": "faithfulness violation (top-1 patch)",
     }
+    for m, settings in metrics:
+        if m == "faithfulness_violation" and "patch_size" in settings:
+            metric_text[m] = f"faithfulness violation (top-1 {settings['patch_size']}-px cell)"
     meta = (f"\nCommand: `{cmd.strip()}` ({time.time() - t0:.0f} s; vitlens {vitlens.__version__}, torch "
             f"{torch.__version__}, Python {platform.python_version()}, {time.strftime('%Y-%m-%d')}). Model "
             f"`{a.model}`, {min(a.n, 7) if data == 'photos' else a.n} images from {data_text}, predicted class. "
