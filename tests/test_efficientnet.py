@@ -145,6 +145,8 @@ def test_matches_the_reference_implementation(model, batch):
     ("inputxgradient", {}),
     ("integrated_gradients", {"n_steps": 4}),
     ("rise", {"n_masks": 8, "grid_size": 3}),
+    # AHA's decoder reads the CNN's feature_info stages; untrained network: the plumbing, not the map's quality
+    ("aha", {"explainer": "untrained", "refine_steps": 1, "m": 4}),
 ])
 def test_model_agnostic_methods_give_input_size_maps(model, batch, method, options):
     x = batch[:2]
