@@ -47,7 +47,15 @@ from vitlens.data.digits import DIGIT_CLASS_NAMES, load_mnist5k, split_mnist5k
 from vitlens.models.digits_zoo import DIGITS_MEAN, DIGITS_STD, build_digits_vit
 from vitlens.models.zoo import BUNDLED, WEIGHTS_DIR
 from vitlens.training.common import attention_gini as _attention_gini
-from vitlens.training.common import cpu_has_bf16, cpu_name, fmt_time, normalise, param_groups
+from vitlens.training.common import (
+    cpu_has_bf16,
+    cpu_name,
+    describe_load,
+    fmt_time,
+    load_average,
+    normalise,
+    param_groups,
+)
 
 __all__ = ["main", "attention_gini", "random_affine"]
 
@@ -173,6 +181,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     fused = [blk.attn.fused_attn for blk in model.blocks]
     t_train0 = time.perf_counter()
     cpu_train0 = time.process_time()
+    loads = [load_average()]
     bar = tqdm(total=args.steps, disable=args.no_progress, unit="step", dynamic_ncols=True, mininterval=2.0)
     try:
         for blk in model.blocks:  # explicit attention trains faster on CPU (much faster in bf16)
@@ -201,6 +210,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             acc = (logits.argmax(-1) == yb).float().mean().item()
             loss_ema = loss.item() if loss_ema is None else 0.98 * loss_ema + 0.02 * loss.item()
             acc_ema = acc if acc_ema is None else 0.98 * acc_ema + 0.02 * acc
+            if (step + 1) % 100 == 0:
+                loads.append(load_average())
             bar.update(1)
             bar.set_postfix(loss=f"{loss_ema:.3f}", acc=f"{acc_ema:.3f}", lr=f"{lr:.1e}", refresh=False)
             if args.eval_every and (step + 1) % args.eval_every == 0:
@@ -215,6 +226,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         model.eval()
     training_time = time.perf_counter() - t_train0
     training_cpu = time.process_time() - cpu_train0  # CPU seconds of all threads: a load-independent cost
+    loads.append(load_average())
+    load, load_note = describe_load(loads, args.threads, training_time, training_cpu)
     log(f"trained {args.steps} steps ({args.steps * bs / n:.1f} epochs) in {training_time:.1f} s")
     acc_fp32 = (_predict(model, x_test) == y_test).float().mean().item()
 
@@ -270,6 +283,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "epochs": args.steps * bs / n,
         "training_time_s": round(training_time, 1),
         "training_cpu_s": round(training_cpu, 1),
+        "load_average": load,
+        "load_note": load_note,
         "total_time_s": round(total_time, 1),
         "threads": args.threads,
         "test_accuracy": test_acc,
@@ -357,8 +372,8 @@ def _write_card(path: Path, meta: dict, gini_lh: np.ndarray) -> None:
         f"- compute: {meta['precision']} (explicit attention during training), evaluation in fp32",
         f"- training time (measured): {fmt_time(meta['training_time_s'])} of training, "
         f"{fmt_time(meta['total_time_s'])} for the whole command, on {meta['threads']} CPU threads "
-        f"({meta['cpu']}; a machine shared with other jobs); CPU time of the training loop "
-        f"{fmt_time(meta['training_cpu_s'])} (summed over threads; less sensitive to other jobs than wall time)",
+        f"({meta['cpu']}); CPU time of the training loop {fmt_time(meta['training_cpu_s'])} (summed over threads; "
+        "less sensitive to other jobs than wall time). " + meta.get("load_note", ""),
         f"- torch {meta['torch_version']}, timm {meta['timm_version']}, numpy {meta['numpy_version']}; "
         f"date {meta['date']}",
         f"- weights stored as {meta['weights_dtype']} safetensors ({meta['weights_bytes'] / 1e6:.1f} MB, "
