@@ -21,6 +21,7 @@ from test_gradskip_segformer import (  # noqa: E402
     ExplodingTarget,
     images,
     majority_classes,
+    restoration_setup,
     tiny_segformer,
 )
 
@@ -160,14 +161,7 @@ def test_layer_out_of_range_names_the_feature_layers():
 
 @pytest.mark.parametrize("train_mode", [False, True])
 def test_model_restored_after_success_and_exception(train_mode):
-    model = tiny_segformer("2stage-sr2")
-    x = images(2)
-    with torch.no_grad():
-        model(pixel_values=x)  # transformers installs its own output-capturing hooks on the first call
-    model.train(train_mode)
-    for p in list(model.parameters())[:3]:
-        p.requires_grad_(False)
-    before = model_fingerprint(model)
+    model, x, before = restoration_setup(train_mode)
     for method in ("gradcam", "finercam"):
         vitlens.explain(model, x, method=method, target=SegmentationTarget(1))
         assert model_fingerprint(model) == before, method

@@ -215,8 +215,8 @@ class ExplodingTarget(SegmentationTarget):
         raise Boom("fails after the forward pass, with every hook installed")
 
 
-@pytest.mark.parametrize("train_mode", [False, True])
-def test_model_restored_after_success_and_exception(train_mode):
+def restoration_setup(train_mode: bool):
+    """A tiny SegFormer in the given mode with a few frozen parameters, a batch, and its fingerprint."""
     model = tiny_segformer("2stage-sr2")
     x = images(2)
     with torch.no_grad():
@@ -224,7 +224,12 @@ def test_model_restored_after_success_and_exception(train_mode):
     model.train(train_mode)
     for p in list(model.parameters())[:3]:
         p.requires_grad_(False)
-    before = model_fingerprint(model)
+    return model, x, model_fingerprint(model)
+
+
+@pytest.mark.parametrize("train_mode", [False, True])
+def test_model_restored_after_success_and_exception(train_mode):
+    model, x, before = restoration_setup(train_mode)
     assert before["attn_impl"] != "eager"
     for method in ["gradskip", "inputxgradient", "random"]:
         vitlens.explain(model, x, method=method, target=SegmentationTarget(1))

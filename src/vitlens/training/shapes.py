@@ -129,7 +129,6 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--adaptive-threads", action="store_true",
                    help="on a contended machine: periodically probe 1 thread and keep the faster setting (the weights "
                         "then depend on the machine's load; default: the fixed --threads, reproducible bit for bit)")
-    p.add_argument("--fixed-threads", action="store_true", help=argparse.SUPPRESS)  # the default since 2026-11-29
     p.add_argument("--aux-weight", type=float, default=1.0,
                    help="weight of the auxiliary per-token label loss from the masks (training only; 0 = off; "
                         "default 1)")
@@ -440,7 +439,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     step = 0
     time_limited = False
     loss_ema = acc_ema = None
-    threads = _ThreadChooser(args.threads, adaptive=args.adaptive_threads and not args.fixed_threads)
+    threads = _ThreadChooser(args.threads, adaptive=args.adaptive_threads)
     if by_steps:
         bar = tqdm(total=args.steps, disable=args.no_progress, unit="step", dynamic_ncols=True, mininterval=2.0)
     else:
