@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import math
 import os
 import platform
@@ -12,6 +13,7 @@ import numpy as np
 import torch
 
 __all__ = [
+    "add_common_options",
     "attention_gini",
     "cpu_has_bf16",
     "cpu_name",
@@ -184,3 +186,19 @@ def normalise(x: torch.Tensor, mean: tuple[float, ...], std: tuple[float, ...]) 
     m = torch.tensor(mean, dtype=x.dtype).view(1, -1, 1, 1)
     s = torch.tensor(std, dtype=x.dtype).view(1, -1, 1, 1)
     return (x - m) / s
+
+
+def add_common_options(p: argparse.ArgumentParser, *, out: Path, batch_size: int, lr: float,
+                       weight_decay: float) -> None:
+    """The options every training command shares (output folder, AdamW + warm-up/cosine schedule, precision,
+    progress bar), with the command's own defaults."""
+    p.add_argument("--out", type=Path, default=out, help="output folder (default: the package weights dir)")
+    p.add_argument("--batch-size", type=int, default=batch_size)
+    p.add_argument("--lr", type=float, default=lr, help="peak learning rate")
+    p.add_argument("--min-lr-frac", type=float, default=0.01, help="final learning rate as a fraction of the peak")
+    p.add_argument("--weight-decay", type=float, default=weight_decay)
+    p.add_argument("--warmup-frac", type=float, default=0.05, help="warm-up length as a fraction of training")
+    p.add_argument("--precision", choices=["auto", "bf16", "fp32"], default="auto",
+                   help="training compute precision: bf16 autocast (fp32 master weights) where the CPU has native "
+                        "bf16 (AMX/AVX512-BF16), else fp32 (default: auto). Evaluation is always fp32.")
+    p.add_argument("--no-progress", action="store_true", help="disable the tqdm progress bar")

