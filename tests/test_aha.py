@@ -164,13 +164,14 @@ def test_soft_aucs_approach_hard_aucs():
 # --------------------------------------------------------------------------------------------------------------------
 
 
-def test_loss_trains_the_decoder_only():
+@pytest.mark.parametrize("recipe,maps_per_image", [("tracked", 1), ("authors", 2)])
+def test_loss_trains_the_decoder_only(recipe, maps_per_image):
     model = tiny_target()
     for p in model.parameters():
         p.requires_grad_(True)
     net = AHANet(model, width=8, seed=0)
     x, y, _, _ = tiny_data(4, 1)
-    cfg = AHATrainConfig(**{k: v for k, v in FAST.items() if k in AHATrainConfig.__dataclass_fields__})
+    cfg = AHATrainConfig.preset(recipe, **{k: v for k, v in FAST.items() if k in AHATrainConfig.__dataclass_fields__})
     with net.target_adapter.session(capture=False):
         loss, parts, plan = training_loss(net, net.decoder, x, y, list(range(4)), 0, cfg, 1.0,
                                           ((0.5,) * 3, (0.25,) * 3))
@@ -182,7 +183,7 @@ def test_loss_trains_the_decoder_only():
     assert net.decoder.head3.weight.grad.abs().sum() > 0 and net.decoder.class_embed.weight.grad.abs().sum() > 0
     assert all(p.grad is None for p in model.parameters())
     assert all(p.requires_grad for p in model.parameters())  # restored after the session
-    assert parts["del_auc"].shape == (8,)  # 4 images x 2 classes
+    assert parts["del_auc"].shape == (4 * maps_per_image,)  # 4 images x (1 or 2) classes
 
 
 def test_training_leaves_the_target_unchanged(tmp_path):
@@ -234,8 +235,12 @@ def test_two_process_ddp_matches_one_process(tmp_path):
     assert ddp_meta["processes"] == 2
     assert ddp_meta["loss_history"] == pytest.approx([h["loss"] for h in single.history], rel=1e-4, abs=1e-5)
     ddp_net = load_explainer(tmp_path / "ddp" / "aha.safetensors", tiny_target())
-    for (k, a), b in zip(single.net.state_dict().items(), ddp_net.state_dict().values()):
-        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4, msg=k)
+    # Adam at lr 1e-3 turns the all-reduce's float rounding (~1e-7) into weight differences of ~1e-4 after three
+    # steps: its update is lr·m/sqrt(v), so for a parameter whose gradient is near zero the rounding decides a
+    # sizeable part of an lr-sized step. A real difference (a wrong shard, a missed all-reduce) is >= one step (1e-3).
+    worst = max(float((a - b).abs().max()) for a, b in zip(single.net.state_dict().values(),
+                                                            ddp_net.state_dict().values()))
+    assert worst < 2e-4, worst
 
 
 def test_cli_parser():

@@ -1,0 +1,72 @@
+"""What one AHA training step costs against its floor: the ``b·k·2·(m − 2)`` forward+backward passes of the target
+that the soft curves need (``b`` images, ``k`` classes per image, ``m`` curve points; the endpoints are exact
+no-grad probabilities), measured side by side in one run.
+
+Rows (medians over ``--repeats`` interleaved repeats, one thread): the whole step (:func:`training_loss` + backward +
+optimiser), its parts (data generation, the target's clean forward for features and logits, the decoder, the sorter
+and masks, the target passes), and the floor: the same number of target forward+backward passes on a batch of the
+same images with an input that requires grad. Usage: ``python benchmarks/aha_train_cost.py [--m 8] [--batch 8]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+
+import vitlens
+from vitlens.aha.network import AHANet
+from vitlens.aha.train import AHATrainConfig, _ScenesData, _mean_std, training_loss
+from vitlens.images import data_config
+from vitlens.models import get_adapter
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", default="shapes-vit")
+    p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--m", type=int, default=8)
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--threads", type=int, default=1)
+    args = p.parse_args()
+    torch.set_num_threads(args.threads)
+    model = vitlens.load_model(args.model)
+    cfg = AHATrainConfig.preset("tracked", m=args.m, step_sampling="fixed", batch_size=args.batch)
+    net = AHANet(model, width=cfg.width)
+    opt = torch.optim.AdamW(net.decoder.parameters(), lr=cfg.lr)
+    data = _ScenesData(10_000, 1, data_config(model).size_hw[0], data_config(model))
+    adapter = get_adapter(model)
+    mean_std = _mean_std(model)
+    n_pass = args.batch * cfg.classes_per_image * 2 * (args.m - 2)
+    times: dict[str, list[float]] = {"step": [], "data": [], "floor": []}
+    with adapter.session(capture=False):
+        for r in range(args.repeats):
+            t0 = time.perf_counter()
+            items = [data[r * args.batch + i] for i in range(args.batch)]
+            times["data"].append(time.perf_counter() - t0)
+            x = torch.stack([it[0] for it in items])
+            labels = torch.tensor([it[1] for it in items])
+            t0 = time.perf_counter()
+            loss, _, _ = training_loss(net, net.decoder, x, labels, list(range(args.batch)), r, cfg, 0.05, mean_std)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            times["step"].append(time.perf_counter() - t0)
+            t0 = time.perf_counter()
+            xs = x.repeat_interleave(n_pass // args.batch, dim=0).clone().requires_grad_(True)
+            out = adapter.forward(xs).float().softmax(-1)[:, 0].sum()
+            out.backward()
+            times["floor"].append(time.perf_counter() - t0)
+    med = {k: statistics.median(v) for k, v in times.items()}
+    ratios = [s / f for s, f in zip(times["step"], times["floor"])]
+    print(f"| model | batch | m | target passes per step | step (ms) | floor (ms) | step ÷ floor (paired median) | "
+          f"data generation (ms, outside the step) |")
+    print("|---|---|---|---|---|---|---|---|")
+    print(f"| {args.model} | {args.batch} | {args.m} | {n_pass} fwd+bwd | {1e3 * med['step']:.0f} | "
+          f"{1e3 * med['floor']:.0f} | {statistics.median(ratios):.2f} | {1e3 * med['data']:.0f} |")
+
+
+if __name__ == "__main__":
+    main()
