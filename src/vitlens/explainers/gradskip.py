@@ -163,7 +163,7 @@ class GradSkip(Explainer):
             o["head_subset"] = (hs[0], float(hs[1]))
 
     def attribute(self, adapter: Adapter, x: Tensor, target: Target) -> tuple[Attribution, Tensor, Target]:
-        if getattr(adapter, "hierarchical", False):  # SegFormer: docs/methods/gradskip_segformer.md
+        if adapter.hierarchical:  # SegFormer: docs/methods/gradskip_segformer.md
             from .gradskip_segformer import attribute_hierarchical
 
             return attribute_hierarchical(self, adapter, x, target)

@@ -299,7 +299,7 @@ class _Inputs:
         if granularity == "pixel":
             return (1, 1)
         if granularity == "patch":
-            ps = getattr(self.adapter, "patch_size", None)
+            ps = self.adapter.patch_size
             if ps is None:
                 raise InputError(
                     f"granularity 'patch' needs the model's patch size, but {type(self.adapter.model).__name__} "

@@ -71,13 +71,19 @@ def register_adapter(cls: type[Adapter], first: bool = True) -> type[Adapter]:
     return cls
 
 
-def get_adapter(model: nn.Module | Adapter, require: str | None = None) -> Adapter:
+def get_adapter(model: nn.Module | Adapter, require: str | None = None, method: str | None = None) -> Adapter:
     """Return the adapter for ``model``.
 
     Args:
         model: a model (or an adapter, returned as is).
         require: a capability the caller needs (e.g. ``"attention"``); a model whose family does not offer it gets an
             :class:`UnsupportedModelError` that lists the supported families.
+        method: the name of the calling method; if the family declares that the method's rules do not apply
+            (:attr:`Adapter.method_limits`), the error names the methods that do work.
+
+    A model that an adapter recognises but cannot handle (e.g. a timm ViT with non-standard blocks) gets the
+    :class:`GenericAdapter` when no capability is required, so model-agnostic methods work on any ``nn.Module``;
+    when one is required, the adapter's own reason is raised.
     """
     if isinstance(model, Adapter):
         adapter = model
@@ -87,7 +93,14 @@ def get_adapter(model: nn.Module | Adapter, require: str | None = None) -> Adapt
         adapter = None
         for cls in _ADAPTERS:
             if cls.matches(model):
-                adapter = cls(model)
+                try:
+                    adapter = cls(model)
+                except UnsupportedModelError as e:
+                    if require is not None:
+                        raise UnsupportedModelError(
+                            f"{e}; model-agnostic methods work on it: {', '.join(GenericAdapter(model).working_methods())}"
+                        ) from None
+                    adapter = GenericAdapter(model)
                 break
         if adapter is None:
             adapter = GenericAdapter(model)
@@ -95,8 +108,11 @@ def get_adapter(model: nn.Module | Adapter, require: str | None = None) -> Adapt
         supported = ", ".join(f"{a.family} ({a.__doc__.strip().splitlines()[0]})" for a in _ADAPTERS)
         raise UnsupportedModelError(
             f"{type(adapter.model).__name__} is not supported by this method (it needs '{require}'); "
-            f"supported families: {supported}. To add a family, register an Adapter (docs/architecture.md)"
+            f"supported families: {supported}; methods that work on this model: "
+            f"{', '.join(adapter.working_methods())}. To add a family, register an Adapter (docs/architecture.md)"
         )
+    if method is not None:
+        adapter.check_method(method)
     return adapter
 
 
