@@ -294,7 +294,7 @@ class Explainer:
         targets = torch.cat([p[2].classes for p in parts])
         scores = torch.cat([p[2](p[1]).detach() for p in parts])
         hw = tuple(x.shape[-2:])
-        has_grid = "tokens" in adapter.capabilities
+        has_grid = adapter.patch_size is not None  # a token grid (not only families that can drop tokens)
         if self.level == "token":
             token_maps = values
             maps = upsample_tokens(values, hw)

@@ -16,8 +16,10 @@ from torch import nn
 from ..errors import UnsupportedModelError, WeightsUnavailableError
 from .base import Adapter, BlockRecord, Recording
 from .hf_segformer import SegformerAdapter
+from .hf_families import HFSequenceAdapter
 from .hf_vit import HFViTAdapter
 from .timm_cnn import TimmCNNAdapter
+from .timm_families import REFUSED, TimmBeitAdapter, TimmEvaAdapter, TimmRelPosAdapter
 from .timm_vit import TimmViTAdapter
 
 __all__ = [
@@ -29,6 +31,10 @@ __all__ = [
     "HFViTAdapter",
     "SegformerAdapter",
     "TimmCNNAdapter",
+    "TimmEvaAdapter",
+    "TimmBeitAdapter",
+    "TimmRelPosAdapter",
+    "HFSequenceAdapter",
     "get_adapter",
     "register_adapter",
     "load_model",
@@ -60,7 +66,8 @@ class GenericAdapter(Adapter):
         )
 
 
-_ADAPTERS: list[type[Adapter]] = [TimmViTAdapter, HFViTAdapter, SegformerAdapter, TimmCNNAdapter]
+_ADAPTERS: list[type[Adapter]] = [TimmViTAdapter, TimmEvaAdapter, TimmBeitAdapter, TimmRelPosAdapter, HFViTAdapter,
+                                  HFSequenceAdapter, SegformerAdapter, TimmCNNAdapter]
 
 
 def register_adapter(cls: type[Adapter], first: bool = True) -> type[Adapter]:
@@ -98,13 +105,19 @@ def get_adapter(model: nn.Module | Adapter, require: str | None = None, method: 
                 except UnsupportedModelError as e:
                     if require is not None:
                         raise UnsupportedModelError(
-                            f"{e}; model-agnostic methods work on it: {', '.join(GenericAdapter(model).working_methods())}"
+                            f"{e}; methods that work on this model: {', '.join(GenericAdapter(model).working_methods())}"
                         ) from None
                     adapter = GenericAdapter(model)
                 break
         if adapter is None:
             adapter = GenericAdapter(model)
     if require is not None and require not in adapter.capabilities:
+        refused = REFUSED.get(type(adapter.model).__name__) or adapter.capability_notes.get(require)
+        if refused is not None:
+            raise UnsupportedModelError(
+                f"{type(adapter.model).__name__} is not supported by this method (it needs '{require}'): {refused}; "
+                f"methods that work on this model: {', '.join(adapter.working_methods())}"
+            )
         supported = ", ".join(f"{a.family} ({a.__doc__.strip().splitlines()[0]})" for a in _ADAPTERS)
         raise UnsupportedModelError(
             f"{type(adapter.model).__name__} is not supported by this method (it needs '{require}'); "

@@ -120,6 +120,8 @@ class Adapter:
             code path dispatch on it.
         method_limits: method name → why the method's rules do not apply to this family (checked by
             :meth:`check_method`; e.g. LRP rules on gated MLPs).
+        capability_notes: capability → why this family does not offer it (used in the error a method that needs it
+            raises, e.g. ``"tokens"``: RoPE is tied to token positions).
         num_prefix_tokens: tokens before the patch tokens (CLS, DIST, registers).
         readout_tokens: indices of the tokens the classifier reads, or ``None`` for pooled readouts.
         num_classes: size of the model's output.
@@ -132,6 +134,7 @@ class Adapter:
     capabilities: frozenset[str] = frozenset()
     hierarchical: bool = False
     method_limits: dict[str, str] = {}
+    capability_notes: dict[str, str] = {}
 
     def __init__(self, model: nn.Module) -> None:
         self.model = model
