@@ -216,3 +216,28 @@ def test_non_standard_timm_blocks_get_model_agnostic_methods():
         assert exp.maps.shape == (2, 32, 32) and torch.isfinite(exp.maps).all()
     with pytest.raises(UnsupportedModelError, match="ParallelScalingBlock.*methods that work on this model: .*rise"):
         vitlens.explain(m, _x(1), method="gradskip")
+
+
+@pytest.mark.parametrize("family", [n for n in SUPPORTED if vitlens.get_adapter(build(n)).any_size])
+def test_other_input_sizes_where_the_family_allows_them(family):
+    model = _model(family)
+    x = torch.randn(2, 3, 48, 40, generator=torch.Generator().manual_seed(1))
+    exp = vitlens.explain(model, x, method="gradskip")
+    assert exp.token_maps.shape == (2, 6, 5) and exp.maps.shape == (2, 48, 40)
+    total = exp.token_maps.sum((1, 2)).double() + exp.remainder.double()
+    torch.testing.assert_close(total, exp.scores.double(), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("family", [n for n in SUPPORTED if not vitlens.get_adapter(build(n)).any_size])
+def test_fixed_size_families_refuse_other_sizes_clearly(family):
+    with pytest.raises(vitlens.InputError, match="expects 32x32 inputs; got 48x48"):
+        vitlens.explain(_model(family), torch.randn(1, 3, 48, 48), method="gradskip")
+
+
+@pytest.mark.parametrize("family", NEW)
+def test_randomisation_check_walks_the_blocks(family):
+    from vitlens.metrics.sanity import randomisation_check
+
+    out = randomisation_check(_model(family), _x(2), method="gradskip")
+    assert out["stages"] == ["head", "blocks.1", "blocks.0"]
+    assert out["spearman"].shape == (3, 2)

@@ -84,7 +84,7 @@ class SequenceAdapter(Adapter):
     def check_input(self, x: Tensor) -> None:
         super().check_input(x)
         hw = tuple(x.shape[-2:])
-        if self.default_size is not None and hw != tuple(self.default_size):
+        if not self.any_size and self.default_size is not None and hw != tuple(self.default_size):
             raise InputError(
                 f"{type(self.model).__name__} expects {self.default_size[0]}x{self.default_size[1]} inputs; "
                 f"got {hw[0]}x{hw[1]}"

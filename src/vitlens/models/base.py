@@ -127,7 +127,9 @@ class Adapter:
         num_classes: size of the model's output.
         patch_size: ``(ph, pw)`` pixels per token, or ``None`` for models without a patch grid (CNNs, generic).
         in_chans: input channels the model expects, or ``None`` if unknown (not checked).
-        default_size: ``(H, W)`` the model was built for, or ``None`` if any size works or it is unknown.
+        default_size: ``(H, W)`` the model was built for, or ``None`` if it has none or it is unknown.
+        any_size: whether :meth:`check_input` accepts other input sizes (multiples of the patch size, e.g. through
+            position-embedding interpolation or RoPE); ``False``: only ``default_size``.
     """
 
     family: str = "base"
@@ -144,6 +146,7 @@ class Adapter:
         self.patch_size: tuple[int, int] | None = None
         self.in_chans: int | None = None
         self.default_size: tuple[int, int] | None = None
+        self.any_size: bool = True
 
     # -- what the family supports ----------------------------------------------------------------------------------
     def check_method(self, method: str) -> None:

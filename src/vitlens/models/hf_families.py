@@ -83,7 +83,8 @@ class HFSequenceAdapter(SequenceAdapter):
         self.num_classes = int(model.config.num_labels)
         p, s = vcfg.patch_size, vcfg.image_size
         self.patch_size = (p, p) if isinstance(p, int) else tuple(p)
-        self.default_size = None if self.family == "hf-dinov2" else ((s, s) if isinstance(s, int) else tuple(s))
+        self.default_size = (s, s) if isinstance(s, int) else tuple(s)
+        self.any_size = self.family == "hf-dinov2"  # DINOv2 always interpolates its position embeddings
         self.in_chans = int(vcfg.num_channels)
         has_cls = self.family != "hf-siglip"
         self.num_prefix_tokens = int(has_cls) + int(getattr(vcfg, "num_register_tokens", 0) or 0)

@@ -13,10 +13,11 @@ from __future__ import annotations
 import contextlib
 from typing import Iterator
 
-from torch import nn
+from torch import Tensor, nn
 
 from ..errors import UnsupportedModelError
 from ._sequence import BlockParts, SequenceAdapter, lrp_limits, value_weights
+from .base import Adapter
 
 __all__ = ["TimmEvaAdapter", "TimmBeitAdapter", "TimmRelPosAdapter", "REFUSED"]
 
@@ -68,14 +69,26 @@ class _TimmSequenceAdapter(SequenceAdapter):
         pe = model.patch_embed
         self.patch_size = tuple(int(v) for v in pe.patch_size)
         self.in_chans = int(pe.proj.in_channels)
-        dynamic = bool(getattr(model, "dynamic_img_size", False))
-        self.default_size = None if dynamic or pe.img_size is None else tuple(int(v) for v in pe.img_size)
+        self.any_size = bool(getattr(model, "dynamic_img_size", False)) or pe.img_size is None
+        self.default_size = None if pe.img_size is None else tuple(int(v) for v in pe.img_size)
         self._parts = [BlockParts(block=blk, attention=blk.attn, probs_at=blk.attn.attn_drop, probs_index=None,
                                   norm2=blk.norm2, value=value_weights(blk.attn), heads=int(blk.attn.num_heads))
                        for blk in model.blocks]
 
     def parts(self) -> list[BlockParts]:
         return self._parts
+
+    def grid(self, input_hw: tuple[int, int]) -> tuple[int, int]:
+        pe = self.model.patch_embed
+        if self.any_size and hasattr(pe, "dynamic_feat_size"):  # dynamic size (padding included)
+            return tuple(int(v) for v in pe.dynamic_feat_size(tuple(input_hw)))
+        return super().grid(input_hw)
+
+    def check_input(self, x: Tensor) -> None:
+        if self.any_size and getattr(self.model.patch_embed, "dynamic_img_pad", False):
+            Adapter.check_input(self, x)  # channels only: any size is padded to the patch grid
+            return
+        super().check_input(x)
 
     @contextlib.contextmanager
     def _explicit_attention(self) -> Iterator[None]:
@@ -115,7 +128,7 @@ class TimmBeitAdapter(_TimmSequenceAdapter):
 
     def __init__(self, model: nn.Module) -> None:
         super().__init__(model)
-        self.default_size = tuple(int(v) for v in model.patch_embed.img_size)
+        self.any_size = False
 
 
 class TimmRelPosAdapter(_TimmSequenceAdapter):
@@ -134,4 +147,4 @@ class TimmRelPosAdapter(_TimmSequenceAdapter):
 
     def __init__(self, model: nn.Module) -> None:
         super().__init__(model)
-        self.default_size = tuple(int(v) for v in model.patch_embed.img_size)
+        self.any_size = False
