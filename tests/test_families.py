@@ -241,3 +241,18 @@ def test_randomisation_check_walks_the_blocks(family):
     out = randomisation_check(_model(family), _x(2), method="gradskip")
     assert out["stages"] == ["head", "blocks.1", "blocks.0"]
     assert out["spearman"].shape == (3, 2)
+
+
+@pytest.mark.parametrize("family, mean", [
+    ("HF DINOv2", (0.485, 0.456, 0.406)), ("HF DINOv2 + registers", (0.485, 0.456, 0.406)),
+    ("HF CLIP", (0.48145466, 0.4578275, 0.40821073)), ("HF SigLIP", (0.5, 0.5, 0.5)), ("HF BEiT", (0.5, 0.5, 0.5)),
+])
+def test_hf_families_get_their_processor_preprocessing(family, mean):
+    model = _model(family)
+    cfg = vitlens.get_adapter(model).data_config()
+    assert cfg.input_size == (3, 32, 32) and cfg.interpolation == "bicubic"
+    assert cfg.mean == pytest.approx(mean)
+    from PIL import Image
+
+    batch = vitlens.load_images([Image.new("RGB", (40, 50), (200, 30, 30))], model)
+    assert batch.shape == (1, 3, 32, 32)

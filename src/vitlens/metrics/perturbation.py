@@ -287,7 +287,7 @@ class _Inputs:
         self.targets = _targets(targets, x.shape[0], self.device)
         cfg_setting = metric.settings.get("data_config")
         try:
-            self.cfg = data_config(self.adapter.model if cfg_setting is None else cfg_setting)
+            self.cfg = self.adapter.data_config() if cfg_setting is None else data_config(cfg_setting)
         except VitlensError:
             raise InputError(
                 f"metric '{metric.name}' needs the model's pixel mean/std for its baselines and cannot derive them "

@@ -167,6 +167,15 @@ class Adapter:
         return sorted(name for name, req in requirements().items()
                       if (req is None or req in self.capabilities) and name not in self.method_limits)
 
+    def data_config(self) -> Any:
+        """The preprocessing the model expects, a :class:`vitlens.images.DataConfig` (input size, mean/std,
+        interpolation, crop). Default: :func:`vitlens.images.data_config` of the model (timm's pretrained config,
+        the HF processor defaults of the family, or the model's ``vitlens_data_config``); raises
+        :class:`UnsupportedModelError` when none can be derived."""
+        from ..images import data_config
+
+        return data_config(self.model)
+
     def classifier_modules(self) -> list[nn.Module]:
         """The classifier head module(s), with parameters (the first stage of a cascading randomisation check).
 
