@@ -287,8 +287,9 @@ def data_config(model_or_config: DataConfig | Mapping[str, Any] | torch.nn.Modul
       ``patch_embed.img_size`` when that differs from the pretrained config's;
     * a HuggingFace vision model (``transformers.PreTrainedModel`` with ``config.image_size``): that size, bilinear,
       ``crop_pct=1.0``, ``crop_mode='squash'`` (the ViT processors resize to the square size without cropping),
-      ImageNet mean/std for ``model_type == 'deit'`` and 0.5/0.5 otherwise, unless ``model.config`` carries a
-      ``vitlens_data_config`` dict, which overrides them.
+      ImageNet mean/std for ``model_type == 'deit'`` and 0.5/0.5 otherwise; DINOv2, CLIP, SigLIP and BEiT get their
+      own processors' defaults (``vitlens.models.hf_families.processor_defaults``); ``model.config`` carrying a
+      ``vitlens_data_config`` dict overrides them.
 
     Raises:
         UnsupportedModelError: for anything else.
