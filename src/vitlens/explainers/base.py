@@ -282,7 +282,8 @@ class Explainer:
             raise InputError(f"batch_size must be positive, got {batch_size}")
         parts: list[tuple[Attribution, Tensor, Target]] = []
         meter = CostMeter(adapter.model)
-        with meter, torch.enable_grad():  # gradient methods also work when the caller is inside torch.no_grad()
+        # gradient methods also work inside torch.no_grad(); a caller's autocast applies to the model's forwards only
+        with meter, torch.enable_grad(), adapter.caller_autocast(x.device.type):
             for start in range(0, b, chunk):
                 sl = slice(start, min(start + chunk, b))
                 parts.append(self.attribute(adapter, x[sl], _target_chunk(tgt, sl, b)))

@@ -228,9 +228,33 @@ class Adapter:
 
     # -- running -------------------------------------------------------------------------------------------------
     def forward(self, x: Tensor) -> Tensor:
-        """Logits ``(B, K)`` of the model for input ``x``."""
-        out = self.model(x)
-        return _logits_of(out)
+        """Logits ``(B, K)`` of the model for input ``x`` (families: :meth:`_forward`). Inside
+        :meth:`caller_autocast` the model runs under the caller's ``torch.autocast``."""
+        amp = getattr(self, "_caller_amp", None)
+        if amp is None:
+            return self._forward(x)
+        with torch.autocast(amp[0], dtype=amp[1]):
+            return self._forward(x)
+
+    def _forward(self, x: Tensor) -> Tensor:
+        """The family's forward: logits of the model for ``x``."""
+        return _logits_of(self.model(x))
+
+    @contextlib.contextmanager
+    def caller_autocast(self, device_type: str) -> Iterator[None]:
+        """Keep the caller's ``torch.autocast`` (if enabled for ``device_type``) for the model's forward passes
+        (:meth:`forward`) and switch it off for everything else in the context, so an explainer's own arithmetic
+        (relevance propagation, normalisation, sums) runs in full precision. Restored on exit."""
+        if not torch.is_autocast_enabled(device_type):
+            yield
+            return
+        saved = getattr(self, "_caller_amp", None)
+        self._caller_amp = (device_type, torch.get_autocast_dtype(device_type))
+        try:
+            with torch.autocast(device_type, enabled=False):
+                yield
+        finally:
+            self._caller_amp = saved
 
     def blocks(self) -> Sequence[nn.Module]:
         """The transformer blocks, in order. Raises ``NotImplementedError`` for models without transformer blocks

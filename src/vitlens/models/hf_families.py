@@ -114,7 +114,7 @@ class HFSequenceAdapter(SequenceAdapter):
     def parts(self) -> list[BlockParts]:
         return self._parts
 
-    def forward(self, x: Tensor) -> Tensor:
+    def _forward(self, x: Tensor) -> Tensor:
         return _logits_of(self.model(pixel_values=x))
 
     def _embedding_module(self) -> nn.Module:
