@@ -131,3 +131,17 @@ def test_autocast_reaches_the_model_and_is_restored():
     assert exp.scores.dtype == torch.bfloat16  # the forward ran under it
     assert exp.maps.dtype == torch.float32 and torch.isfinite(exp.maps).all()
     assert not torch.is_autocast_enabled("cpu")
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+def test_metrics_and_sanity_check_on_half_precision_models(dtype):
+    from vitlens.metrics import InsertionDeletion, randomisation_check
+
+    model = tiny_vit().to(dtype)
+    model.vitlens_data_config = {"input_size": (3, 32, 32), "mean": (0.5,) * 3, "std": (0.5,) * 3}
+    x = _x()
+    exp = vitlens.explain(model, x, method="gradskip")
+    res = InsertionDeletion(steps=4)(exp.maps, model=model, x=x, targets=exp.targets)
+    assert all(torch.isfinite(v).all() for v in res.values.values())
+    out = randomisation_check(model, x, method="gradskip")
+    assert out["stages"][0] == "head" and torch.isfinite(out["spearman"]).all()

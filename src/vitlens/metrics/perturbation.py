@@ -228,7 +228,7 @@ def _run(adapter: Adapter, sources: Tensor, pixel_ranks: Tensor, jobs: dict[str,
                     continue
                 torch.where(mask.view(-1, 1, h, w), sources[top], sources[rest], out=dst)
             i = j
-        logits = adapter.forward(inputs)
+        logits = adapter.forward(inputs.to(adapter.dtype()))  # fp16/bf16 models: the perturbation stays in x's dtype
         if logits.ndim != 2 or logits.shape[0] != inputs.shape[0]:
             raise InputError(f"the model must return logits (B, K); got shape {tuple(logits.shape)}")
         if start == 0:

@@ -279,7 +279,7 @@ def randomisation_check(model: nn.Module, x: Tensor, method: str = "gradskip", t
         )
     heads = adapter.classifier_modules()
     device = next(work.parameters()).device
-    x = x.to(device)
+    x = x.to(device=device, dtype=adapter.dtype())  # fp16/bf16 models take their dtype
     adapter.check_input(x)
     if blocks:
         with torch.no_grad():
