@@ -256,3 +256,15 @@ def test_hf_families_get_their_processor_preprocessing(family, mean):
 
     batch = vitlens.load_images([Image.new("RGB", (40, 50), (200, 30, 30))], model)
     assert batch.shape == (1, 3, 32, 32)
+
+
+@pytest.mark.parametrize("family", NEW)
+def test_explicit_attention_context_is_restored(family):
+    model = _model(family)
+    adapter = vitlens.get_adapter(model)
+    before = _fingerprint(model)
+    with pytest.raises(KeyError):
+        with adapter.explicit_attention():
+            assert _fingerprint(model) != before  # something was switched
+            raise KeyError("inside")
+    assert _fingerprint(model) == before

@@ -282,8 +282,17 @@ class Adapter:
 
     @contextlib.contextmanager
     def _explicit_attention(self) -> Iterator[None]:
-        """Switch attention to the explicit (attention-matrix computing) path for the duration of the context."""
+        """Family hook: switch attention to the explicit (attention-matrix computing) path for the duration of the
+        context, restoring it on exit. Default: nothing to switch."""
         yield
+
+    @contextlib.contextmanager
+    def explicit_attention(self) -> Iterator[None]:
+        """Run the model's attention on its explicit path (timm ``fused_attn = False``, HF eager attention) within
+        the context, restored on exit also after an exception; for callers outside a :meth:`session` (e.g. training
+        commands that want the explicit path for speed)."""
+        with self._explicit_attention():
+            yield
 
     @contextlib.contextmanager
     def session(self, capture: bool = True, conservative: bool = False) -> Iterator[Recording]:
