@@ -214,6 +214,8 @@ def test_non_standard_timm_blocks_get_model_agnostic_methods():
     for name in ("gradient", "integrated_gradients", "rise", "inputxgradient"):
         exp = _method(name).explain(m, _x(2))
         assert exp.maps.shape == (2, 32, 32) and torch.isfinite(exp.maps).all()
+        assert exp.token_maps.shape == (2, 4, 4)  # pooled on the model's patch grid
+        torch.testing.assert_close(exp.token_maps.sum((1, 2)), exp.maps.sum((1, 2)), rtol=1e-4, atol=1e-6)
     with pytest.raises(UnsupportedModelError, match="ParallelScalingBlock.*methods that work on this model: .*rise"):
         vitlens.explain(m, _x(1), method="gradskip")
 

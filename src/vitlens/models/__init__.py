@@ -55,8 +55,16 @@ class GenericAdapter(Adapter):
     def __init__(self, model: nn.Module) -> None:
         super().__init__(model)
         self.num_classes = int(getattr(model, "num_classes", 0) or 0)
+        ps = getattr(getattr(model, "patch_embed", None), "patch_size", None)  # timm ViT-like models
+        if isinstance(ps, int):
+            ps = (ps, ps)
+        if isinstance(ps, (tuple, list)) and len(ps) == 2 and all(isinstance(v, int) and v > 0 for v in ps):
+            self.patch_size = (int(ps[0]), int(ps[1]))
 
     def grid(self, input_hw: tuple[int, int]) -> tuple[int, int]:
+        """The patch grid of a timm ViT-like model (pixel maps are also summed onto it), else the pixels."""
+        if self.patch_size is not None:
+            return max(1, input_hw[0] // self.patch_size[0]), max(1, input_hw[1] // self.patch_size[1])
         return tuple(input_hw)  # pixels are the features
 
     def _install_capture(self, rec: Recording, hooks: list) -> None:
