@@ -236,7 +236,13 @@ def _timm_config(model: torch.nn.Module) -> DataConfig:
 
 
 def _hf_config(model: torch.nn.Module) -> DataConfig:
+    from vitlens.models.hf_families import processor_defaults  # the families' processors are model knowledge
+
     config: Any = model.config
+    known = processor_defaults(model)
+    if known is not None:
+        extra = getattr(config, "vitlens_data_config", None)
+        return DataConfig(**known) if extra is None else _override(DataConfig(**known), extra, "model.config")
     size = config.image_size
     hw = (int(size[0]), int(size[1])) if isinstance(size, (tuple, list)) else (int(size), int(size))
     if getattr(config, "model_type", None) == "deit":
@@ -259,7 +265,10 @@ def _is_hf_model(model: Any) -> bool:
     transformers = sys.modules.get("transformers")  # an HF model implies transformers is already imported
     if transformers is None:
         return False
-    return isinstance(model, transformers.PreTrainedModel) and hasattr(getattr(model, "config", None), "image_size")
+    config = getattr(model, "config", None)
+    vision = getattr(config, "vision_config", None)  # CLIP / SigLIP keep the image size in their vision config
+    return isinstance(model, transformers.PreTrainedModel) and (hasattr(config, "image_size") or
+                                                                hasattr(vision, "image_size"))
 
 
 def _is_timm_model(model: Any) -> bool:
@@ -278,8 +287,9 @@ def data_config(model_or_config: DataConfig | Mapping[str, Any] | torch.nn.Modul
       ``patch_embed.img_size`` when that differs from the pretrained config's;
     * a HuggingFace vision model (``transformers.PreTrainedModel`` with ``config.image_size``): that size, bilinear,
       ``crop_pct=1.0``, ``crop_mode='squash'`` (the ViT processors resize to the square size without cropping),
-      ImageNet mean/std for ``model_type == 'deit'`` and 0.5/0.5 otherwise, unless ``model.config`` carries a
-      ``vitlens_data_config`` dict, which overrides them.
+      ImageNet mean/std for ``model_type == 'deit'`` and 0.5/0.5 otherwise; DINOv2, CLIP, SigLIP and BEiT get their
+      own processors' defaults (``vitlens.models.hf_families.processor_defaults``); ``model.config`` carrying a
+      ``vitlens_data_config`` dict overrides them.
 
     Raises:
         UnsupportedModelError: for anything else.

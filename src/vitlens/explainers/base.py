@@ -268,11 +268,12 @@ class Explainer:
 
         ``batch_size`` splits the batch into chunks (memory knob; results do not depend on it).
         """
-        adapter = get_adapter(model, require=self.requires)
+        adapter = get_adapter(model, require=self.requires, method=self.name)
         x = validate_batch(x)
         device = _model_device(adapter.model)
         if device is not None and x.device != device:
             x = x.to(device)
+        x = x.to(adapter.dtype())  # fp16/bf16/fp64 models get their dtype (torch.autocast still applies inside)
         adapter.check_input(x)
         tgt = make_target(target)
         b = x.shape[0]
@@ -281,7 +282,8 @@ class Explainer:
             raise InputError(f"batch_size must be positive, got {batch_size}")
         parts: list[tuple[Attribution, Tensor, Target]] = []
         meter = CostMeter(adapter.model)
-        with meter:
+        # gradient methods also work inside torch.no_grad(); a caller's autocast applies to the model's forwards only
+        with meter, torch.enable_grad(), adapter.caller_autocast(x.device.type):
             for start in range(0, b, chunk):
                 sl = slice(start, min(start + chunk, b))
                 parts.append(self.attribute(adapter, x[sl], _target_chunk(tgt, sl, b)))
@@ -293,7 +295,7 @@ class Explainer:
         targets = torch.cat([p[2].classes for p in parts])
         scores = torch.cat([p[2](p[1]).detach() for p in parts])
         hw = tuple(x.shape[-2:])
-        has_grid = "tokens" in adapter.capabilities
+        has_grid = adapter.patch_size is not None  # a token grid (not only families that can drop tokens)
         if self.level == "token":
             token_maps = values
             maps = upsample_tokens(values, hw)

@@ -237,6 +237,8 @@ def lrp_linear_alpha_beta(x: Tensor, weight: Tensor, relevance: Tensor, alpha: f
     Positive contributions are ``x⁺·W⁺ + x⁻·W⁻``, negative ones ``x⁺·W⁻ + x⁻·W⁺``; the bias takes no part. With
     α = 1 (β = 0), ``R_in = x⁺ ⊙ (S·W⁺) + x⁻ ⊙ (S·W⁻)`` with ``S = R_out / (x⁺·W⁺ᵀ + x⁻·W⁻ᵀ)``.
     """
+    dtype = torch.promote_types(torch.promote_types(x.dtype, weight.dtype), relevance.dtype)  # autocast captures
+    x, weight, relevance = x.to(dtype), weight.to(dtype), relevance.to(dtype)
     xp, xn = x.clamp(min=0), x.clamp(max=0)
     wp, wn = weight.clamp(min=0), weight.clamp(max=0)
 
@@ -272,6 +274,8 @@ def lrp_matmul(x1: Tensor, x2: Tensor, relevance: Tensor) -> tuple[Tensor, Tenso
 
     ``R1 = ½·x1 ⊙ (S·x2ᵀ)``, ``R2 = ½·x2 ⊙ (x1ᵀ·S)`` with ``S = R / z``.
     """
+    dtype = torch.promote_types(torch.promote_types(x1.dtype, x2.dtype), relevance.dtype)  # autocast captures
+    x1, x2, relevance = x1.to(dtype), x2.to(dtype), relevance.to(dtype)
     s = safe_divide(relevance, x1 @ x2)
     return 0.5 * x1 * (s @ x2.transpose(-2, -1)), 0.5 * x2 * (x1.transpose(-2, -1) @ s)
 

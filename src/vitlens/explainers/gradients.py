@@ -40,7 +40,10 @@ class InputXGradient(Explainer):
 
 
 def _image_seed(image: Tensor, seed: int) -> int:
-    digest = hashlib.blake2b(image.detach().cpu().contiguous().numpy().tobytes(), digest_size=8).digest()
+    data = image.detach().cpu().contiguous()
+    if data.dtype == torch.bfloat16:  # numpy has no bfloat16: hash its bits
+        data = data.view(torch.int16)
+    digest = hashlib.blake2b(data.numpy().tobytes(), digest_size=8).digest()
     return (int.from_bytes(digest, "little") ^ (seed * 0x9E3779B97F4A7C15)) % (2**63)
 
 

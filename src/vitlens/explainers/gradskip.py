@@ -31,7 +31,7 @@ def gini(p: Tensor) -> Tensor:
     A row that sums to zero gets ``G = 0``.
     """
     n = p.shape[-1]
-    if p.device.type == "cpu" and not p.requires_grad:
+    if p.device.type == "cpu" and not p.requires_grad and p.dtype != torch.bfloat16:  # numpy has no bfloat16
         # numpy's sort is ~20x faster than torch.sort on CPU for many short rows (same values; measured in
         # docs/benchmarks/gradskip_cost.md); the Gini values do not need gradients.
         srt = torch.from_numpy(np.sort(p.contiguous().numpy(), axis=-1))
@@ -112,6 +112,11 @@ def readout_relevance(final: Tensor, grad_final: Tensor, y: Tensor, readout: tup
     return w * y[:, None]
 
 
+def _wide(t: Tensor) -> Tensor:
+    """``t`` detached, in float32 if it is a half-precision tensor (float64 stays float64)."""
+    return t.detach().to(torch.promote_types(t.dtype, torch.float32))
+
+
 @register
 class GradSkip(Explainer):
     """GradSkip relevance propagation (adaptive head weighting + skip-connection-aware gates).
@@ -163,7 +168,7 @@ class GradSkip(Explainer):
             o["head_subset"] = (hs[0], float(hs[1]))
 
     def attribute(self, adapter: Adapter, x: Tensor, target: Target) -> tuple[Attribution, Tensor, Target]:
-        if getattr(adapter, "hierarchical", False):  # SegFormer: docs/methods/gradskip_segformer.md
+        if adapter.hierarchical:  # SegFormer: docs/methods/gradskip_segformer.md
             from .gradskip_segformer import attribute_hierarchical
 
             return attribute_hierarchical(self, adapter, x, target)
@@ -174,20 +179,21 @@ class GradSkip(Explainer):
             y = tgt(logits)
             wanted = [t for blk in rec.blocks for t in (blk.attn, blk.h)] + [rec.final]
             grads = torch.autograd.grad(y.sum(), wanted, allow_unused=True)
-        grads = [torch.zeros_like(w) if g is None else g for w, g in zip(wanted, grads)]
-        y = y.detach()
-        final = rec.final.detach()
+        # the propagation runs in at least float32 (fp16/bf16 models and autocast: docs/methods/gradskip.md)
+        grads = [_wide(torch.zeros_like(w) if g is None else g) for w, g in zip(wanted, grads)]
+        y = _wide(y)
+        final = _wide(rec.final)
         relevance = readout_relevance(final, grads[-1], y, adapter.readout_tokens, adapter.num_prefix_tokens)
         totals = [relevance.sum(-1)]
         omegas, gates = [], []
         for li in range(len(rec.blocks) - 1, -1, -1):
             blk = rec.blocks[li]
-            attn, grad_attn = blk.attn.detach(), grads[2 * li]
+            attn, grad_attn = _wide(blk.attn), grads[2 * li]
             grad_h = grads[2 * li + 1]
             omega = head_weights(attn, grad_attn, o["head_weighting"], float(o["alpha"]),
                                  float(o["grad_threshold"]), o["head_subset"])
-            w = self._weighted_attention(attn, grad_attn, blk.value, omega)
-            beta = self._gate(blk.u.detach(), blk.h.detach(), grad_h)
+            w = self._weighted_attention(attn, grad_attn, _wide(blk.value), omega)
+            beta = self._gate(_wide(blk.u), _wide(blk.h), grad_h)
             relevance = (beta * relevance)[:, None, :].bmm(w)[:, 0] + (1.0 - beta) * relevance
             totals.append(relevance.sum(-1))
             omegas.append(omega)

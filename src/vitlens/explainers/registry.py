@@ -9,7 +9,7 @@ from ..errors import InputError
 if TYPE_CHECKING:
     from .base import Explainer
 
-__all__ = ["register", "get_method", "methods"]
+__all__ = ["register", "get_method", "methods", "requirements"]
 
 _METHODS: dict[str, type["Explainer"]] = {}
 
@@ -40,3 +40,10 @@ def get_method(name: str | "Explainer", **options: Any) -> "Explainer":
 def methods() -> list[str]:
     """Names of the registered methods, sorted."""
     return sorted(_METHODS)
+
+
+def requirements() -> dict[str, str | None]:
+    """Method name → the adapter capability it requires (``None``: model-agnostic), for every registered method."""
+    import vitlens.explainers  # noqa: F401  (registers every method file)
+
+    return {name: cls.requires for name, cls in _METHODS.items()}

@@ -228,7 +228,7 @@ def _run(adapter: Adapter, sources: Tensor, pixel_ranks: Tensor, jobs: dict[str,
                     continue
                 torch.where(mask.view(-1, 1, h, w), sources[top], sources[rest], out=dst)
             i = j
-        logits = adapter.forward(inputs)
+        logits = adapter.forward(inputs.to(adapter.dtype()))  # fp16/bf16 models: the perturbation stays in x's dtype
         if logits.ndim != 2 or logits.shape[0] != inputs.shape[0]:
             raise InputError(f"the model must return logits (B, K); got shape {tuple(logits.shape)}")
         if start == 0:
@@ -287,7 +287,7 @@ class _Inputs:
         self.targets = _targets(targets, x.shape[0], self.device)
         cfg_setting = metric.settings.get("data_config")
         try:
-            self.cfg = data_config(self.adapter.model if cfg_setting is None else cfg_setting)
+            self.cfg = self.adapter.data_config() if cfg_setting is None else data_config(cfg_setting)
         except VitlensError:
             raise InputError(
                 f"metric '{metric.name}' needs the model's pixel mean/std for its baselines and cannot derive them "
@@ -299,7 +299,7 @@ class _Inputs:
         if granularity == "pixel":
             return (1, 1)
         if granularity == "patch":
-            ps = getattr(self.adapter, "patch_size", None)
+            ps = self.adapter.patch_size
             if ps is None:
                 raise InputError(
                     f"granularity 'patch' needs the model's patch size, but {type(self.adapter.model).__name__} "

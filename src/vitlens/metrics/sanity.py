@@ -138,34 +138,6 @@ def spearman(a: Tensor, b: Tensor, *, absolute: bool = True) -> Tensor:
 # --------------------------------------------------------------------------------------------------------------------
 
 
-def _classifier_modules(model: nn.Module) -> list[nn.Module]:
-    """The classifier head(s): timm's ``get_classifier()`` (a tuple for distilled models), else HuggingFace's
-    ``classifier`` / ``cls_classifier`` + ``distillation_classifier``."""
-    getter = getattr(model, "get_classifier", None)
-    if callable(getter):
-        got = getter()
-        heads = list(got) if isinstance(got, (tuple, list)) else [got]
-    else:
-        names = ("classifier", "cls_classifier", "distillation_classifier")
-        heads = [getattr(model, n) for n in names if isinstance(getattr(model, n, None), nn.Module)]
-    heads = [h for h in heads if isinstance(h, nn.Module) and any(True for _ in h.parameters())]
-    if not heads:
-        raise UnsupportedModelError(
-            f"cannot find the classifier head of {type(model).__name__} (looked for get_classifier(), classifier)"
-        )
-    return heads
-
-
-def _stage_container(model: nn.Module) -> tuple[str, list[nn.Module]] | None:
-    """The stage container of a model whose adapter has no blocks: its ``blocks``/``stages``/``layers``/``features``
-    child (timm CNNs such as EfficientNet, ConvNeXt, MobileNetV3) as ``(name, stages input side first)``, or None."""
-    for name in ("blocks", "stages", "layers", "features"):
-        container = getattr(model, name, None)
-        if isinstance(container, (nn.Sequential, nn.ModuleList)) and len(container) > 0:
-            return name, list(container)
-    return None
-
-
 def _owns_parameters(module: nn.Module) -> bool:
     return any(True for _ in module.parameters(recurse=False))
 
@@ -299,15 +271,15 @@ def randomisation_check(model: nn.Module, x: Tensor, method: str = "gradskip", t
         blocks = list(adapter.blocks())
     except NotImplementedError:  # no transformer blocks (CNNs): the model's own stage container, traced
         blocks = []
-    container = None if blocks else _stage_container(work)
+    container = None if blocks else adapter.stage_container()
     if not blocks and container is None:
         raise UnsupportedModelError(
             f"{type(model).__name__}: no blocks or stages found (the cascade needs an adapter with blocks(), or a "
             "model with a 'blocks', 'stages', 'layers' or 'features' container, as timm models have)"
         )
-    heads = _classifier_modules(work)
+    heads = adapter.classifier_modules()
     device = next(work.parameters()).device
-    x = x.to(device)
+    x = x.to(device=device, dtype=adapter.dtype())  # fp16/bf16 models take their dtype
     adapter.check_input(x)
     if blocks:
         with torch.no_grad():

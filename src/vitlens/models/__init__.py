@@ -16,8 +16,10 @@ from torch import nn
 from ..errors import UnsupportedModelError, WeightsUnavailableError
 from .base import Adapter, BlockRecord, Recording
 from .hf_segformer import SegformerAdapter
+from .hf_families import HFSequenceAdapter
 from .hf_vit import HFViTAdapter
 from .timm_cnn import TimmCNNAdapter
+from .timm_families import REFUSED, TimmBeitAdapter, TimmEvaAdapter, TimmRelPosAdapter
 from .timm_vit import TimmViTAdapter
 
 __all__ = [
@@ -29,6 +31,10 @@ __all__ = [
     "HFViTAdapter",
     "SegformerAdapter",
     "TimmCNNAdapter",
+    "TimmEvaAdapter",
+    "TimmBeitAdapter",
+    "TimmRelPosAdapter",
+    "HFSequenceAdapter",
     "get_adapter",
     "register_adapter",
     "load_model",
@@ -49,8 +55,16 @@ class GenericAdapter(Adapter):
     def __init__(self, model: nn.Module) -> None:
         super().__init__(model)
         self.num_classes = int(getattr(model, "num_classes", 0) or 0)
+        ps = getattr(getattr(model, "patch_embed", None), "patch_size", None)  # timm ViT-like models
+        if isinstance(ps, int):
+            ps = (ps, ps)
+        if isinstance(ps, (tuple, list)) and len(ps) == 2 and all(isinstance(v, int) and v > 0 for v in ps):
+            self.patch_size = (int(ps[0]), int(ps[1]))
 
     def grid(self, input_hw: tuple[int, int]) -> tuple[int, int]:
+        """The patch grid of a timm ViT-like model (pixel maps are also summed onto it), else the pixels."""
+        if self.patch_size is not None:
+            return max(1, input_hw[0] // self.patch_size[0]), max(1, input_hw[1] // self.patch_size[1])
         return tuple(input_hw)  # pixels are the features
 
     def _install_capture(self, rec: Recording, hooks: list) -> None:
@@ -60,7 +74,8 @@ class GenericAdapter(Adapter):
         )
 
 
-_ADAPTERS: list[type[Adapter]] = [TimmViTAdapter, HFViTAdapter, SegformerAdapter, TimmCNNAdapter]
+_ADAPTERS: list[type[Adapter]] = [TimmViTAdapter, TimmEvaAdapter, TimmBeitAdapter, TimmRelPosAdapter, HFViTAdapter,
+                                  HFSequenceAdapter, SegformerAdapter, TimmCNNAdapter]
 
 
 def register_adapter(cls: type[Adapter], first: bool = True) -> type[Adapter]:
@@ -71,13 +86,19 @@ def register_adapter(cls: type[Adapter], first: bool = True) -> type[Adapter]:
     return cls
 
 
-def get_adapter(model: nn.Module | Adapter, require: str | None = None) -> Adapter:
+def get_adapter(model: nn.Module | Adapter, require: str | None = None, method: str | None = None) -> Adapter:
     """Return the adapter for ``model``.
 
     Args:
         model: a model (or an adapter, returned as is).
         require: a capability the caller needs (e.g. ``"attention"``); a model whose family does not offer it gets an
             :class:`UnsupportedModelError` that lists the supported families.
+        method: the name of the calling method; if the family declares that the method's rules do not apply
+            (:attr:`Adapter.method_limits`), the error names the methods that do work.
+
+    A model that an adapter recognises but cannot handle (e.g. a timm ViT with non-standard blocks) gets the
+    :class:`GenericAdapter` when no capability is required, so model-agnostic methods work on any ``nn.Module``;
+    when one is required, the adapter's own reason is raised.
     """
     if isinstance(model, Adapter):
         adapter = model
@@ -87,16 +108,32 @@ def get_adapter(model: nn.Module | Adapter, require: str | None = None) -> Adapt
         adapter = None
         for cls in _ADAPTERS:
             if cls.matches(model):
-                adapter = cls(model)
+                try:
+                    adapter = cls(model)
+                except UnsupportedModelError as e:
+                    if require is not None:
+                        raise UnsupportedModelError(
+                            f"{e}; methods that work on this model: {', '.join(GenericAdapter(model).working_methods())}"
+                        ) from None
+                    adapter = GenericAdapter(model)
                 break
         if adapter is None:
             adapter = GenericAdapter(model)
     if require is not None and require not in adapter.capabilities:
+        refused = REFUSED.get(type(adapter.model).__name__) or adapter.capability_notes.get(require)
+        if refused is not None:
+            raise UnsupportedModelError(
+                f"{type(adapter.model).__name__} is not supported by this method (it needs '{require}'): {refused}; "
+                f"methods that work on this model: {', '.join(adapter.working_methods())}"
+            )
         supported = ", ".join(f"{a.family} ({a.__doc__.strip().splitlines()[0]})" for a in _ADAPTERS)
         raise UnsupportedModelError(
             f"{type(adapter.model).__name__} is not supported by this method (it needs '{require}'); "
-            f"supported families: {supported}. To add a family, register an Adapter (docs/architecture.md)"
+            f"supported families: {supported}; methods that work on this model: "
+            f"{', '.join(adapter.working_methods())}. To add a family, register an Adapter (docs/architecture.md)"
         )
+    if method is not None:
+        adapter.check_method(method)
     return adapter
 
 

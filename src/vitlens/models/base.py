@@ -22,9 +22,9 @@ from typing import Any, Callable, Iterator, Sequence
 import torch
 from torch import Tensor, nn
 
-from ..errors import InputError
+from ..errors import InputError, UnsupportedModelError
 
-__all__ = ["Adapter", "BlockRecord", "Recording", "conservative_layernorm_hook"]
+__all__ = ["Adapter", "BlockRecord", "Recording", "conservative_layernorm_hook", "normalisation_layers"]
 
 
 @dataclass
@@ -54,75 +54,226 @@ class Recording:
         return out
 
 
-def conservative_layernorm_hook(module: nn.LayerNorm, inputs: tuple, output: Tensor) -> Tensor:
-    """Forward hook that recomputes a LayerNorm with its standard deviation detached from the graph.
+def _is_rms_norm(module: nn.Module) -> bool:
+    """Whether ``module`` is a token-wise RMS normalisation (``x / rms(x) · weight``): ``torch.nn.RMSNorm`` or
+    timm's ``RmsNorm`` / ``RmsNormFp32``. Not covered (left non-conservative): channel-wise 2-d variants
+    (``RmsNorm2d``), timm's ``SimpleNorm`` (divides by the unbiased std without centering) and HuggingFace's
+    per-model RMSNorm classes (some scale by ``1 + weight``)."""
+    rms = getattr(nn, "RMSNorm", None)
+    if rms is not None and isinstance(module, rms):
+        return True
+    if type(module).__name__ not in _TIMM_RMS_NORMS:
+        return False
+    return type(module).__module__.startswith("timm.")
+
+
+_TIMM_RMS_NORMS = ("RmsNorm", "RmsNormFp32")
+
+
+def conservative_layernorm_hook(module: nn.Module, inputs: tuple, output: Tensor) -> Tensor:
+    """Forward hook that recomputes a LayerNorm (or an RMSNorm) with its scale detached from the graph.
 
     The forward value is unchanged (up to float rounding); in the backward pass the normalisation acts as a linear map
-    (centering, then division by a constant), so gradient × input is conserved through it (Ali et al., ICML 2022).
+    (LayerNorm: centering, then division by a constant; RMSNorm: division by a constant), so gradient × input is
+    conserved through it (Ali et al., ICML 2022). The statistics are computed in at least float32, so the hook also
+    works for half-precision models.
     """
     x = inputs[0]
-    dims = tuple(range(-len(module.normalized_shape), 0))
-    mean = x.mean(dim=dims, keepdim=True)
-    var = x.var(dim=dims, unbiased=False, keepdim=True)
-    y = (x - mean) / (var + module.eps).sqrt().detach()
-    if module.weight is not None:
-        y = y * module.weight
-    if module.bias is not None:
-        y = y + module.bias
+    shape = getattr(module, "normalized_shape", None) or (x.shape[-1],)
+    shape = (shape,) if isinstance(shape, int) else tuple(shape)
+    dims = tuple(range(-len(shape), 0))
+    xf = x.to(torch.promote_types(x.dtype, torch.float32))
+    eps = getattr(module, "eps", None)
+    eps = torch.finfo(xf.dtype).eps if eps is None else float(eps)
+    if _is_rms_norm(module):
+        y = xf / (xf.pow(2).mean(dim=dims, keepdim=True) + eps).sqrt().detach()
+    else:
+        mean = xf.mean(dim=dims, keepdim=True)
+        var = xf.var(dim=dims, unbiased=False, keepdim=True)
+        y = (xf - mean) / (var + eps).sqrt().detach()
+    weight, bias = getattr(module, "weight", None), getattr(module, "bias", None)
+    if weight is not None:
+        y = y * weight
+    if bias is not None:
+        y = y + bias
     return y.to(output.dtype)
 
 
-class Adapter:
-    """Base adapter. Subclasses fill in the family-specific parts.
+def normalisation_layers(model: nn.Module) -> list[nn.Module]:
+    """The ``LayerNorm`` and ``RMSNorm`` modules of ``model`` (torch's and timm's classes), in module order."""
+    return [m for m in model.modules() if isinstance(m, nn.LayerNorm) or _is_rms_norm(m)]
 
-    Attributes set by subclasses:
+
+class Adapter:
+    """Base adapter: the declared interface between vitlens and a model family. Subclasses fill in the parts their
+    family supports; every member has a docstring and a default (a neutral value, or an error that says what is
+    missing). Explainers, metrics, the image loader, the sanity check and the training commands ask a model only
+    through these members.
+
+    Attributes (set by subclasses):
         model: the wrapped ``nn.Module``.
         family: short name of the model family (e.g. ``"timm-vit"``).
+        capabilities: what the adapter offers explainers: ``"attention"`` (attention capture for relevance
+            propagation), ``"tokens"`` (:meth:`keep_tokens`), ``"features"`` (:meth:`feature_layers`),
+            ``"hierarchical"`` (several token grids; see :attr:`hierarchical`).
+        hierarchical: the model has stages with their own token grids (SegFormer); explainers with a hierarchical
+            code path dispatch on it.
+        method_limits: method name → why the method's rules do not apply to this family (checked by
+            :meth:`check_method`; e.g. LRP rules on gated MLPs).
+        capability_notes: capability → why this family does not offer it (used in the error a method that needs it
+            raises, e.g. ``"tokens"``: RoPE is tied to token positions).
         num_prefix_tokens: tokens before the patch tokens (CLS, DIST, registers).
         readout_tokens: indices of the tokens the classifier reads, or ``None`` for pooled readouts.
         num_classes: size of the model's output.
+        patch_size: ``(ph, pw)`` pixels per token, or ``None`` for models without a patch grid (CNNs, generic).
+        in_chans: input channels the model expects, or ``None`` if unknown (not checked).
+        default_size: ``(H, W)`` the model was built for, or ``None`` if it has none or it is unknown.
+        any_size: whether :meth:`check_input` accepts other input sizes (multiples of the patch size, e.g. through
+            position-embedding interpolation or RoPE); ``False``: only ``default_size``.
     """
 
     family: str = "base"
-    #: capabilities this adapter offers to explainers (e.g. "attention" for relevance propagation).
     capabilities: frozenset[str] = frozenset()
+    hierarchical: bool = False
+    method_limits: dict[str, str] = {}
+    capability_notes: dict[str, str] = {}
 
     def __init__(self, model: nn.Module) -> None:
         self.model = model
         self.num_prefix_tokens: int = 0
         self.readout_tokens: tuple[int, ...] | None = None
         self.num_classes: int = 0
+        self.patch_size: tuple[int, int] | None = None
+        self.in_chans: int | None = None
+        self.default_size: tuple[int, int] | None = None
+        self.any_size: bool = True
+
+    # -- what the family supports ----------------------------------------------------------------------------------
+    def check_method(self, method: str) -> None:
+        """Raise :class:`UnsupportedModelError` if ``method``'s rules do not apply to this family; the message says why
+        and names the registered methods that do work on the model."""
+        reason = self.method_limits.get(method)
+        if reason is None:
+            return
+        raise UnsupportedModelError(
+            f"method '{method}' does not apply to {type(self.model).__name__} ({self.family}): {reason}; "
+            f"methods that work on this model: {', '.join(self.working_methods())}"
+        )
+
+    def working_methods(self) -> list[str]:
+        """Registered methods whose required capability this adapter offers and whose rules apply, sorted."""
+        from ..explainers.registry import requirements  # the registry knows methods, not models
+
+        return sorted(name for name, req in requirements().items()
+                      if (req is None or req in self.capabilities) and name not in self.method_limits)
+
+    def data_config(self) -> Any:
+        """The preprocessing the model expects, a :class:`vitlens.images.DataConfig` (input size, mean/std,
+        interpolation, crop). Default: :func:`vitlens.images.data_config` of the model (timm's pretrained config,
+        the HF processor defaults of the family, or the model's ``vitlens_data_config``); raises
+        :class:`UnsupportedModelError` when none can be derived."""
+        from ..images import data_config
+
+        return data_config(self.model)
+
+    def classifier_modules(self) -> list[nn.Module]:
+        """The classifier head module(s), with parameters (the first stage of a cascading randomisation check).
+
+        Default: timm's ``get_classifier()`` (a tuple for distilled models), else the HuggingFace names
+        ``classifier`` / ``cls_classifier`` + ``distillation_classifier``; raises :class:`UnsupportedModelError` if
+        none is found.
+        """
+        model = self.model
+        getter = getattr(model, "get_classifier", None)
+        if callable(getter):
+            got = getter()
+            heads = list(got) if isinstance(got, (tuple, list)) else [got]
+        else:
+            names = ("classifier", "cls_classifier", "distillation_classifier")
+            heads = [getattr(model, n) for n in names if isinstance(getattr(model, n, None), nn.Module)]
+        heads = [h for h in heads if isinstance(h, nn.Module) and any(True for _ in h.parameters())]
+        if not heads:
+            raise UnsupportedModelError(
+                f"cannot find the classifier head of {type(model).__name__} (looked for get_classifier(), classifier)"
+            )
+        return heads
+
+    def stage_container(self) -> tuple[str, list[nn.Module]] | None:
+        """For models without transformer blocks: the model's own stage container as ``(attribute name, stages input
+        side first)`` (the ``blocks``/``stages``/``layers``/``features`` child of timm CNNs), or ``None``."""
+        for name in ("blocks", "stages", "layers", "features"):
+            container = getattr(self.model, name, None)
+            if isinstance(container, (nn.Sequential, nn.ModuleList)) and len(container) > 0:
+                return name, list(container)
+        return None
 
     # -- layout --------------------------------------------------------------------------------------------------
     def grid(self, input_hw: tuple[int, int]) -> tuple[int, int]:
         """Token grid ``(gh, gw)`` for an input of spatial size ``input_hw``."""
-        raise NotImplementedError
+        raise UnsupportedModelError(f"{type(self.model).__name__} ({self.family}) has no token grid")
 
     def check_input(self, x: Tensor) -> None:
-        """Raise :class:`InputError` if ``x`` cannot be fed to the model (size, channels)."""
+        """Raise :class:`InputError` if ``x`` cannot be fed to the model (size, channels). Default: checks
+        :attr:`in_chans` when it is known."""
+        if self.in_chans is not None and x.shape[1] != self.in_chans:
+            raise InputError(f"model expects {self.in_chans} input channels; got a batch with {x.shape[1]}")
+
+    def dtype(self) -> torch.dtype:
+        """The floating dtype of the model's parameters (inputs are cast to it); float32 for a model without
+        floating parameters."""
+        for p in self.model.parameters():
+            if p.is_floating_point():
+                return p.dtype
+        return torch.float32
 
     # -- running -------------------------------------------------------------------------------------------------
     def forward(self, x: Tensor) -> Tensor:
-        """Logits ``(B, K)`` of the model for input ``x``."""
-        out = self.model(x)
-        return _logits_of(out)
+        """Logits ``(B, K)`` of the model for input ``x`` (families: :meth:`_forward`). Inside
+        :meth:`caller_autocast` the model runs under the caller's ``torch.autocast``."""
+        amp = getattr(self, "_caller_amp", None)
+        if amp is None:
+            return self._forward(x)
+        with torch.autocast(amp[0], dtype=amp[1]):
+            return self._forward(x)
+
+    def _forward(self, x: Tensor) -> Tensor:
+        """The family's forward: logits of the model for ``x``."""
+        return _logits_of(self.model(x))
+
+    @contextlib.contextmanager
+    def caller_autocast(self, device_type: str) -> Iterator[None]:
+        """Keep the caller's ``torch.autocast`` (if enabled for ``device_type``) for the model's forward passes
+        (:meth:`forward`) and switch it off for everything else in the context, so an explainer's own arithmetic
+        (relevance propagation, normalisation, sums) runs in full precision. Restored on exit."""
+        if not torch.is_autocast_enabled(device_type):
+            yield
+            return
+        saved = getattr(self, "_caller_amp", None)
+        self._caller_amp = (device_type, torch.get_autocast_dtype(device_type))
+        try:
+            with torch.autocast(device_type, enabled=False):
+                yield
+        finally:
+            self._caller_amp = saved
 
     def blocks(self) -> Sequence[nn.Module]:
-        """The transformer blocks, in order."""
-        raise NotImplementedError
+        """The transformer blocks, in order. Raises ``NotImplementedError`` for models without transformer blocks
+        (CNNs, generic modules)."""
+        raise NotImplementedError(f"{type(self.model).__name__} ({self.family}) has no transformer blocks")
 
     def feature_layers(self) -> Sequence[nn.Module]:
         """The layers whose features (``BlockRecord.u``, ``(B, T, D)``) feature methods such as Grad-CAM may read;
         for transformers the blocks (layer ``l``: the residual stream entering block ``l``)."""
         return self.blocks()
 
-    def layernorms(self) -> list[nn.LayerNorm]:
-        """LayerNorms treated as linear in the backward pass in conservative mode (blocks and final norms)."""
-        return [m for m in self.model.modules() if isinstance(m, nn.LayerNorm)]
+    def layernorms(self) -> list[nn.Module]:
+        """Normalisations treated as linear in the backward pass in conservative mode (blocks and final norms):
+        ``LayerNorm`` and token-wise ``RMSNorm`` (see :func:`normalisation_layers`)."""
+        return normalisation_layers(self.model)
 
     def _install_capture(self, rec: Recording, hooks: list) -> None:
         """Register the family-specific capture hooks, appending their handles to ``hooks``."""
-        raise NotImplementedError
+        raise UnsupportedModelError(f"{type(self.model).__name__} ({self.family}) has no attention capture")
 
     def _new_recording(self) -> Any:
         """The object the capture hooks fill: a :class:`Recording` (one token sequence); families with another
@@ -131,8 +282,17 @@ class Adapter:
 
     @contextlib.contextmanager
     def _explicit_attention(self) -> Iterator[None]:
-        """Switch attention to the explicit (attention-matrix computing) path for the duration of the context."""
+        """Family hook: switch attention to the explicit (attention-matrix computing) path for the duration of the
+        context, restoring it on exit. Default: nothing to switch."""
         yield
+
+    @contextlib.contextmanager
+    def explicit_attention(self) -> Iterator[None]:
+        """Run the model's attention on its explicit path (timm ``fused_attn = False``, HF eager attention) within
+        the context, restored on exit also after an exception; for callers outside a :meth:`session` (e.g. training
+        commands that want the explicit path for speed)."""
+        with self._explicit_attention():
+            yield
 
     @contextlib.contextmanager
     def session(self, capture: bool = True, conservative: bool = False) -> Iterator[Recording]:
@@ -170,7 +330,7 @@ class Adapter:
 
     def _embedding_module(self) -> nn.Module:
         """The module whose output is the token sequence with position embeddings added (before the blocks)."""
-        raise NotImplementedError
+        raise UnsupportedModelError(f"{type(self.model).__name__} ({self.family}) cannot run on a subset of tokens")
 
     @contextlib.contextmanager
     def keep_tokens(self, keep: Tensor) -> Iterator[None]:

@@ -204,7 +204,7 @@ class SegformerAdapter(Adapter):
                 )
 
     # -- running -------------------------------------------------------------------------------------------------
-    def forward(self, x: Tensor) -> Tensor:
+    def _forward(self, x: Tensor) -> Tensor:
         """Per-pixel logits ``(B, K, h, w)`` (``h, w`` = the stage-1 grid)."""
         return _logits_of(self.model(pixel_values=x))
 

@@ -90,7 +90,7 @@ class HFViTAdapter(Adapter):
         if h % ph or w % pw:
             raise InputError(f"input size {h}x{w} is not a multiple of the patch size {ph}x{pw}")
 
-    def forward(self, x: Tensor) -> Tensor:
+    def _forward(self, x: Tensor) -> Tensor:
         # transformers 4.x returns attention probabilities only when asked; 5.x always returns them from the
         # attention module, and asking would make it install permanent capture hooks on the model.
         kwargs = {"output_attentions": True} if self._capturing and _transformers_major() < 5 else {}

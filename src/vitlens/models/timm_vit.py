@@ -60,6 +60,7 @@ class TimmViTAdapter(Adapter):
         self.dynamic = bool(getattr(pe, "dynamic_img_size", False) or getattr(model, "dynamic_img_size", False))
         self.default_size = tuple(pe.img_size) if pe.img_size is not None else None
         self.in_chans = int(pe.proj.in_channels)
+        self.any_size = self.dynamic or self.default_size is None
 
     def blocks(self) -> Sequence[nn.Module]:
         return list(self.model.blocks)

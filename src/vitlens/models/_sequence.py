@@ -1,0 +1,150 @@
+"""Shared capture for single-sequence, pre-norm transformer families (the adapters in ``timm_families`` and
+``hf_families`` describe their blocks; this module records them).
+
+A block of such a family computes ``h = u + f(attention(norm1(u)))`` then ``out = h + g(mlp(norm2(h)))`` where
+``f``, ``g`` are token-wise (layer scale, drop path in eval mode, an inner norm or gate): the residual stream ``u`` is
+read at the block's input, ``h`` at ``norm2``'s input. The attention probabilities are the output of one module of
+the explicit (non-fused) attention path, *after* everything that enters the softmax (relative position bias, RoPE on
+queries and keys, masks): relevance methods see the row-stochastic matrix the block really mixes values with.
+The value vectors are recomputed, detached, from the attention module's input with the block's own value weights
+(several families add the value bias with ``F.linear`` instead of calling a ``Linear`` module).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from typing import Callable, Iterator, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ..errors import InputError, UnsupportedModelError
+from .base import Adapter, BlockRecord, Recording
+
+__all__ = ["BlockParts", "SequenceAdapter", "LRP_METHODS", "lrp_limits", "value_weights"]
+
+#: methods whose rules are applied to the linear maps of each block, found by call order (``chefer_lrp.LinearTaps``).
+LRP_METHODS = ("attnlrp", "cplrp", "transformer_attribution")
+_PLAIN = "its LRP rules are written for the plain ViT block (qkv, proj, fc1, fc2 as nn.Linear calls, softmax(q·kᵀ/√d))"
+
+
+def lrp_limits(why: str, methods: tuple[str, ...] = LRP_METHODS) -> dict[str, str]:
+    """``method_limits`` refusing ``methods`` because of ``why`` (what the family adds to the plain ViT block)."""
+    return {m: f"{why}; {_PLAIN}" for m in methods}
+
+
+@dataclass
+class BlockParts:
+    """Where one block's tensors are. ``probs_at``: the module whose output (or ``output[probs_index]``) is the
+    attention probabilities ``(B, heads, T, T)``; ``attention``: the module whose first input is the normalised
+    residual stream; ``norm2``: the module whose input is ``h``; ``value``: ``(weight, bias)`` of the value
+    projection; ``heads``: number of heads."""
+
+    block: nn.Module
+    attention: nn.Module
+    probs_at: nn.Module
+    probs_index: int | None
+    norm2: nn.Module
+    value: tuple[Tensor, Tensor | None]
+    heads: int
+
+
+def value_weights(attn: nn.Module) -> tuple[Tensor, Tensor | None]:
+    """``(W_v, b_v)`` of a timm attention module: a separate ``v_proj``, or the value third of a fused ``qkv``
+    with its bias from ``v_bias`` (BEiT, EVA: added through ``F.linear``) or from ``qkv.bias``."""
+    v_proj = getattr(attn, "v_proj", None)
+    if isinstance(v_proj, nn.Linear):
+        return v_proj.weight, v_proj.bias
+    qkv = getattr(attn, "qkv", None)
+    if not isinstance(qkv, nn.Linear) or qkv.out_features % 3:
+        raise UnsupportedModelError(f"{type(attn).__name__} has no value projection vitlens can read")
+    d = qkv.out_features // 3
+    bias = getattr(attn, "v_bias", None)
+    if bias is None and qkv.bias is not None:
+        bias = qkv.bias[2 * d:]
+    return qkv.weight[2 * d:], bias
+
+
+class SequenceAdapter(Adapter):
+    """Base of the single-sequence families: subclasses set the layout and implement :meth:`parts` (and
+    :meth:`_explicit_attention` when the family has a fused path)."""
+
+    capabilities = frozenset({"attention", "features"})
+    method_limits = lrp_limits("this family's blocks are not the plain ViT block")
+
+    def parts(self) -> list[BlockParts]:
+        """The blocks, input side first."""
+        raise NotImplementedError(f"{type(self).__name__} does not describe its blocks")
+
+    def blocks(self) -> Sequence[nn.Module]:
+        return [p.block for p in self.parts()]
+
+    def check_input(self, x: Tensor) -> None:
+        super().check_input(x)
+        hw = tuple(x.shape[-2:])
+        if not self.any_size and self.default_size is not None and hw != tuple(self.default_size):
+            raise InputError(
+                f"{type(self.model).__name__} expects {self.default_size[0]}x{self.default_size[1]} inputs; "
+                f"got {hw[0]}x{hw[1]}"
+            )
+        if self.patch_size is not None and (hw[0] % self.patch_size[0] or hw[1] % self.patch_size[1]):
+            raise InputError(f"input size {hw[0]}x{hw[1]} is not a multiple of the patch size "
+                             f"{self.patch_size[0]}x{self.patch_size[1]}")
+
+    def grid(self, input_hw: tuple[int, int]) -> tuple[int, int]:
+        if self.patch_size is None:
+            raise UnsupportedModelError(f"{type(self.model).__name__} has no patch size")
+        return input_hw[0] // self.patch_size[0], input_hw[1] // self.patch_size[1]
+
+    @staticmethod
+    @contextlib.contextmanager
+    def _flags(modules: Sequence[nn.Module], name: str, value: object) -> Iterator[None]:
+        """Set attribute ``name`` of every module to ``value`` for the duration of the context."""
+        saved = [getattr(m, name) for m in modules]
+        try:
+            for m in modules:
+                setattr(m, name, value)
+            yield
+        finally:
+            for m, old in zip(modules, saved):
+                setattr(m, name, old)
+
+    def _install_capture(self, rec: Recording, hooks: list) -> None:
+        parts = self.parts()
+        rec.blocks.extend(BlockRecord() for _ in parts)
+        for i, p in enumerate(parts):
+            hooks.append(p.block.register_forward_pre_hook(self._leaf_first_block_hook(rec, i), with_kwargs=True))
+            hooks.append(p.norm2.register_forward_pre_hook(self._record_h_hook(rec, i)))
+            hooks.append(p.probs_at.register_forward_hook(_probs_hook(rec, i, p.probs_index)))
+            hooks.append(p.attention.register_forward_pre_hook(_value_hook(rec, i, p), with_kwargs=True))
+
+        def final_hook(module, args, output):
+            rec.final = output[0] if isinstance(output, (tuple, list)) else output
+
+        hooks.append(parts[-1].block.register_forward_hook(final_hook))
+
+
+def _probs_hook(rec: Recording, index: int, at: int | None) -> Callable:
+    def hook(module: nn.Module, args: tuple, output) -> None:
+        probs = output if at is None else (output[at] if isinstance(output, (tuple, list)) else None)
+        if not isinstance(probs, Tensor) or probs.ndim != 4:
+            raise UnsupportedModelError(
+                f"block {index}: the attention module returned no probabilities (is the eager path switched on?)"
+            )
+        rec.blocks[index].attn = probs
+
+    return hook
+
+
+def _value_hook(rec: Recording, index: int, parts: BlockParts) -> Callable:
+    def hook(module: nn.Module, args: tuple, kwargs: dict) -> None:
+        x = args[0] if args else kwargs.get("hidden_states", kwargs.get("x"))
+        weight, bias = parts.value
+        with torch.no_grad():
+            v = F.linear(x.detach(), weight, bias)
+        b, n, d = v.shape
+        rec.blocks[index].value = v.reshape(b, n, parts.heads, d // parts.heads).permute(0, 2, 1, 3)
+
+    return hook

@@ -1,0 +1,174 @@
+"""The catalogue of model families vitlens knows, each with a tiny random-weight constructor (real timm / HF classes,
+small configs that build in well under a second). The shared family tests (``tests/test_families.py``) and the
+supported-models table (``scripts/supported_models.py`` → ``docs/supported_models.md``) are generated from it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+from torch import nn
+
+__all__ = ["Family", "FAMILIES", "family", "build", "why_not", "supported_models_markdown"]
+
+_T = dict(img_size=32, patch_size=8, embed_dim=48, depth=2, num_heads=4, num_classes=5)
+_H = dict(image_size=32, patch_size=8, hidden_size=48, num_hidden_layers=2, num_attention_heads=4,
+          intermediate_size=96)
+
+
+@dataclass(frozen=True)
+class Family:
+    """One row of the catalogue: ``name`` (what the docs call it), the model ``classes`` it covers, and ``build``
+    (a tiny random model, in eval mode, seeded)."""
+
+    name: str
+    classes: str
+    build: Callable[[], nn.Module]
+    note: str = ""
+
+
+def _timm(arch: str, plain: bool = True, **kw) -> Callable[[], nn.Module]:
+    """timm ``arch`` with random weights; ``plain``: start from the tiny ViT settings ``_T``."""
+
+    def make() -> nn.Module:
+        import timm
+
+        return timm.create_model(arch, pretrained=False, **({**_T, **kw} if plain else kw))
+
+    return make
+
+
+def _hf(cls_name: str, cfg_name: str, vision: bool = False, plain: bool = True, **kw) -> Callable[[], nn.Module]:
+    """transformers ``cls_name`` with random weights from ``cfg_name`` (``vision``: a composite config's
+    ``vision_config``); ``plain``: start from the tiny ViT settings ``_H``."""
+
+    def make() -> nn.Module:
+        import transformers
+
+        cfg_cls = getattr(transformers, cfg_name)
+        args = {**_H, **kw} if plain else kw
+        cfg = cfg_cls(vision_config=args, num_labels=5) if vision else cfg_cls(**args, num_labels=5)
+        return getattr(transformers, cls_name)(cfg)
+
+    return make
+
+
+def _sharpen(model: nn.Module, gain: float = 3.0) -> nn.Module:
+    """Scale query/key weights so random attention is peaked and heads differ (random init is near-uniform)."""
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("relative_position_bias_table"):  # zeros at init: make the bias matter
+                p.normal_(0.0, 1.0)
+            elif name.endswith("qkv.weight") and p.shape[0] % 3 == 0:
+                p[: 2 * (p.shape[0] // 3)].mul_(gain)
+            elif name.endswith(("q_proj.weight", "k_proj.weight")):
+                p.mul_(gain)
+    return model
+
+
+FAMILIES: list[Family] = [
+    Family("timm ViT", "timm VisionTransformer (ViT, DeiT, DeiT3, DINOv2, CLIP, SigLIP, registers)",
+           _timm("vit_tiny_patch16_224")),
+    Family("timm DeiT distilled", "timm VisionTransformerDistilled", _timm("deit_tiny_distilled_patch16_224")),
+    Family("timm EVA02", "timm Eva (EVA02: RoPE, SwiGLU, sub-LN)",
+           _timm("eva02_tiny_patch14_224", patch_size=8, mlp_ratio=2.0)),
+    Family("timm DINOv3", "timm Eva (DINOv3: RoPE, layer scale, 4 registers)",
+           _timm("vit_small_patch16_dinov3", global_pool="token", init_values=0.5)),
+    Family("timm BEiT", "timm Beit (relative position bias)", _timm("beit_base_patch16_224")),
+    Family("timm ViT-RelPos", "timm VisionTransformerRelPos", _timm("vit_relpos_base_patch16_224")),
+    Family("HF ViT", "transformers ViTForImageClassification",
+           _hf("ViTForImageClassification", "ViTConfig")),
+    Family("HF DINOv2", "transformers Dinov2ForImageClassification",
+           _hf("Dinov2ForImageClassification", "Dinov2Config")),
+    Family("HF DINOv2 + registers", "transformers Dinov2WithRegistersForImageClassification",
+           _hf("Dinov2WithRegistersForImageClassification", "Dinov2WithRegistersConfig", num_register_tokens=2)),
+    Family("HF BEiT", "transformers BeitForImageClassification (relative position bias)",
+           _hf("BeitForImageClassification", "BeitConfig", use_relative_position_bias=True)),
+    Family("HF CLIP", "transformers CLIPForImageClassification",
+           _hf("CLIPForImageClassification", "CLIPConfig", vision=True)),
+    Family("HF SigLIP", "transformers SiglipForImageClassification",
+           _hf("SiglipForImageClassification", "SiglipConfig", vision=True)),
+    Family("timm CaiT", "timm Cait", _timm("cait_xxs24_224", depth=2), note="refused"),
+    Family("timm Swin", "timm SwinTransformer",
+           _timm("swin_tiny_patch4_window7_224", False, img_size=32, patch_size=4, window_size=4, embed_dim=24,
+                 depths=(1, 1), num_heads=(2, 4), num_classes=5), note="refused"),
+    Family("HF Swin", "transformers SwinForImageClassification",
+           _hf("SwinForImageClassification", "SwinConfig", plain=False, image_size=32, patch_size=4, embed_dim=24, depths=[1, 1],
+               num_heads=[2, 4], window_size=4), note="refused"),
+    Family("timm XCiT", "timm Xcit", _timm("xcit_nano_12_p8_224", False, img_size=32, depth=2, num_classes=5),
+           note="refused"),
+    Family("timm LeViT", "timm Levit",
+           _timm("levit_128s", False, img_size=32, num_classes=5, distilled=False), note="refused"),
+    Family("timm PiT", "timm PoolingVisionTransformer",
+           _timm("pit_ti_224", False, img_size=32, num_classes=5), note="refused"),
+    Family("timm ConViT", "timm ConVit", _timm("convit_tiny", False, img_size=32, depth=2, num_classes=5),
+           note="refused"),
+]
+
+
+def family(name: str) -> Family:
+    """The catalogue entry called ``name``."""
+    for f in FAMILIES:
+        if f.name == name:
+            return f
+    raise KeyError(name)
+
+
+def build(name: str, seed: int = 0) -> nn.Module:
+    """A tiny random model of family ``name``, seeded, sharpened attention, eval mode."""
+    torch.manual_seed(seed)
+    return _sharpen(family(name).build()).eval()
+
+
+def why_not(model: nn.Module, method: str) -> str | None:
+    """``None`` if ``method`` works on ``model`` (its adapter offers what the method needs and the method's rules
+    apply), else the reason, as the error the method raises on the model would give it."""
+    from ..errors import UnsupportedModelError
+    from ..explainers.registry import requirements
+    from . import get_adapter
+
+    try:
+        get_adapter(model, require=requirements()[method], method=method)
+    except UnsupportedModelError as e:
+        msg = str(e).split("; methods that work on this model")[0]
+        return msg.split(": ", 1)[1] if ": " in msg else msg
+    return None
+
+
+def supported_models_markdown() -> str:
+    """``docs/supported_models.md``: family × method, ✓ or a numbered reason, built from the adapters' declarations
+    on the catalogue's tiny models (``scripts/supported_models.py`` writes it; a test checks it is current)."""
+    from ..explainers.registry import requirements
+
+    methods = sorted(n for n in requirements())
+    reasons: dict[str, int] = {}
+    rows = []
+    for fam in FAMILIES:
+        model = build(fam.name)
+        cells = []
+        for m in methods:
+            why = why_not(model, m)
+            if why is None:
+                cells.append("✓")
+            else:
+                num = reasons.setdefault(why, len(reasons) + 1)
+                cells.append(f"— [{num}]")
+        from . import get_adapter
+
+        rows.append(f"| {fam.name} | {fam.classes} | `{get_adapter(model).family}` | " + " | ".join(cells) + " |")
+    head = ["# Supported models", "",
+            "Generated by `python scripts/supported_models.py` from the adapter registry (`vitlens.models`) and the",
+            "family catalogue (`vitlens.models.catalogue`, tiny random configs of the real timm / transformers classes);",
+            "`tests/test_supported_models.py` fails when this file is not current. ✓: the method runs on the family",
+            "(`tests/test_families.py` runs every ✓ but `aha`, which needs an explainer network trained for the",
+            "model); — [n]: the method refuses the model with reason n (the error also names the methods that do",
+            "work). Model-agnostic methods (gradients, IG, RISE, …) run on any `nn.Module` that maps images to",
+            "logits, including timm ViTs whose blocks no adapter knows. Precision, completeness and per-layer",
+            "conservation per family: `tests/test_families.py`; GradSkip in float16/bfloat16: docs/methods/gradskip.md.",
+            "",
+            "| family | classes | adapter | " + " | ".join(f"`{m}`" for m in methods) + " |",
+            "|---|---|---|" + "---|" * len(methods)]
+    notes = ["", "Reasons:", ""] + [f"{n}. {why}" for why, n in reasons.items()]
+    return "\n".join(head + rows + notes) + "\n"

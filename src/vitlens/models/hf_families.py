@@ -1,0 +1,167 @@
+"""Adapters for HuggingFace image classifiers beyond ViT/DeiT: DINOv2 (with and without registers), BEiT (relative
+position bias inside the softmax), CLIP and SigLIP vision towers with a classification head. They share the capture
+in :mod:`._sequence`; eager attention (which returns the probabilities) is switched on through every config's
+``_attn_implementation`` for the duration of a session (restored in ``finally``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from typing import Iterator
+
+from torch import Tensor, nn
+
+from ..errors import UnsupportedModelError
+from ._sequence import BlockParts, SequenceAdapter, lrp_limits
+from .base import _logits_of
+
+__all__ = ["HFSequenceAdapter", "processor_defaults"]
+
+
+@dataclass(frozen=True)
+class _Layout:
+    """Where a family keeps its parts: backbone attribute, path to the layer list, attention / norm2 names, and
+    how the classifier reads (``"cls"``, ``"pooled"`` or ``"config"``: BEiT's ``use_mean_pooling``)."""
+
+    backbone: str
+    layers: str
+    attention: str
+    norm2: str
+    readout: str
+    embeddings: str = "embeddings"
+
+
+#: family → the LRP-rule methods whose rules do not apply, and why (the others are checked numerically per block by
+#: ``chefer_lrp.LinearTaps``, which raises if q/k/v, the output projection or the MLP are not what it expects).
+_LIMITS = {
+    "hf-dinov2": lrp_limits("the classifier reads [CLS, mean of patch tokens] concatenated",
+                            ("transformer_attribution",)),
+    "hf-beit": lrp_limits("a relative position bias enters the softmax"),
+    "hf-clip": {},
+    "hf-siglip": lrp_limits("the vision tower's attention-pool head runs after the blocks although the classifier "
+                            "reads the token mean", ("transformer_attribution",)),
+}
+
+_FAMILIES = {
+    "Dinov2ForImageClassification": ("hf-dinov2", _Layout("dinov2", "encoder.layer", "attention", "norm2", "pooled")),
+    "Dinov2WithRegistersForImageClassification": (
+        "hf-dinov2", _Layout("dinov2_with_registers", "encoder.layer", "attention", "norm2", "pooled")),
+    "BeitForImageClassification": ("hf-beit", _Layout("beit", "layers", "attention", "layernorm_after", "config")),
+    "CLIPForImageClassification": (
+        "hf-clip", _Layout("vision_model", "encoder.layers", "self_attn", "layer_norm2", "pooled")),
+    "SiglipForImageClassification": (
+        "hf-siglip", _Layout("vision_model", "encoder.layers", "self_attn", "layer_norm2", "pooled")),
+}
+
+
+def _get(module: nn.Module, path: str) -> nn.Module | None:
+    for part in path.split("."):
+        module = getattr(module, part, None)
+        if module is None:
+            return None
+    return module
+
+
+class HFSequenceAdapter(SequenceAdapter):
+    """HuggingFace DINOv2 (+registers), BEiT, CLIP and SigLIP image classifiers (pre-norm layers, eager attention).
+    Readout: DINOv2 reads CLS and the mean of the patch tokens, CLIP the mean of the patch tokens and SigLIP the
+    mean of all tokens (pooled readouts); BEiT reads CLS, or the patch mean with ``use_mean_pooling``."""
+
+    family = "hf-sequence"
+
+    @staticmethod
+    def matches(model: nn.Module) -> bool:
+        return type(model).__name__ in _FAMILIES and hasattr(model, "config")
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__(model)
+        self.family, lay = _FAMILIES[type(model).__name__]
+        self.method_limits = _LIMITS[self.family]
+        self.backbone = getattr(model, lay.backbone)
+        vcfg = getattr(model.config, "vision_config", None) or model.config
+        self.num_classes = int(model.config.num_labels)
+        p, s = vcfg.patch_size, vcfg.image_size
+        self.patch_size = (p, p) if isinstance(p, int) else tuple(p)
+        self.default_size = (s, s) if isinstance(s, int) else tuple(s)
+        self.any_size = self.family == "hf-dinov2"  # DINOv2 always interpolates its position embeddings
+        self.in_chans = int(vcfg.num_channels)
+        has_cls = self.family != "hf-siglip"
+        self.num_prefix_tokens = int(has_cls) + int(getattr(vcfg, "num_register_tokens", 0) or 0)
+        mean_pool = lay.readout == "pooled" or (lay.readout == "config" and bool(vcfg.use_mean_pooling))
+        self.readout_tokens = None if mean_pool else (0,)
+        self._embeddings = _get(self.backbone, lay.embeddings)
+        if self.family == "hf-beit":
+            self.capability_notes = {"tokens": "the relative position bias is built for the full token grid"}
+        else:  # absolute position embeddings, added in the embeddings module: tokens can be dropped after them
+            self.capabilities = self.capabilities | {"tokens"}
+        layers = _get(self.backbone, lay.layers)
+        if layers is None:
+            raise UnsupportedModelError(f"{type(model).__name__}: no layer list at {lay.backbone}.{lay.layers}")
+        heads = int(vcfg.num_attention_heads)
+        self._parts = []
+        for i, layer in enumerate(layers):
+            att, norm2 = getattr(layer, lay.attention, None), getattr(layer, lay.norm2, None)
+            v = getattr(att, "v_proj", None)
+            if not isinstance(v, nn.Linear) or not isinstance(norm2, nn.Module):
+                raise UnsupportedModelError(
+                    f"{type(model).__name__} layer {i} ({type(layer).__name__}) is not a pre-norm layer with a "
+                    f"v_proj value projection (transformers 5.x layout)"
+                )
+            self._parts.append(BlockParts(block=layer, attention=att, probs_at=att, probs_index=1, norm2=norm2,
+                                          value=(v.weight, v.bias), heads=heads))
+
+    def parts(self) -> list[BlockParts]:
+        return self._parts
+
+    def _forward(self, x: Tensor) -> Tensor:
+        return _logits_of(self.model(pixel_values=x))
+
+    def _embedding_module(self) -> nn.Module:
+        if "tokens" not in self.capabilities or self._embeddings is None:
+            return super()._embedding_module()
+        return self._embeddings
+
+    @contextlib.contextmanager
+    def _explicit_attention(self) -> Iterator[None]:
+        configs = {id(c): c for c in [self.model.config] + [getattr(m, "config", None) for m in self.model.modules()]
+                   if c is not None and hasattr(c, "_attn_implementation")}
+        for c in list(configs.values()):
+            sub = getattr(c, "vision_config", None)
+            if sub is not None:
+                configs[id(sub)] = sub
+        saved = {k: c._attn_implementation for k, c in configs.items()}
+        try:
+            for c in configs.values():
+                c._attn_implementation = "eager"
+            yield
+        finally:
+            for k, c in configs.items():
+                c._attn_implementation = saved[k]
+
+
+#: the HF image processors' defaults per family (the processor configs of the published checkpoints: DINOv2 resizes
+#: the short side to 256/224 of the input and centre-crops with ImageNet mean/std; CLIP resizes the short side to the
+#: input size and centre-crops with OpenAI's mean/std; SigLIP and BEiT resize both sides, mean/std 0.5), bicubic.
+_OPENAI_CLIP = ((0.48145466, 0.4578275, 0.40821073), (0.26862954, 0.26130258, 0.27577711))
+_PREPROCESS = {
+    "dinov2": dict(mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225), crop_pct=224 / 256, crop_mode="center"),
+    "dinov2_with_registers": dict(mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225), crop_pct=224 / 256,
+                                  crop_mode="center"),
+    "clip": dict(mean=_OPENAI_CLIP[0], std=_OPENAI_CLIP[1], crop_pct=1.0, crop_mode="center"),
+    "siglip": dict(mean=(0.5, 0.5, 0.5), std=(0.5, 0.5, 0.5), crop_pct=1.0, crop_mode="squash"),
+    "beit": dict(mean=(0.5, 0.5, 0.5), std=(0.5, 0.5, 0.5), crop_pct=1.0, crop_mode="squash"),
+}
+
+
+def processor_defaults(model: nn.Module) -> dict | None:
+    """The data-config fields (``input_size``, ``mean``, ``std``, ``interpolation``, ``crop_pct``, ``crop_mode``) of
+    the HF image processor a model of a family in this module is published with, or ``None`` for other models."""
+    cfg = getattr(model, "config", None)
+    kind = getattr(cfg, "model_type", None)
+    if kind not in _PREPROCESS:
+        return None
+    vcfg = getattr(cfg, "vision_config", None) or cfg
+    s = vcfg.image_size
+    hw = (int(s[0]), int(s[1])) if isinstance(s, (tuple, list)) else (int(s), int(s))
+    return {"input_size": (3, *hw), "interpolation": "bicubic", **_PREPROCESS[kind]}

@@ -1,0 +1,150 @@
+"""Adapters for timm's single-sequence ViT families beyond ``VisionTransformer``: ``Eva`` (EVA, EVA02, DINOv3, PE:
+RoPE, SwiGLU, sub-LN, gated attention), ``Beit`` (relative position bias inside the softmax) and
+``VisionTransformerRelPos``. They share the capture in :mod:`._sequence`; timm's explicit attention path is switched on
+through each attention module's ``fused_attn`` flag for the duration of a session (restored in ``finally``).
+
+Families vitlens does not propagate through (``Cait``, ``XCiT``, ``LeViT``, ``PiT``, ``ConViT``, ``SwinTransformer``)
+are listed in :data:`REFUSED` with the reason; they get the generic adapter, and methods that need attention say why
+and name the methods that work.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Iterator
+
+from torch import Tensor, nn
+
+from ..errors import UnsupportedModelError
+from ._sequence import BlockParts, SequenceAdapter, lrp_limits, value_weights
+from .base import Adapter
+
+__all__ = ["TimmEvaAdapter", "TimmBeitAdapter", "TimmRelPosAdapter", "REFUSED"]
+
+#: timm / HF class name → why relevance propagation is not offered (model-agnostic methods still work).
+REFUSED = {
+    "Cait": "class-attention blocks (queries from CLS only) and talking-heads attention that mixes heads after the "
+            "softmax are not a row-stochastic token mixing per head",
+    "Xcit": "cross-covariance attention mixes channels, not tokens",
+    "LevitDistilled": "convolutional stages with attention-bias subsampling change the token set between stages",
+    "Levit": "convolutional stages with attention-bias subsampling change the token set between stages",
+    "PoolingVisionTransformer": "PiT pools tokens with strided convolutions between stages",
+    "ConVit": "gated positional self-attention mixes a learned positional attention into the softmax per head",
+    "SwinTransformer": "windowed and shifted-window attention with patch merging is not supported yet",
+    "SwinForImageClassification": "windowed and shifted-window attention with patch merging is not supported yet",
+}
+
+
+def _timm_class(module_name: str, class_name: str) -> type | None:
+    try:
+        mod = __import__(f"timm.models.{module_name}", fromlist=[class_name])
+    except ImportError:  # pragma: no cover - timm is an optional extra
+        return None
+    return getattr(mod, class_name, None)
+
+
+class _TimmSequenceAdapter(SequenceAdapter):
+    """Common layout of the timm families here: ``patch_embed``, ``blocks`` (pre-norm, ``norm1/attn/norm2``),
+    ``num_prefix_tokens``, ``global_pool``."""
+
+    block_types: tuple[str, ...] = ()
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__(model)
+        for i, blk in enumerate(model.blocks):
+            if type(blk).__name__ not in self.block_types or not hasattr(blk, "norm2"):
+                raise UnsupportedModelError(
+                    f"{type(model).__name__} block {i} is {type(blk).__name__}; the {self.family} adapter reads "
+                    f"pre-norm blocks ({', '.join(self.block_types)})"
+                )
+            if not hasattr(blk.attn, "fused_attn") or not isinstance(blk.attn.attn_drop, nn.Dropout):
+                raise UnsupportedModelError(f"{type(model).__name__} block {i}: no explicit attention path")
+            if int(getattr(blk.attn, "num_kv_heads", blk.attn.num_heads)) != int(blk.attn.num_heads):
+                raise UnsupportedModelError(f"{type(model).__name__} block {i}: grouped-query attention "
+                                            "(fewer key/value heads than query heads) is not supported")
+        self.num_prefix_tokens = int(getattr(model, "num_prefix_tokens", 1))
+        self.num_classes = int(model.num_classes)
+        pool = getattr(model, "global_pool", "token")
+        self.readout_tokens = (0,) if pool == "token" and getattr(model, "cls_token", None) is not None else None
+        pe = model.patch_embed
+        self.patch_size = tuple(int(v) for v in pe.patch_size)
+        self.in_chans = int(pe.proj.in_channels)
+        self.any_size = bool(getattr(model, "dynamic_img_size", False)) or pe.img_size is None
+        self.default_size = None if pe.img_size is None else tuple(int(v) for v in pe.img_size)
+        self._parts = [BlockParts(block=blk, attention=blk.attn, probs_at=blk.attn.attn_drop, probs_index=None,
+                                  norm2=blk.norm2, value=value_weights(blk.attn), heads=int(blk.attn.num_heads))
+                       for blk in model.blocks]
+
+    def parts(self) -> list[BlockParts]:
+        return self._parts
+
+    def grid(self, input_hw: tuple[int, int]) -> tuple[int, int]:
+        pe = self.model.patch_embed
+        if self.any_size and hasattr(pe, "dynamic_feat_size"):  # dynamic size (padding included)
+            return tuple(int(v) for v in pe.dynamic_feat_size(tuple(input_hw)))
+        return super().grid(input_hw)
+
+    def check_input(self, x: Tensor) -> None:
+        if self.any_size and getattr(self.model.patch_embed, "dynamic_img_pad", False):
+            Adapter.check_input(self, x)  # channels only: any size is padded to the patch grid
+            return
+        super().check_input(x)
+
+    @contextlib.contextmanager
+    def _explicit_attention(self) -> Iterator[None]:
+        with self._flags([blk.attn for blk in self.model.blocks], "fused_attn", False):
+            yield
+
+
+class TimmEvaAdapter(_TimmSequenceAdapter):
+    """timm ``Eva`` (EVA, EVA02, DINOv3, PE): RoPE on queries/keys, SwiGLU MLPs, optional sub-LN and attention gate;
+    the attention probabilities are read after RoPE and the softmax. No token dropping (RoPE is tied to positions)."""
+
+    family = "timm-eva"
+    block_types = ("EvaBlock",)
+    capability_notes = {"tokens": "RoPE is tied to the token grid, so tokens cannot be dropped"}
+    method_limits = lrp_limits("RoPE rotates queries and keys, q/v biases are added through F.linear, the MLP may be "
+                               "gated (SwiGLU)")
+
+    @staticmethod
+    def matches(model: nn.Module) -> bool:
+        cls = _timm_class("eva", "Eva")
+        return cls is not None and isinstance(model, cls)
+
+
+class TimmBeitAdapter(_TimmSequenceAdapter):
+    """timm ``Beit`` (BEiT, BEiT v2): relative position bias added inside the softmax, per block or shared; the
+    probabilities include it. Fixed input size (the bias tables are built for the model's token grid)."""
+
+    family = "timm-beit"
+    block_types = ("Block",)
+    capability_notes = {"tokens": "the relative position bias is built for the full token grid"}
+    method_limits = lrp_limits("a relative position bias enters the softmax and q/v biases are added through F.linear")
+
+    @staticmethod
+    def matches(model: nn.Module) -> bool:
+        cls = _timm_class("beit", "Beit")
+        return cls is not None and isinstance(model, cls)
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__(model)
+        self.any_size = False
+
+
+class TimmRelPosAdapter(_TimmSequenceAdapter):
+    """timm ``VisionTransformerRelPos``: relative position bias (or MLP log-coordinate bias) inside the softmax, per
+    block or shared. Fixed input size; pre-norm ``RelPosBlock`` only (``ResPostRelPosBlock`` is refused)."""
+
+    family = "timm-vit-relpos"
+    block_types = ("RelPosBlock",)
+    capability_notes = {"tokens": "the relative position bias is built for the full token grid"}
+    method_limits = lrp_limits("a relative position bias enters the softmax")
+
+    @staticmethod
+    def matches(model: nn.Module) -> bool:
+        cls = _timm_class("vision_transformer_relpos", "VisionTransformerRelPos")
+        return cls is not None and isinstance(model, cls)
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__(model)
+        self.any_size = False
