@@ -123,7 +123,7 @@ class AHA(Explainer):
         net = self._network(adapter.model)
         with adapter.session(capture=False):
             feats, logits = net.features(x)
-            tgt = target if target.classes is not None else target.resolve(logits)
+            tgt = self.resolve_target(target, logits)
             classes = tgt.classes.to(x.device).long()
             with torch.no_grad():
                 maps = net(x, classes, feats)

@@ -10,7 +10,7 @@ import contextlib
 import json
 import time
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Iterator
+from typing import Any, Callable, ClassVar, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -18,7 +18,7 @@ from torch import Tensor, nn
 
 from ..errors import InputError, TargetError
 from ..models import Adapter, get_adapter
-from ..models.base import _logits_of
+from ..models.base import Recording, _logits_of
 from ..targets import Target, TargetSpec, make_target
 
 __all__ = ["Explainer", "Explanation", "Attribution", "Cost", "CostMeter", "upsample_tokens", "validate_batch"]
@@ -260,6 +260,48 @@ class Explainer:
     def attribute(self, adapter: Adapter, x: Tensor, target: Target) -> tuple[Attribution, Tensor, Target]:
         """Explain one chunk: return the attribution, the logits ``(B, K)`` and the resolved target."""
         raise NotImplementedError
+
+    # -- steps that attribute() implementations share ------------------------------------------------------------
+    @staticmethod
+    def resolve_target(target: Target, logits: Tensor) -> Target:
+        """``target`` with every class index fixed for these logits (``None`` → the predicted class); a target that
+        is already resolved (e.g. a chunk of a resolved batch target) is returned as is."""
+        return target if target.classes is not None else target.resolve(logits)
+
+    @staticmethod
+    def gradients(score: Tensor, wrt: Sequence[Tensor]) -> list[Tensor]:
+        """Gradients of ``score.sum()`` w.r.t. each captured tensor of ``wrt``; zeros for a tensor the score does not
+        depend on (e.g. the attention of a block after the readout's last use)."""
+        wrt = list(wrt)
+        grads = torch.autograd.grad(score.sum(), wrt, allow_unused=True)
+        return [torch.zeros_like(t) if g is None else g for t, g in zip(wrt, grads)]
+
+    def forward_and_gradients(self, adapter: Adapter, x: Tensor, target: Target,
+                              pick: Callable[[Recording], list[Tensor]], *, conservative: bool = False,
+                              retarget: Callable[[Target, Tensor], Target] | None = None,
+                              ) -> tuple[Tensor, Target, list[Tensor], list[Tensor]]:
+        """One forward with capture, the target resolved on its logits, one backward to the tensors ``pick(rec)``.
+
+        ``retarget(resolved_target, logits)`` may replace the resolved target (Finer-CAM). Returns ``(logits
+        (detached), target, picked tensors (detached), their gradients)``.
+        """
+        with adapter.session(capture=True, conservative=conservative) as rec:
+            logits = adapter.forward(x)
+            tgt = self.resolve_target(target, logits)
+            if retarget is not None:
+                tgt = retarget(tgt, logits)
+            picked = pick(rec)
+            grads = self.gradients(tgt(logits), picked)
+        return logits.detach(), tgt, [t.detach() for t in picked], grads
+
+    @staticmethod
+    def on_grid(adapter: Adapter, values: Tensor, hw: tuple[int, int]) -> Tensor:
+        """``(B, N)`` patch-token values → ``(B, gh, gw)`` on the model's own token grid for input size ``hw``
+        (:class:`InputError` if the ``N`` tokens do not fill the grid)."""
+        gh, gw = adapter.grid(hw)
+        if values.shape[1] != gh * gw:
+            raise InputError(f"{values.shape[1]} patch tokens do not fill the {gh}x{gw} token grid")
+        return values.reshape(values.shape[0], gh, gw)
 
     # -- the shared driver --------------------------------------------------------------------------------------
     def explain(self, model: nn.Module | Adapter, x: Tensor, target: TargetSpec = None,

@@ -38,9 +38,9 @@ from torch import Tensor
 from ..errors import InputError, VitlensError
 from ..models import Adapter
 from ..targets import Target
+from ._perturbation import check_positive_int, check_score, resolve, target_scores
 from .base import Attribution, Explainer, Explanation
 from .registry import get_method, methods, register
-from .rise import check_positive_int, check_score, resolve, target_scores
 
 __all__ = ["MDA", "slic_regions", "gaussian_blur", "convex_fit", "search_window"]
 

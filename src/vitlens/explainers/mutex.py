@@ -35,10 +35,9 @@ from torch import Tensor
 from ..errors import InputError
 from ..models import Adapter
 from ..targets import Target
+from ._perturbation import check_positive_int, check_score, coverage_average, resolve, score_token_subsets
 from .base import Attribution, Explainer
 from .registry import register
-from .rise import check_positive_int, check_score, resolve
-from .tis import coverage_average, score_token_subsets
 
 __all__ = ["MUTEX", "AGGREGATIONS", "CENTRALITIES", "STATISTICS", "multiplex_scores", "layer_statistics", "top_tokens"]
 

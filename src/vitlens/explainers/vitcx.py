@@ -29,9 +29,10 @@ from torch import Tensor
 from ..errors import InputError, VitlensError
 from ..models import Adapter
 from ..targets import Target
+from ._perturbation import check_positive_int, check_score, resolve, target_scores
+from ._random import image_generator
 from .base import Attribution, Explainer, Explanation
 from .registry import register
-from .rise import check_positive_int, check_score, image_generator, resolve, target_scores
 
 __all__ = ["ViTCX", "feature_masks", "cluster_masks"]
 
