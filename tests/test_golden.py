@@ -182,3 +182,23 @@ def test_outputs_match_golden(computed, golden):
                                            msg=lambda m, c=case, f=field: f"{c} {f}: {m}")
             else:
                 assert torch.equal(have, want), f"{case} {field}"
+
+
+def test_metrics_take_the_explainers_targets():
+    """Perturbation metrics accept Target objects like explainers do: same numbers as the class indices they name."""
+    from vitlens.targets import ClassLogit, make_target
+
+    model, x = tiny_vit(), _x(2)
+    maps = torch.rand(2, 32, 32, generator=torch.Generator().manual_seed(1))
+    dc = {"mean": (0.5, 0.5, 0.5), "std": (0.25, 0.25, 0.25)}
+    metric = InsertionDeletion(steps=4, data_config=dc)
+    with torch.no_grad():
+        predicted = model(x).argmax(1)
+    want = metric(maps, model=model, x=x, targets=predicted).values
+    for spec in (ClassLogit(None), make_target(None), predicted.tolist(), ClassProbability(predicted),
+                 ClassLogit(None).resolve(model(x).detach())):
+        got = metric(maps, model=model, x=x, targets=spec).values
+        for k in want:
+            torch.testing.assert_close(got[k], want[k], rtol=0, atol=0)
+    with pytest.raises(vitlens.TargetError, match="3 class indices given for a batch of 2"):
+        metric(maps, model=model, x=x, targets=ClassLogit([0, 1, 2]))

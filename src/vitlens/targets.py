@@ -14,6 +14,7 @@ logits to give the scores ``y`` (shape ``(B,)``) whose gradients and relevance a
 
 from __future__ import annotations
 
+import copy
 from typing import Sequence, Union
 
 import torch
@@ -22,7 +23,11 @@ from torch import Tensor
 
 from .errors import TargetError
 
-__all__ = ["Target", "ClassLogit", "ClassProbability", "Contrast", "SegmentationTarget", "make_target", "TargetSpec"]
+__all__ = ["Target", "ClassLogit", "ClassProbability", "Contrast", "SegmentationTarget", "make_target", "TargetSpec",
+           "CLASS_SCORES", "class_score"]
+
+#: how :func:`class_score` scores a class from classifier logits.
+CLASS_SCORES = ("logit", "probability", "accuracy")
 
 ClassSpec = Union[None, int, Sequence[int], Tensor]
 
@@ -92,6 +97,27 @@ class Target:
         """The same (resolved) target restricted to some images of the batch."""
         raise NotImplementedError
 
+    #: names of the attributes that hold per-image class specs, sliced by :meth:`chunk`.
+    _per_image: tuple[str, ...] = ()
+
+    def chunk(self, index: slice, batch: int) -> "Target":
+        """This (unresolved) target for images ``index`` of a batch of ``batch`` images: per-image class specs are
+        sliced, everything else is shared (``explain(batch_size=…)`` chunking). The whole batch returns ``self``."""
+        if index.start == 0 and index.stop == batch:
+            return self
+        clone = copy.copy(self)
+        for key in self._per_image:
+            spec = getattr(clone, key, None)
+            if spec is None or isinstance(spec, int):
+                continue
+            t = torch.as_tensor(spec).reshape(-1)
+            if t.numel() == 1:
+                continue
+            if t.numel() != batch:
+                raise TargetError(f"{t.numel()} class indices given for a batch of {batch} images")
+            setattr(clone, key, t[index])
+        return clone
+
     def describe(self) -> dict:
         """JSON-friendly description for provenance records."""
         return {"kind": type(self).__name__}
@@ -99,6 +125,8 @@ class Target:
 
 class ClassLogit(Target):
     """The logit of a class. ``classes=None`` explains the predicted class of each image."""
+
+    _per_image = ("_spec",)
 
     def __init__(self, classes: ClassSpec = None) -> None:
         self._spec = classes
@@ -140,6 +168,8 @@ class Contrast(Target):
     ``classes`` (c) defaults to the predicted class; ``versus`` (d) defaults to the runner-up, i.e. the class with
     the highest logit other than c.
     """
+
+    _per_image = ("_spec", "_versus_spec")
 
     def __init__(self, classes: ClassSpec = None, versus: ClassSpec = None, gamma: float = 1.0) -> None:
         self._spec = classes
@@ -208,6 +238,8 @@ class SegmentationTarget(Target):
             chunking does not split it (a clear :class:`TargetError`); pass one ``(h, w)`` / ``(H, W)`` mask or no
             chunking.
     """
+
+    _per_image = ("_spec",)
 
     def __init__(self, class_index: ClassSpec, region: Tensor | None = None) -> None:
         if class_index is None:
@@ -333,3 +365,20 @@ def make_target(spec: TargetSpec) -> Target:
     if isinstance(spec, float):
         raise TargetError(f"a class index must be an int, got the float {spec}")
     return ClassLogit(spec)
+
+
+def class_score(logits: Tensor, classes: Tensor, kind: str) -> Tensor:
+    """Score ``(B,)`` of class ``classes[i]`` in each row of classifier logits ``(B, K)``, as float32.
+
+    ``kind``: ``"logit"``; ``"probability"`` (softmax over the classes); ``"accuracy"`` (1.0 where the argmax — the
+    lowest index on ties — is the class, else 0.0). The one place the perturbation metrics and the perturbation
+    methods turn logits into a class score.
+    """
+    logits = logits.float()
+    if kind == "logit":
+        return logits.gather(1, classes[:, None])[:, 0]
+    if kind == "probability":
+        return torch.softmax(logits, dim=1).gather(1, classes[:, None])[:, 0]
+    if kind == "accuracy":
+        return (logits.argmax(dim=1) == classes).float()
+    raise TargetError(f"unknown class score {kind!r}; expected one of {', '.join(CLASS_SCORES)}")

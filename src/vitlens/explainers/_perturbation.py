@@ -11,7 +11,7 @@ from torch import Tensor
 
 from ..errors import InputError, TargetError
 from ..models import Adapter
-from ..targets import Target
+from ..targets import Target, class_score
 from .base import Explainer
 
 __all__ = ["SCORE_KINDS", "check_positive_int", "check_score", "resolve", "target_scores", "score_token_subsets",
@@ -53,8 +53,8 @@ def target_scores(logits: Tensor, target: Target, index: int, kind: str) -> Tens
         if logits.ndim != 2:
             raise TargetError(f"score='probability' needs classifier logits (B, K), got shape {tuple(logits.shape)}; "
                               "use score='target' (e.g. with a SegmentationTarget)")
-        cls = int(target.classes[index])
-        return logits.float().softmax(dim=-1)[:, cls]
+        cls = torch.full((logits.shape[0],), int(target.classes[index]), dtype=torch.long, device=logits.device)
+        return class_score(logits, cls, "probability")
     rows = torch.full((logits.shape[0],), index, dtype=torch.long, device=target.classes.device)
     return target.select(rows)(logits).float()
 

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..errors import InputError, TargetError
+from ..errors import InputError
 from ..models import Adapter, get_adapter
 from ..models.base import Recording, _logits_of
 from ..targets import Target, TargetSpec, make_target
@@ -326,7 +326,7 @@ class Explainer:
         with meter:
             for start in range(0, b, chunk):
                 sl = slice(start, min(start + chunk, b))
-                parts.append(self.attribute(adapter, x[sl], _target_chunk(tgt, sl, b)))
+                parts.append(self.attribute(adapter, x[sl], tgt.chunk(sl, b)))
         values = torch.cat([p[0].values.detach() for p in parts])
         remainder = None
         if parts[0][0].remainder is not None:
@@ -362,22 +362,3 @@ def _model_device(model: nn.Module) -> torch.device | None:
     for p in model.parameters():
         return p.device
     return None
-
-
-def _target_chunk(target: Target, sl: slice, batch: int) -> Target:
-    """The target for images ``sl`` of a batch of ``batch`` images (per-sample specs are sliced)."""
-    if sl.start == 0 and sl.stop == batch:
-        return target
-    clone = type(target).__new__(type(target))
-    clone.__dict__.update(target.__dict__)
-    for key in ("_spec", "_versus_spec"):
-        spec = clone.__dict__.get(key)
-        if spec is None or isinstance(spec, int):
-            continue
-        t = torch.as_tensor(spec).reshape(-1)
-        if t.numel() == 1:
-            continue
-        if t.numel() != batch:
-            raise TargetError(f"{t.numel()} class indices given for a batch of {batch} images")
-        clone.__dict__[key] = t[sl]
-    return clone

@@ -38,6 +38,7 @@ from torch import Tensor, nn
 from ..errors import InputError, TargetError, VitlensError
 from ..images import DataConfig, data_config
 from ..models import Adapter, get_adapter
+from ..targets import Target, TargetSpec, class_score
 from .base import Metric, MetricResult, check_maps, register_metric
 
 __all__ = [
@@ -53,6 +54,7 @@ __all__ = [
 
 #: baseline kinds understood by every perturbation metric.
 BASELINES = ("black", "mean", "blur", "noise")
+#: the kinds of :func:`vitlens.targets.class_score` each metric offers.
 _SCORES_ID = ("probability", "logit")
 _SCORES_PN = ("accuracy", "probability")
 
@@ -179,16 +181,6 @@ class _Jobs:
         return {k: torch.cat(v) for k, v in self.cols.items()}
 
 
-def _score(logits: Tensor, target: Tensor, kind: str) -> Tensor:
-    logits = logits.float()
-    if kind == "logit":
-        return logits.gather(1, target[:, None])[:, 0]
-    if kind == "probability":
-        return torch.softmax(logits, dim=1).gather(1, target[:, None])[:, 0]
-    # top-1 accuracy; ties in the maximum go to the lowest class index (torch.argmax)
-    return (logits.argmax(dim=1) == target).float()
-
-
 def _run(adapter: Adapter, sources: Tensor, pixel_ranks: Tensor, jobs: dict[str, Tensor], kind: str,
          batch_size: int, targets: Tensor) -> Tensor:
     """Scores ``(J,)`` of all jobs, at most ``batch_size`` images per forward.
@@ -233,11 +225,27 @@ def _run(adapter: Adapter, sources: Tensor, pixel_ranks: Tensor, jobs: dict[str,
             raise InputError(f"the model must return logits (B, K); got shape {tuple(logits.shape)}")
         if start == 0:
             _check_target_range(targets, int(logits.shape[1]))
-        out[start:stop] = _score(logits, jobs["target"][start:stop], kind)
+        out[start:stop] = class_score(logits, jobs["target"][start:stop], kind)
     return out
 
 
-def _targets(targets: Any, b: int, device: torch.device) -> Tensor:
+def _targets(targets: Any, b: int, device: torch.device, adapter: Adapter, x: Tensor) -> Tensor:
+    """Class indices ``(B,)`` from ints (one, a sequence or a tensor) or a :class:`~vitlens.targets.Target`.
+
+    A target object gives the class it explains per image (resolved on one forward of the clean batch when it is not
+    resolved yet, e.g. ``ClassLogit(None)`` = the predicted classes); the metric's own score is then read for that
+    class. Only classifier targets apply (the metrics score classes of ``(B, K)`` logits).
+    """
+    if isinstance(targets, Target):
+        if targets.classes is None:
+            with torch.no_grad(), adapter.session(capture=False):
+                logits = adapter.forward(x)
+            if logits.ndim != 2:
+                raise _TargetRangeError(f"the model must return logits (B, K); got shape {tuple(logits.shape)}")
+            targets = targets.resolve(logits)
+        if targets.classes is None or targets.classes.shape[0] != b:
+            raise _TargetRangeError(f"the target was resolved for a batch of {len(targets.classes)}, not {b} images")
+        targets = targets.classes
     if isinstance(targets, bool):
         raise _TargetRangeError("targets must be class indices (int), got a bool")
     try:
@@ -284,7 +292,7 @@ class _Inputs:
             raise InputError(f"model must be a torch.nn.Module, got {type(model).__name__}")
         self.adapter = get_adapter(model)
         self.adapter.check_input(self.x)
-        self.targets = _targets(targets, x.shape[0], self.device)
+        self.targets = _targets(targets, x.shape[0], self.device, self.adapter, self.x)
         cfg_setting = metric.settings.get("data_config")
         try:
             self.cfg = data_config(self.adapter.model if cfg_setting is None else cfg_setting)
@@ -498,7 +506,7 @@ class InsertionDeletion(_PerturbationMetric):
         return {k: dict(v) for k, v in ID_PRESETS.items()}
 
     def compute(self, maps: Tensor, *, model: nn.Module | None = None, x: Tensor | None = None,
-                targets: Tensor | None = None, **_: Any) -> MetricResult:
+                targets: TargetSpec = None, **_: Any) -> MetricResult:
         s = self.settings
         inp = _Inputs(self, maps, model, x, targets)
         b = inp.x.shape[0]
@@ -590,7 +598,7 @@ class PositiveNegativePerturbation(_PerturbationMetric):
         super().__init__(batch_size, **settings)
 
     def compute(self, maps: Tensor, *, model: nn.Module | None = None, x: Tensor | None = None,
-                targets: Tensor | None = None, **_: Any) -> MetricResult:
+                targets: TargetSpec = None, **_: Any) -> MetricResult:
         s = self.settings
         inp = _Inputs(self, maps, model, x, targets)
         b = inp.x.shape[0]
@@ -668,7 +676,7 @@ class FaithfulnessViolation(_PerturbationMetric):
         super().__init__(batch_size, **settings)
 
     def compute(self, maps: Tensor, *, model: nn.Module | None = None, x: Tensor | None = None,
-                targets: Tensor | None = None, **_: Any) -> MetricResult:
+                targets: TargetSpec = None, **_: Any) -> MetricResult:
         s = self.settings
         inp = _Inputs(self, maps, model, x, targets)
         b = inp.x.shape[0]
