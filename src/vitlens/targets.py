@@ -82,9 +82,13 @@ class Target:
         """Target score per image, ``(B,)``, differentiable w.r.t. the logits."""
         raise NotImplementedError
 
-    def __call__(self, logits: Tensor) -> Tensor:
+    def check_logits(self, logits: Tensor) -> None:
+        """Raise :class:`TargetError` unless ``logits`` have the shape this kind of target scores (``(B, K)``)."""
         if logits.ndim != 2:
             raise TargetError(f"targets expect logits of shape (B, K); got shape {tuple(logits.shape)}")
+
+    def __call__(self, logits: Tensor) -> Tensor:
+        self.check_logits(logits)
         if self.classes is None:
             return self.resolve(logits).score(logits)
         if self.classes.shape[0] != logits.shape[0]:
@@ -259,8 +263,7 @@ class SegmentationTarget(Target):
         self.upsample_to: tuple[int, int] | None = None  # input-resolution region: logits are upsampled to this
         self.fallback: Tensor | None = None  # (B,) bool: default region fell back to all pixels
 
-    @staticmethod
-    def _check_logits(logits: Tensor) -> None:
+    def check_logits(self, logits: Tensor) -> None:
         if logits.ndim != 4:
             raise TargetError(
                 f"SegmentationTarget needs per-pixel logits (B, K, h, w); got shape {tuple(logits.shape)} "
@@ -268,7 +271,7 @@ class SegmentationTarget(Target):
             )
 
     def resolve(self, logits: Tensor) -> "SegmentationTarget":
-        self._check_logits(logits)
+        self.check_logits(logits)
         b, _, h, w = logits.shape
         t = type(self).__new__(type(self))
         t.__dict__.update(self.__dict__)
@@ -309,16 +312,6 @@ class SegmentationTarget(Target):
                 f"SegmentationTarget was resolved for {tuple(self.mask.shape[-2:])} logits, got {tuple(z.shape[-2:])}"
             )
         return (z * self.mask.to(device=z.device, dtype=z.dtype)).sum(dim=(1, 2))
-
-    def __call__(self, logits: Tensor) -> Tensor:
-        self._check_logits(logits)
-        if self.classes is None:
-            return self.resolve(logits).score(logits)
-        if self.classes.shape[0] != logits.shape[0]:
-            raise TargetError(
-                f"target was resolved for a batch of {self.classes.shape[0]}, got logits for {logits.shape[0]}"
-            )
-        return self.score(logits)
 
     def select(self, index: Tensor | slice) -> "SegmentationTarget":
         t = type(self).__new__(type(self))
