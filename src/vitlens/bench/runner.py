@@ -51,7 +51,9 @@ def parse_spec(text: str) -> tuple[str, dict[str, Any]]:
 
 def _split_top(text: str, sep: str) -> list[str]:
     """Split on ``sep`` outside brackets and quotes; drop empty parts."""
-    parts, depth, quote, cur = [], 0, "", []
+    parts: list[str] = []
+    cur: list[str] = []
+    depth, quote = 0, ""
     for ch in text:
         if quote:
             quote = "" if ch == quote else quote

@@ -11,7 +11,7 @@ import torch
 from torch import Tensor
 
 from ..models import Adapter
-from .base import Explainer
+from .base import Explainer, image_size
 
 __all__ = ["readout_row", "relevance_rollout", "token_map"]
 
@@ -30,7 +30,7 @@ def readout_row(joint: Tensor, readout: tuple[int, ...] | None, num_prefix: int)
 def token_map(adapter: Adapter, row: Tensor, x: Tensor) -> tuple[Tensor, Tensor]:
     """Split a token row ``(B, T)`` into the patch-token map ``(B, gh, gw)`` and the prefix-token sum ``(B,)``."""
     p = adapter.num_prefix_tokens
-    return Explainer.on_grid(adapter, row[:, p:], tuple(x.shape[-2:])), row[:, :p].sum(dim=-1)
+    return Explainer.on_grid(adapter, row[:, p:], image_size(x)), row[:, :p].sum(dim=-1)
 
 
 def relevance_rollout(maps: Sequence[Tensor]) -> Tensor:

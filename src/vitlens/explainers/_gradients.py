@@ -52,7 +52,7 @@ def input_gradients(adapter: Adapter, points: Callable[[int, int], Tensor], n: i
         xs = chunk.reshape(s * batch, *chunk.shape[2:]).detach().requires_grad_(True)
         out = adapter.forward(xs)
         logits = out.reshape(s, batch, *out.shape[1:])  # (B, K) or per-pixel (B, K, h, w) logits per set
-        score = sum(target(logits[k]).sum() for k in range(s))
+        score: Tensor = sum(target(logits[k]).sum() for k in range(s))  # type: ignore[assignment]  # s >= 1
         (g,) = torch.autograd.grad(score, [xs])
         grads.append(g.reshape(chunk.shape))
     return torch.cat(grads)

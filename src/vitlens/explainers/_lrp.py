@@ -107,12 +107,12 @@ class LinearTaps:
     def _last_block_done(self, module: nn.Module, args: tuple, output: Any) -> None:
         self._after_blocks = True
 
-    def _head_hook(self, module: nn.Module, args: tuple, output: Tensor) -> None:
+    def _head_hook(self, module: nn.Linear, args: tuple, output: Tensor) -> None:
         if self._after_blocks:
             self.heads.append((module, args[0].detach(), output.detach()))
 
     def _pre_hook(self, index: int) -> Callable:
-        def hook(module: nn.Module, args: tuple):
+        def hook(module: nn.Linear, args: tuple):
             st = self.blocks[index]
             x = args[0]
             if st.stage == "start":

@@ -16,12 +16,14 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from .._version import __version__
 from ..errors import InputError
 from ..models import Adapter, get_adapter
 from ..models.base import Recording, _logits_of
 from ..targets import Target, TargetSpec, make_target
 
-__all__ = ["Explainer", "Explanation", "Attribution", "Cost", "CostMeter", "upsample_tokens", "validate_batch"]
+__all__ = ["Explainer", "Explanation", "Attribution", "Cost", "CostMeter", "image_size", "upsample_tokens",
+           "validate_batch"]
 
 
 @dataclass
@@ -55,7 +57,7 @@ class CostMeter:
         self.images = 0
         self.backward_calls = 0
         self.backward_images = 0
-        self._handle = None
+        self._handle: Any = None
         self._t0 = 0.0
         self.seconds = 0.0
 
@@ -145,8 +147,6 @@ class Explanation:
         """JSON-friendly record of how these maps were made (versions, method, options, target, cost)."""
         import platform
 
-        from .. import __version__
-
         info: dict[str, Any] = {
             "vitlens": __version__,
             "torch": torch.__version__,
@@ -198,6 +198,11 @@ def validate_batch(x: Any) -> Tensor:
     return x
 
 
+def image_size(x: Tensor) -> tuple[int, int]:
+    """``(H, W)`` of an image batch ``(B, C, H, W)`` (or of any tensor's last two dimensions)."""
+    return int(x.shape[-2]), int(x.shape[-1])
+
+
 def upsample_tokens(token_maps: Tensor, size: tuple[int, int]) -> Tensor:
     """Bilinearly upsample ``(B, gh, gw)`` token maps to ``(B, H, W)`` relevance per pixel.
 
@@ -228,11 +233,11 @@ class Explainer:
     """
 
     name: ClassVar[str] = ""
-    defaults: ClassVar[dict[str, Any]] = {}
+    defaults: dict[str, Any] = {}
     requires: ClassVar[str | None] = None
     level: ClassVar[str] = "token"
     #: cheap settings for the shared property tests (e.g. fewer masks or steps); never used by default.
-    fast_options: ClassVar[dict[str, Any]] = {}
+    fast_options: dict[str, Any] = {}
     #: whether batch results equal one-by-one results (False for methods whose randomness is shared by the batch).
     batch_equivariant: ClassVar[bool] = True
 
@@ -334,7 +339,7 @@ class Explainer:
         extras = {k: torch.cat([p[0].extras[k].detach() for p in parts]) for k in parts[0][0].extras}
         targets = torch.cat([p[2].classes for p in parts])
         scores = torch.cat([p[2](p[1]).detach() for p in parts])
-        hw = tuple(x.shape[-2:])
+        hw = image_size(x)
         has_grid = "tokens" in adapter.capabilities
         if self.level == "token":
             token_maps = values

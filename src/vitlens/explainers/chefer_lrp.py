@@ -108,7 +108,7 @@ def _readout_relevance(adapter: Adapter, taps: LinearTaps, logits: Tensor, r_log
             f"expected {n_heads} linear classifier head(s) after the last block, found {len(heads)} linear layers "
             "(attention pooling and MLP heads are not supported by this method)")
     outs = [h[2] for h in heads]
-    combined = outs[0] if n_heads == 1 else sum(outs) / n_heads
+    combined = outs[0] if n_heads == 1 else torch.stack(outs).sum(dim=0) / n_heads  # only compared below
     if combined.shape != logits.shape or not torch.allclose(combined, logits.detach(), rtol=1e-4, atol=1e-5):
         raise UnsupportedModelError("the model's logits are not the output(s) of its linear head(s)")
     if n_heads == 1:

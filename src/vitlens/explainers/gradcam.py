@@ -17,7 +17,7 @@ from torch import Tensor
 from ..errors import InputError, TargetError
 from ..models import Adapter
 from ..targets import Target
-from .base import Attribution, Explainer
+from .base import Attribution, Explainer, image_size
 from .registry import register
 
 __all__ = ["GradCAM", "FinerCAM", "AttentionGradCAM", "FinerContrast", "similar_classes", "class_scores"]
@@ -86,7 +86,7 @@ class GradCAM(Explainer):
         i = _block_index(adapter, self.options["layer"])
         logits, tgt, (u,), (g,) = self.forward_and_gradients(adapter, x, target, lambda rec: [_features(rec, i)])
         cam = token_gradcam(u, g, adapter.num_prefix_tokens)
-        return Attribution(values=self.on_grid(adapter, cam, tuple(x.shape[-2:]))), logits, tgt
+        return Attribution(values=self.on_grid(adapter, cam, image_size(x))), logits, tgt
 
 
 def similar_classes(logits: Tensor, classes: Tensor, k: int) -> Tensor:
@@ -230,7 +230,8 @@ class FinerCAM(Explainer):
         logits, tgt, (u,), (g,) = self.forward_and_gradients(adapter, x, target, lambda rec: [_features(rec, i)],
                                                              retarget=self._retarget)
         cam = token_gradcam(u, g, adapter.num_prefix_tokens)
-        att = Attribution(values=self.on_grid(adapter, cam, tuple(x.shape[-2:])), extras={"references": tgt.versus})
+        assert isinstance(tgt, FinerContrast)  # what self._retarget made
+        att = Attribution(values=self.on_grid(adapter, cam, image_size(x)), extras={"references": tgt.versus})
         return att, logits, tgt
 
 
@@ -268,4 +269,4 @@ class AttentionGradCAM(Explainer):
         a = attn[:, :, rows, p:]  # (B, H, R, N)
         g = grad[:, :, rows, p:]
         cam = (g.mean(dim=-1, keepdim=True) * a).mean(dim=(1, 2)).clamp_min(0)  # (B, N)
-        return Attribution(values=self.on_grid(adapter, cam, tuple(x.shape[-2:]))), logits, tgt
+        return Attribution(values=self.on_grid(adapter, cam, image_size(x))), logits, tgt

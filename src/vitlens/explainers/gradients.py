@@ -11,7 +11,7 @@ from ..models import Adapter
 from ..targets import Target
 from ._gradients import input_gradient
 from ._random import image_seed
-from .base import Attribution, Explainer
+from .base import Attribution, Explainer, image_size
 from .registry import register
 
 __all__ = ["InputXGradient", "RandomMap"]
@@ -47,7 +47,7 @@ class RandomMap(Explainer):
         with adapter.session(capture=False), torch.no_grad():
             logits = adapter.forward(x)
         tgt = self.resolve_target(target, logits)
-        gh, gw = adapter.grid(tuple(x.shape[-2:]))
+        gh, gw = adapter.grid(image_size(x))
         values = torch.stack([
             torch.rand(gh, gw, generator=torch.Generator().manual_seed(image_seed(xi, int(self.options["seed"]))))
             for xi in x

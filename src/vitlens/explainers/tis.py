@@ -30,7 +30,7 @@ from ..models import Adapter
 from ..targets import Target
 from ._perturbation import check_positive_int, check_score, coverage_average, resolve, score_token_subsets
 from ._random import image_generator
-from .base import Attribution, Explainer
+from .base import Attribution, Explainer, image_size
 from .registry import register
 
 __all__ = ["TIS", "kmeans", "score_token_subsets", "coverage_average", "block_outputs"]
@@ -112,15 +112,15 @@ class TIS(Explainer):
 
     def attribute(self, adapter: Adapter, x: Tensor, target: Target) -> tuple[Attribution, Tensor, Target]:
         o = self.options
-        gh, gw = adapter.grid(tuple(x.shape[-2:]))
+        gh, gw = adapter.grid(image_size(x))
         p = adapter.num_prefix_tokens
-        logits, acts = [], []
+        rows, acts = [], []
         with torch.no_grad():
             for xi in x:  # one by one: activations (and so the clusters) do not depend on the batch
                 with adapter.session(capture=True) as rec:
-                    logits.append(adapter.forward(xi[None]))
+                    rows.append(adapter.forward(xi[None]))
                     acts.append(block_outputs(rec)[0, p:].float())  # (N, L·D)
-        logits = torch.cat(logits)
+        logits = torch.cat(rows)
         tgt = resolve(target, logits)
         n_tokens = gh * gw
         k = max(1, int(float(o["token_ratio"]) * n_tokens))

@@ -246,7 +246,7 @@ class MetricInputs:
             raise InputError(f"x must be floating point (the normalised model input), got {x.dtype}")
         if x.shape[0] == 0:
             raise InputError("x is an empty batch")
-        self.maps = check_maps(maps, batch=x.shape[0], size=tuple(x.shape[-2:]))
+        self.maps = check_maps(maps, batch=x.shape[0], size=(int(x.shape[-2]), int(x.shape[-1])))
         self.device = self.maps.device
         self.x = x.detach().to(self.device)
         if not bool(torch.isfinite(self.x).all()):

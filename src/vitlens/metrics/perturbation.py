@@ -248,8 +248,9 @@ class PositiveNegativePerturbation(PerturbationMetric):
             fr = []
         if not fr or not all(0 < f <= 1 for f in fr) or any(b <= a for a, b in zip(fr, fr[1:])):
             raise InputError(f"fractions must be increasing numbers in (0, 1]; got {fractions!r}")
-        settings = {"fractions": fr, "score": choice("score", score, _SCORES_PN),
-                    "baseline": choice("baseline", baseline, BASELINES), "granularity": granularity_setting(granularity)}
+        settings: dict[str, Any] = {"fractions": fr, "score": choice("score", score, _SCORES_PN),
+                                    "baseline": choice("baseline", baseline, BASELINES),
+                                    "granularity": granularity_setting(granularity)}
         settings.update(baseline_settings(mean_color, blur_kernel, blur_sigma, noise_seed))
         settings["data_config"] = config_setting(data_config)
         super().__init__(batch_size, **settings)
@@ -319,9 +320,10 @@ class FaithfulnessViolation(PerturbationMetric):
                  baseline: str = "black", blur_kernel: int = 11, blur_sigma: float = 5.0,
                  mean_color: Sequence[float] | None = None, noise_seed: int = 0,
                  data_config: DataConfig | Mapping[str, Any] | None = None, batch_size: int = 64) -> None:
-        settings = {"k": positive_int("k", k),
-                    "patch_size": "patch" if patch_size is None else granularity_setting(patch_size),
-                    "score": choice("score", score, _SCORES_ID), "baseline": choice("baseline", baseline, BASELINES)}
+        settings: dict[str, Any] = {
+            "k": positive_int("k", k),
+            "patch_size": "patch" if patch_size is None else granularity_setting(patch_size),
+            "score": choice("score", score, _SCORES_ID), "baseline": choice("baseline", baseline, BASELINES)}
         if settings["patch_size"] == "pixel":
             settings["patch_size"] = 1
         settings.update(baseline_settings(mean_color, blur_kernel, blur_sigma, noise_seed))
