@@ -1,9 +1,12 @@
-"""Pieces shared by the training commands of the bundled models (shapes, digits)."""
+"""Pieces shared by the training commands of the bundled models (shapes, digits, segformer).
+
+The utilities every long-running command shares (schedule, atomic writes, model cards, Gini, ``torch.distributed``)
+live in :mod:`vitlens.runtime`; ``gini`` and ``lr_factor`` are re-exported here.
+"""
 
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import platform
 from pathlib import Path
@@ -11,6 +14,8 @@ from typing import Callable
 
 import numpy as np
 import torch
+
+from ..runtime import gini, warmup_cosine
 
 __all__ = [
     "add_common_options",
@@ -38,17 +43,6 @@ def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
         else:
             decay.append(p)
     return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-
-
-def gini(p: torch.Tensor) -> torch.Tensor:
-    """Gini coefficient along the last dim of non-negative ``(..., n)``: 0 = uniform, (n-1)/n = one-hot.
-
-    For ``p`` sorted ascending, ``G = 2 * sum_i i * p_(i) / (n * sum p) - (n + 1) / n`` with ``i = 1..n``.
-    """
-    n = p.shape[-1]
-    s, _ = torch.sort(p, dim=-1)
-    i = torch.arange(1, n + 1, dtype=p.dtype, device=p.device)
-    return 2.0 * (s * i).sum(-1) / (n * s.sum(-1).clamp_min(1e-12)) - (n + 1.0) / n
 
 
 @torch.no_grad()
@@ -143,13 +137,8 @@ def dihedral(x: torch.Tensor, f: torch.Tensor) -> torch.Tensor:
     return torch.where(f[:, 2].view(shape), x.transpose(-1, -2), x)
 
 
-def lr_factor(progress: float, warmup: float, min_frac: float) -> float:
-    """Linear warm-up to 1 over the first ``warmup`` (fraction of training), then cosine decay to ``min_frac``."""
-    progress = min(max(progress, 0.0), 1.0)
-    if warmup > 0 and progress < warmup:
-        return progress / warmup
-    t = (progress - warmup) / max(1.0 - warmup, 1e-8)
-    return min_frac + (1.0 - min_frac) * 0.5 * (1.0 + math.cos(math.pi * t))
+#: the warm-up + cosine schedule by fraction of training (:func:`vitlens.runtime.warmup_cosine`; name kept).
+lr_factor = warmup_cosine
 
 
 def load_average() -> float | None:

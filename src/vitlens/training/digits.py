@@ -31,7 +31,6 @@ import datetime as _dt
 import hashlib
 import json
 import math
-import os
 import platform
 import shlex
 import sys
@@ -46,6 +45,7 @@ import torch.nn.functional as F
 from vitlens.data.digits import DIGIT_CLASS_NAMES, load_mnist5k, split_mnist5k
 from vitlens.models.digits_zoo import DIGITS_MEAN, DIGITS_STD, build_digits_vit
 from vitlens.models.zoo import BUNDLED, WEIGHTS_DIR
+from vitlens.runtime import atomic_write, warmup_cosine_steps, write_model_card
 from vitlens.training.common import attention_gini as _attention_gini
 from vitlens.training.common import (
     add_common_options,
@@ -111,15 +111,6 @@ def random_affine(x: torch.Tensor, g: torch.Generator, rotate: float, scale: flo
     return F.grid_sample(x, grid, mode="bilinear", padding_mode="zeros", align_corners=False)
 
 
-def _lr_factor(step: int, steps: int, warmup_frac: float, min_frac: float) -> float:
-    """Linear warm-up to 1 over the first ``warmup_frac`` of the steps, then cosine decay to ``min_frac``."""
-    warm = max(int(round(warmup_frac * steps)), 0)
-    if step < warm:
-        return (step + 1) / warm
-    t = (step - warm) / max(steps - warm, 1)
-    return min_frac + (1.0 - min_frac) * 0.5 * (1.0 + math.cos(math.pi * min(t, 1.0)))
-
-
 @torch.inference_mode()
 def _predict(model: torch.nn.Module, images: torch.Tensor, batch: int = 500) -> torch.Tensor:
     """Predicted labels ``(N,)`` for raw ``(N, 3, H, W)`` images in [0, 1] (fp32, eval mode)."""
@@ -179,8 +170,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         for blk in model.blocks:  # explicit attention trains faster on CPU (much faster in bf16)
             blk.attn.fused_attn = False
         model.train()
+        warm = max(int(round(args.warmup_frac * args.steps)), 0)  # warm-up steps, rounded to the nearest step
         for step in range(args.steps):
-            lr = args.lr * _lr_factor(step, args.steps, args.warmup_frac, args.min_lr_frac)
+            lr = args.lr * warmup_cosine_steps(step, args.steps, warm, args.min_lr_frac)
             for grp in opt.param_groups:
                 grp["lr"] = lr
             if pos + bs > n:
@@ -228,9 +220,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     w_path = out / f"{NAME}.safetensors"
     state = {k: v.detach().to(torch.float16).contiguous() for k, v in model.state_dict().items()}
-    tmp = w_path.with_suffix(".safetensors.tmp")
-    save_file(state, str(tmp), metadata={"name": NAME, "format": "pt", "seed": str(args.seed)})
-    os.replace(tmp, w_path)
+    atomic_write(w_path, lambda tmp: save_file(state, str(tmp), metadata={"name": NAME, "format": "pt",
+                                                                        "seed": str(args.seed)}))
 
     shipped = build_digits_vit()
     ref = shipped.state_dict()
@@ -398,7 +389,7 @@ def _write_card(path: Path, meta: dict, gini_lh: np.ndarray) -> None:
     lines += ["", "Per-head values (layer × head):", "", "```"]
     lines += [" ".join(f"{v:.3f}" for v in row) for row in gini_lh]
     lines += ["```", ""]
-    path.write_text("\n".join(lines), encoding="utf-8")
+    write_model_card(path, lines)
 
 
 if __name__ == "__main__":

@@ -47,7 +47,6 @@ import datetime as _dt
 import hashlib
 import json
 import math
-import os
 import platform
 import shlex
 import sys
@@ -67,6 +66,7 @@ from vitlens.models.segformer_zoo import (
     build_shapes_segformer,
 )
 from vitlens.models.zoo import BUNDLED, WEIGHTS_DIR
+from vitlens.runtime import atomic_write, write_model_card
 from vitlens.training.common import (
     add_common_options,
     cpu_has_bf16,
@@ -260,7 +260,7 @@ def _write_card(path: Path, meta: dict) -> None:
     for i, name in enumerate(SEGFORMER_LABELS):
         lines.append(f"| {name} | {iou[i]:.4f} | {meta['per_class_recall'][i]:.4f} |")
     lines += ["", f"Mean IoU over the 6 object classes only: {float(np.nanmean(iou[1:])):.4f}.", ""]
-    path.write_text("\n".join(lines), encoding="utf-8")
+    write_model_card(path, lines)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -368,10 +368,9 @@ def _run(argv: Sequence[str] | None) -> int:
     w_path = out / f"{NAME}.safetensors"
     state = {k: (v.detach().to(torch.float16) if v.is_floating_point() else v.detach()).contiguous()
              for k, v in model.state_dict().items()}
-    tmp = w_path.with_suffix(".safetensors.tmp")
-    save_file(state, str(tmp), metadata={"name": NAME, "format": "pt", "seed": str(args.seed)})
-    os.chmod(tmp, 0o644)  # safetensors creates owner-only files; shipped package data must be world-readable
-    os.replace(tmp, w_path)
+    # safetensors creates owner-only files; shipped package data must be world-readable (0o644)
+    atomic_write(w_path, lambda tmp: save_file(state, str(tmp), metadata={"name": NAME, "format": "pt",
+                                                                        "seed": str(args.seed)}), mode=0o644)
 
     shipped = build_shapes_segformer()
     ref = shipped.state_dict()

@@ -36,7 +36,6 @@ import datetime as _dt
 import hashlib
 import json
 import math
-import os
 import platform
 import shlex
 import sys
@@ -51,6 +50,7 @@ import torch.nn.functional as F
 from vitlens.data.scenes import CLASS_NAMES, make_scenes
 from vitlens.models.zoo import BUNDLED, SHAPES_MEAN, SHAPES_STD, WEIGHTS_DIR
 from vitlens.training.common import attention_gini as _attention_gini
+from vitlens.runtime import atomic_write, write_model_card
 from vitlens.training.common import (
     add_common_options,
     cpu_has_bf16,
@@ -360,7 +360,7 @@ def _write_card(path: Path, meta: dict, gini_lh: np.ndarray) -> None:
         "```",
         "",
     ]
-    path.write_text("\n".join(lines), encoding="utf-8")
+    write_model_card(path, lines)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -553,10 +553,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     w_path = out / f"{name}.safetensors"
     state = {k: v.detach().to(torch.float16).contiguous() for k, v in model.state_dict().items()}
-    tmp = w_path.with_suffix(".safetensors.tmp")
-    save_file(state, str(tmp), metadata={"name": name, "format": "pt", "seed": str(args.seed)})
-    os.chmod(tmp, 0o644)  # safetensors creates owner-only files; shipped package data must be world-readable
-    os.replace(tmp, w_path)
+    # safetensors creates owner-only files; shipped package data must be world-readable (0o644)
+    atomic_write(w_path, lambda tmp: save_file(state, str(tmp), metadata={"name": name, "format": "pt",
+                                                                        "seed": str(args.seed)}), mode=0o644)
 
     shipped = BUNDLED[name].build()
     ref = shipped.state_dict()
