@@ -49,6 +49,9 @@ from vitlens.runtime import atomic_write, warmup_cosine_steps, write_model_card
 from vitlens.training.common import attention_gini as _attention_gini
 from vitlens.training.common import (
     add_common_options,
+    card_class_table,
+    card_gini_table,
+    card_software_lines,
     cpu_has_bf16,
     cpu_name,
     describe_load,
@@ -357,21 +360,15 @@ def _write_card(path: Path, meta: dict, gini_lh: np.ndarray) -> None:
         f"{fmt_time(meta['total_time_s'])} for the whole command, on {meta['threads']} CPU threads "
         f"({meta['cpu']}); CPU time of the training loop {fmt_time(meta['training_cpu_s'])} (summed over threads; "
         "less sensitive to other jobs than wall time). " + meta.get("load_note", ""),
-        f"- torch {meta['torch_version']}, timm {meta['timm_version']}, numpy {meta['numpy_version']}; "
-        f"date {meta['date']}",
-        f"- weights stored as {meta['weights_dtype']} safetensors ({meta['weights_bytes'] / 1e6:.1f} MB, "
-        f"sha256 `{meta['weights_sha256'][:16]}…`)",
+        *card_software_lines(meta),
         "",
         "## Accuracy (measured on the held-out test split with the shipped weights)",
         "",
         f"**Test accuracy: {meta['test_accuracy']:.2%}** ({split['n_test']:,} images; target ≥ "
         f"{TARGET_ACCURACY:.0%})",
         "",
-        "| digit | accuracy | n |",
-        "|---|---|---|",
+        *card_class_table(per_class, DIGIT_CLASS_NAMES, "digit"),
     ]
-    for name in DIGIT_CLASS_NAMES:
-        lines.append(f"| {name} | {per_class[name]['accuracy']:.2%} | {per_class[name]['n']} |")
     lines += [
         "",
         "## Attention heads",
@@ -381,14 +378,8 @@ def _write_card(path: Path, meta: dict, gini_lh: np.ndarray) -> None:
         "all rows and all test images, per head; min / mean / max over the 6 heads of each layer. A wide spread means "
         "the heads of a layer are heterogeneous (what GradSkip's head weighting exploits).",
         "",
-        "| layer | min | mean | max | spread (max − min) |",
-        "|---|---|---|---|---|",
+        *card_gini_table(gini_lh),
     ]
-    for li, row in enumerate(gini_lh):
-        lines.append(f"| {li} | {row.min():.3f} | {row.mean():.3f} | {row.max():.3f} | {row.max() - row.min():.3f} |")
-    lines += ["", "Per-head values (layer × head):", "", "```"]
-    lines += [" ".join(f"{v:.3f}" for v in row) for row in gini_lh]
-    lines += ["```", ""]
     write_model_card(path, lines)
 
 
