@@ -18,7 +18,7 @@ from typing import Any, Callable, Iterator, Sequence
 import numpy as np
 import torch
 
-from ..runtime import gini, warmup_cosine
+from ..runtime import atomic_write, gini, warmup_cosine
 
 __all__ = [
     "ThreadChooser",
@@ -30,6 +30,7 @@ __all__ = [
     "card_class_table",
     "card_gini_table",
     "card_software_lines",
+    "gini_record",
     "dihedral",
     "explicit_attention",
     "fmt_time",
@@ -39,6 +40,9 @@ __all__ = [
     "make_scenes_parallel",
     "mimetic_init",
     "sincos_pos_init",
+    "save_fp16_weights",
+    "load_stored",
+    "remeasure",
     "normalise",
     "param_groups",
 ]
@@ -218,6 +222,19 @@ def add_common_options(p: argparse.ArgumentParser, *, out: Path, batch_size: int
     p.add_argument("--no-progress", action="store_true", help="disable the tqdm progress bar")
 
 
+def gini_record(gini_lh: np.ndarray, definition: str, spread: bool = False) -> dict[str, Any]:
+    """The JSON record of the heads' attention Gini ``(layers, heads)``: per layer min / mean / max (and the spread
+    max − min with ``spread``), and the per-head values rounded to 5 digits."""
+    per_layer = []
+    for li, r in enumerate(gini_lh):
+        row = {"layer": li, "min": float(r.min()), "mean": float(r.mean()), "max": float(r.max())}
+        if spread:
+            row["spread"] = float(r.max() - r.min())
+        per_layer.append(row)
+    return {"definition": definition, "per_layer": per_layer, "per_head": [[round(float(v), 5) for v in r]
+                                                                             for r in gini_lh]}
+
+
 # -- model-card sections the training commands share (written with vitlens.runtime.write_model_card) -------------
 def card_class_table(per_class: dict[str, dict[str, Any]], names: Sequence[str], label: str = "class") -> list[str]:
     """Markdown table of per-class test accuracy: ``| <label> | accuracy | n |``, one row per class name."""
@@ -332,3 +349,43 @@ class ThreadChooser:
 
 def _median(xs: list[float]) -> float:
     return float(np.median(xs))
+
+
+# -- export of the trained weights ---------------------------------------------------------------------------------
+def save_fp16_weights(model: torch.nn.Module, path: Path, name: str, seed: int, mode: int | None = None) -> None:
+    """Store ``model``'s floating-point tensors as float16 safetensors (other tensors as they are) at ``path``,
+    atomically, with ``name``/``format``/``seed`` metadata; ``mode`` sets the file's permissions (safetensors creates
+    owner-only files; shipped package data must be world-readable: 0o644)."""
+    from safetensors.torch import save_file
+
+    state = {k: (v.detach().to(torch.float16) if v.is_floating_point() else v.detach()).contiguous()
+             for k, v in model.state_dict().items()}
+    atomic_write(path, lambda tmp: save_file(state, str(tmp), metadata={"name": name, "format": "pt",
+                                                                      "seed": str(seed)}), mode=mode)
+
+
+def load_stored(build: Callable[[], torch.nn.Module], path: Path) -> torch.nn.Module:
+    """A freshly built model with the stored (float16) weights at ``path`` cast to its dtypes, in eval mode."""
+    from safetensors.torch import load_file
+
+    model = build()
+    ref = model.state_dict()
+    model.load_state_dict({k: v.to(ref[k].dtype) for k, v in load_file(str(path)).items()}, strict=True)
+    return model.eval()
+
+
+def remeasure(build: Callable[[], torch.nn.Module], path: Path, x_test: torch.Tensor, y_test: torch.Tensor,
+              class_names: Sequence[str], predict: Callable[[torch.nn.Module, torch.Tensor], torch.Tensor]
+              ) -> tuple[torch.nn.Module, float, dict[str, dict[str, Any]]]:
+    """Load the stored weights into a freshly built model and measure it on the test set: ``(model in eval mode,
+    test accuracy, per class {"accuracy", "n"})`` (a class absent from the test set gets accuracy NaN)."""
+    shipped = load_stored(build, path)
+    correct = predict(shipped, x_test) == y_test
+    per_class = {
+        name: {
+            "accuracy": float(correct[y_test == c].float().mean().item()) if (y_test == c).any() else float("nan"),
+            "n": int((y_test == c).sum().item()),
+        }
+        for c, name in enumerate(class_names)
+    }
+    return shipped, correct.float().mean().item(), per_class

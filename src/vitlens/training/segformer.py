@@ -52,7 +52,7 @@ import shlex
 import sys
 import time
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 import torch
@@ -66,7 +66,7 @@ from vitlens.models.segformer_zoo import (
     build_shapes_segformer,
 )
 from vitlens.models.zoo import BUNDLED, WEIGHTS_DIR
-from vitlens.runtime import atomic_write, write_model_card
+from vitlens.runtime import write_model_card
 from vitlens.training.common import (
     add_common_options,
     cpu_has_bf16,
@@ -75,9 +75,11 @@ from vitlens.training.common import (
     dihedral,
     fmt_time,
     load_average,
+    load_stored,
     lr_factor,
     normalise,
     param_groups,
+    save_fp16_weights,
 )
 
 __all__ = ["main", "confusion_matrix", "confusion_scores", "evaluate", "predict_label_maps"]
@@ -274,53 +276,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         torch.set_num_threads(saved_threads)
 
 
-def _run(argv: Sequence[str] | None) -> int:
-    t0 = time.perf_counter()
-    args = _parse(argv)
-    argv_list = list(sys.argv[1:] if argv is None else argv)
-    if args.steps < 1 or args.n_train < 1 or args.n_test < 1 or args.batch_size < 1 or args.threads < 1:
-        raise SystemExit("--steps, --n-train, --n-test, --batch-size and --threads must be >= 1")
-
-    import transformers
-    from safetensors.torch import load_file, save_file
-    from tqdm import tqdm
-
-    torch.set_num_threads(args.threads)
-    torch.manual_seed(args.seed)
-    train_seed, test_seed = args.seed, TEST_SEED_OFFSET + args.seed
-    log = print
-    loads = [load_average()]
-
-    # ---- data ---------------------------------------------------------------------------------------------------
-    log(f"generating {args.n_train} training scenes (seed {train_seed}) and {args.n_test} test scenes "
-        f"(seed {test_seed}) ...")
-    train = make_multi_scenes(args.n_train, seed=train_seed, size=args.size)
-    test = make_multi_scenes(args.n_test, seed=test_seed, size=args.size)
-    x_train, y_train = train.images, train.label_maps.to(torch.uint8)  # uint8: 8x less memory than int64
-    x_test, y_test = test.images, test.label_maps
-    del train, test
-    log(f"data ready after {time.perf_counter() - t0:.1f} s")
-
-    # ---- model / optimiser ----------------------------------------------------------------------------------------
-    model = build_shapes_segformer()
-    if args.init == "mit":
-        _mit_init(model)
-    n_params = sum(p.numel() for p in model.parameters())
-    # foreach: one multi-tensor kernel per update instead of a loop over ~200 small tensors (much faster on CPU)
-    opt = torch.optim.AdamW(param_groups(model, args.weight_decay), lr=args.lr, betas=(0.9, 0.999), foreach=True)
-    g = torch.Generator().manual_seed(args.seed)
-    use_bf16 = args.precision == "bf16" or (args.precision == "auto" and cpu_has_bf16())
-    log(f"training {n_params:,} parameters for {args.steps} steps in {'bf16 autocast' if use_bf16 else 'fp32'} "
-        f"on {args.threads} threads")
-
+def _train_steps(args: argparse.Namespace, model: Any, opt: torch.optim.Optimizer, g: torch.Generator,
+                 x_train: torch.Tensor, y_train: torch.Tensor, x_test: torch.Tensor, y_test: torch.Tensor,
+                 use_bf16: bool, bar: Any, t_train0: float, loads: list[float | None]) -> None:
+    """The ``args.steps`` optimiser steps (batch order and flips drawn from ``g``); samples the load every 30 s."""
     n, bs = len(x_train), min(args.batch_size, len(x_train))
     perm = torch.randperm(n, generator=g)
     pos = 0
     loss_ema = None
-    cpu0 = time.process_time()
-    t_train0 = time.perf_counter()
     last_load_t = t_train0
-    bar = tqdm(total=args.steps, disable=args.no_progress, unit="step", dynamic_ncols=True, mininterval=2.0)
     model.train()
     for step in range(args.steps):
         lr = args.lr * lr_factor(step / args.steps, args.warmup_frac, args.min_lr_frac)
@@ -355,6 +319,51 @@ def _run(argv: Sequence[str] | None) -> int:
             bar.write(f"step {step + 1}: loss {loss_ema:.3f} lr {lr:.1e} mIoU (200 test) {s['miou']:.4f} "
                       f"PA {s['pixel_accuracy']:.4f} IoU " + " ".join(f"{v:.2f}" for v in s["iou"])
                       + f" [{time.perf_counter() - t_train0:.0f} s]")
+
+
+def _run(argv: Sequence[str] | None) -> int:
+    t0 = time.perf_counter()
+    args = _parse(argv)
+    argv_list = list(sys.argv[1:] if argv is None else argv)
+    if args.steps < 1 or args.n_train < 1 or args.n_test < 1 or args.batch_size < 1 or args.threads < 1:
+        raise SystemExit("--steps, --n-train, --n-test, --batch-size and --threads must be >= 1")
+
+    import transformers
+    from tqdm import tqdm
+
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(args.seed)
+    train_seed, test_seed = args.seed, TEST_SEED_OFFSET + args.seed
+    log = print
+    loads = [load_average()]
+
+    # ---- data ---------------------------------------------------------------------------------------------------
+    log(f"generating {args.n_train} training scenes (seed {train_seed}) and {args.n_test} test scenes "
+        f"(seed {test_seed}) ...")
+    train = make_multi_scenes(args.n_train, seed=train_seed, size=args.size)
+    test = make_multi_scenes(args.n_test, seed=test_seed, size=args.size)
+    x_train, y_train = train.images, train.label_maps.to(torch.uint8)  # uint8: 8x less memory than int64
+    x_test, y_test = test.images, test.label_maps
+    del train, test
+    log(f"data ready after {time.perf_counter() - t0:.1f} s")
+
+    # ---- model / optimiser ----------------------------------------------------------------------------------------
+    model = build_shapes_segformer()
+    if args.init == "mit":
+        _mit_init(model)
+    n_params = sum(p.numel() for p in model.parameters())
+    # foreach: one multi-tensor kernel per update instead of a loop over ~200 small tensors (much faster on CPU)
+    opt = torch.optim.AdamW(param_groups(model, args.weight_decay), lr=args.lr, betas=(0.9, 0.999), foreach=True)
+    g = torch.Generator().manual_seed(args.seed)
+    use_bf16 = args.precision == "bf16" or (args.precision == "auto" and cpu_has_bf16())
+    log(f"training {n_params:,} parameters for {args.steps} steps in {'bf16 autocast' if use_bf16 else 'fp32'} "
+        f"on {args.threads} threads")
+
+    n, bs = len(x_train), min(args.batch_size, len(x_train))
+    cpu0 = time.process_time()
+    t_train0 = time.perf_counter()
+    bar = tqdm(total=args.steps, disable=args.no_progress, unit="step", dynamic_ncols=True, mininterval=2.0)
+    _train_steps(args, model, opt, g, x_train, y_train, x_test, y_test, use_bf16, bar, t_train0, loads)
     bar.close()
     training_time = time.perf_counter() - t_train0
     cpu_time = time.process_time() - cpu0
@@ -366,16 +375,9 @@ def _run(argv: Sequence[str] | None) -> int:
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
     w_path = out / f"{NAME}.safetensors"
-    state = {k: (v.detach().to(torch.float16) if v.is_floating_point() else v.detach()).contiguous()
-             for k, v in model.state_dict().items()}
-    # safetensors creates owner-only files; shipped package data must be world-readable (0o644)
-    atomic_write(w_path, lambda tmp: save_file(state, str(tmp), metadata={"name": NAME, "format": "pt",
-                                                                        "seed": str(args.seed)}), mode=0o644)
+    save_fp16_weights(model, w_path, NAME, args.seed, mode=0o644)
 
-    shipped = build_shapes_segformer()
-    ref = shipped.state_dict()
-    shipped.load_state_dict({k: v.to(ref[k].dtype) for k, v in load_file(str(w_path)).items()}, strict=True)
-    scores = evaluate(shipped, x_test, y_test)
+    scores = evaluate(load_stored(build_shapes_segformer, w_path), x_test, y_test)
 
     total_time = time.perf_counter() - t0
     data = w_path.read_bytes()

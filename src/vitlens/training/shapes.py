@@ -50,7 +50,7 @@ import torch.nn.functional as F
 from vitlens.data.scenes import CLASS_NAMES, make_scenes
 from vitlens.models.zoo import BUNDLED, SHAPES_MEAN, SHAPES_STD, WEIGHTS_DIR
 from vitlens.training.common import attention_gini as _attention_gini
-from vitlens.runtime import atomic_write, write_model_card
+from vitlens.runtime import write_model_card
 from vitlens.training.common import (
     ThreadChooser,
     add_common_options,
@@ -64,12 +64,15 @@ from vitlens.training.common import (
     explicit_attention,
     fmt_time,
     gini,
+    gini_record,
     load_average,
     lr_factor,
     make_scenes_parallel,
     mimetic_init,
     normalise,
     param_groups,
+    remeasure,
+    save_fp16_weights,
     sincos_pos_init,
 )
 
@@ -433,30 +436,11 @@ def _export(args: argparse.Namespace, name: str, model: Any, x_test: torch.Tenso
             ) -> tuple[Path, float, dict[str, dict[str, Any]], np.ndarray]:
     """Store the weights as float16 safetensors and re-measure the stored model: ``(weights path, test accuracy,
     per-class accuracy, attention Gini (layers, heads))``."""
-    from safetensors.torch import load_file, save_file
-
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
     w_path = out / f"{name}.safetensors"
-    state = {k: v.detach().to(torch.float16).contiguous() for k, v in model.state_dict().items()}
-    # safetensors creates owner-only files; shipped package data must be world-readable (0o644)
-    atomic_write(w_path, lambda tmp: save_file(state, str(tmp), metadata={"name": name, "format": "pt",
-                                                                        "seed": str(args.seed)}), mode=0o644)
-
-    shipped = BUNDLED[name].build()
-    ref = shipped.state_dict()
-    shipped.load_state_dict({k: v.to(ref[k].dtype) for k, v in load_file(str(w_path)).items()}, strict=True)
-    shipped.eval()
-    pred = _predict(shipped, x_test)
-    correct = pred == y_test
-    test_acc = correct.float().mean().item()
-    per_class = {
-        name: {
-            "accuracy": float(correct[y_test == c].float().mean().item()) if (y_test == c).any() else float("nan"),
-            "n": int((y_test == c).sum().item()),
-        }
-        for c, name in enumerate(CLASS_NAMES)
-    }
+    save_fp16_weights(model, w_path, name, args.seed, mode=0o644)
+    shipped, test_acc, per_class = remeasure(BUNDLED[name].build, w_path, x_test, y_test, CLASS_NAMES, _predict)
     gini_lh = attention_gini(shipped, x_test[:500])
     return w_path, test_acc, per_class, gini_lh
 
@@ -549,14 +533,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "test_accuracy": test_acc,
         "test_accuracy_fp32_before_export": acc_fp32,
         "per_class_accuracy": per_class,
-        "attention_gini": {
-            "definition": "per head: Gini of each attention row, averaged over rows and the first 500 test images",
-            "per_layer": [
-                {"layer": li, "min": float(r.min()), "mean": float(r.mean()), "max": float(r.max())}
-                for li, r in enumerate(gini_lh)
-            ],
-            "per_head": [[round(float(v), 5) for v in r] for r in gini_lh],
-        },
+        "attention_gini": gini_record(gini_lh, "per head: Gini of each attention row, averaged over rows and the "
+                                               "first 500 test images"),
         "n_params": n_params,
         "weights_file": w_path.name,
         "weights_dtype": "float16",
