@@ -169,7 +169,7 @@ def describe_load(loads: list[float | None], threads: int, training_time: float,
     A training time is only comparable with the budget when nothing else ran; the sentence says whether that held.
     """
     vals = [v for v in loads if v is not None]
-    load = {"min": min(vals) if vals else None, "max": max(vals) if vals else None, "samples": vals}
+    load: dict[str, Any] = {"min": min(vals) if vals else None, "max": max(vals) if vals else None, "samples": vals}
     cores = os.cpu_count() or 1
     share = cpu_time / max(training_time, 1e-9)
     if load["max"] is not None and load["max"] > cores + 0.5:

@@ -116,7 +116,7 @@ def _normalise(x: torch.Tensor) -> torch.Tensor:
 
 
 @torch.no_grad()
-def _mit_init(model: torch.nn.Module) -> None:
+def _mit_init(model: Any) -> None:
     """Initial values as in the original SegFormer (Xie et al., 2021) code instead of HF's generic init: convolutions
     ``N(0, 2 / fan_out)`` with ``fan_out = k_h * k_w * out_channels / groups`` (HF draws every convolution, the 3×3
     depthwise ones of Mix-FFN included, from ``N(0, 0.02²)``, which starts them near zero), linear layers truncated
@@ -161,7 +161,7 @@ def confusion_matrix(pred: torch.Tensor, target: torch.Tensor, num_labels: int) 
     return torch.bincount(idx, minlength=num_labels * num_labels).view(num_labels, num_labels)
 
 
-def confusion_scores(cm: torch.Tensor) -> dict[str, object]:
+def confusion_scores(cm: torch.Tensor) -> dict[str, Any]:
     """Scores of a pooled confusion matrix (all higher is better).
 
     Returns:
@@ -184,7 +184,7 @@ def confusion_scores(cm: torch.Tensor) -> dict[str, object]:
     }
 
 
-def evaluate(model: torch.nn.Module, images: torch.Tensor, label_maps: torch.Tensor) -> dict[str, object]:
+def evaluate(model: torch.nn.Module, images: torch.Tensor, label_maps: torch.Tensor) -> dict[str, Any]:
     """Held-out scores of ``model`` on raw images and their label maps (pooled confusion matrix; see module doc)."""
     pred = predict_label_maps(model, images)
     return confusion_scores(confusion_matrix(pred, label_maps, len(SEGFORMER_LABELS)))
