@@ -208,3 +208,11 @@ def test_metrics_take_the_explainers_targets():
             torch.testing.assert_close(got[k], want[k], rtol=0, atol=0)
     with pytest.raises(vitlens.TargetError, match="3 class indices given for a batch of 2"):
         metric(maps, model=model, x=x, targets=ClassLogit([0, 1, 2]))
+
+
+def test_architecture_doc_shows_the_real_method_file():
+    """docs/architecture.md's worked example is the complete, current file of a real method (no drift)."""
+    root = Path(__file__).parents[1]
+    doc = (root / "docs" / "architecture.md").read_text(encoding="utf-8")
+    source = (root / "src" / "vitlens" / "explainers" / "gae.py").read_text(encoding="utf-8")
+    assert f"```python\n{source}```" in doc
