@@ -363,11 +363,16 @@ def config_setting(value: Any) -> dict[str, Any] | None:
 
 
 class PerturbationMetric(Metric):
-    """Shared parts: ``batch_size`` (a cost knob, kept out of the protocol) and the resolved protocol."""
+    """Shared parts: ``batch_size`` (a cost knob, kept out of the protocol), the baseline settings and data config
+    (validated, after the metric's own settings in the protocol) and the resolved protocol."""
 
     needs = frozenset({"model", "x", "targets"})
 
-    def __init__(self, batch_size: int, **settings: Any) -> None:
+    def __init__(self, batch_size: int, settings: dict[str, Any], baseline: tuple[Any, Any, Any, Any],
+                 data_config: Any) -> None:
+        """``baseline``: ``(mean_color, blur_kernel, blur_sigma, noise_seed)`` as given to the metric."""
+        settings.update(baseline_settings(*baseline))
+        settings["data_config"] = config_setting(data_config)
         super().__init__(**settings)
         self.batch_size = positive_int("batch_size", batch_size)
 

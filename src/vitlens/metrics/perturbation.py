@@ -42,9 +42,7 @@ from ._perturbation_engine import (
     Jobs,
     MetricInputs,
     PerturbationMetric,
-    baseline_settings,
     choice,
-    config_setting,
     feature_ranks,
     feature_scores,
     gaussian_blur,
@@ -155,10 +153,8 @@ class InsertionDeletion(PerturbationMetric):
         settings["deletion_baseline"] = choice("deletion_baseline", base["deletion_baseline"], BASELINES)
         settings["insertion_baseline"] = choice("insertion_baseline", base["insertion_baseline"], BASELINES)
         settings["score"] = choice("score", base["score"], _SCORES_ID)
-        settings.update(baseline_settings(base["mean_color"], base["blur_kernel"], base["blur_sigma"],
-                                           base["noise_seed"]))
-        settings["data_config"] = config_setting(data_config)
-        super().__init__(batch_size, **settings)
+        super().__init__(batch_size, settings, (base["mean_color"], base["blur_kernel"], base["blur_sigma"],
+                                                base["noise_seed"]), data_config)
 
     @classmethod
     def presets(cls) -> dict[str, dict[str, Any]]:
@@ -251,9 +247,7 @@ class PositiveNegativePerturbation(PerturbationMetric):
         settings: dict[str, Any] = {"fractions": fr, "score": choice("score", score, _SCORES_PN),
                                     "baseline": choice("baseline", baseline, BASELINES),
                                     "granularity": granularity_setting(granularity)}
-        settings.update(baseline_settings(mean_color, blur_kernel, blur_sigma, noise_seed))
-        settings["data_config"] = config_setting(data_config)
-        super().__init__(batch_size, **settings)
+        super().__init__(batch_size, settings, (mean_color, blur_kernel, blur_sigma, noise_seed), data_config)
 
     def compute(self, maps: Tensor, *, model: nn.Module | None = None, x: Tensor | None = None,
                 targets: TargetSpec = None, **_: Any) -> MetricResult:
@@ -326,9 +320,7 @@ class FaithfulnessViolation(PerturbationMetric):
             "score": choice("score", score, _SCORES_ID), "baseline": choice("baseline", baseline, BASELINES)}
         if settings["patch_size"] == "pixel":
             settings["patch_size"] = 1
-        settings.update(baseline_settings(mean_color, blur_kernel, blur_sigma, noise_seed))
-        settings["data_config"] = config_setting(data_config)
-        super().__init__(batch_size, **settings)
+        super().__init__(batch_size, settings, (mean_color, blur_kernel, blur_sigma, noise_seed), data_config)
 
     def compute(self, maps: Tensor, *, model: nn.Module | None = None, x: Tensor | None = None,
                 targets: TargetSpec = None, **_: Any) -> MetricResult:

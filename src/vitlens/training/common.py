@@ -21,6 +21,7 @@ import torch
 from ..runtime import atomic_write, gini, warmup_cosine
 
 __all__ = [
+    "BatchSampler",
     "ThreadChooser",
     "add_common_options",
     "attention_gini",
@@ -31,6 +32,7 @@ __all__ = [
     "card_gini_table",
     "card_software_lines",
     "gini_record",
+    "set_lr",
     "dihedral",
     "explicit_attention",
     "fmt_time",
@@ -389,3 +391,31 @@ def remeasure(build: Callable[[], torch.nn.Module], path: Path, x_test: torch.Te
         for c, name in enumerate(class_names)
     }
     return shipped, correct.float().mean().item(), per_class
+
+
+# -- the training loop's bookkeeping ----------------------------------------------------------------------------------
+class BatchSampler:
+    """Batches of indices into ``n`` training images from seeded permutations: the first permutation is drawn when the
+    sampler is made; a new one whenever the rest of the current one cannot fill a batch (so every epoch is a fresh
+    order and a batch never straddles two permutations)."""
+
+    def __init__(self, n: int, generator: torch.Generator) -> None:
+        self.n = n
+        self.generator = generator
+        self.perm = torch.randperm(n, generator=generator)
+        self.pos = 0
+
+    def take(self, batch_size: int) -> torch.Tensor:
+        """The next ``batch_size`` indices ``(batch_size,)`` long."""
+        if self.pos + batch_size > self.n:
+            self.perm = torch.randperm(self.n, generator=self.generator)
+            self.pos = 0
+        idx = self.perm[self.pos : self.pos + batch_size]
+        self.pos += batch_size
+        return idx
+
+
+def set_lr(opt: torch.optim.Optimizer, lr: float) -> None:
+    """Set the learning rate of every parameter group of ``opt``."""
+    for grp in opt.param_groups:
+        grp["lr"] = lr

@@ -48,6 +48,7 @@ from vitlens.models.zoo import BUNDLED, WEIGHTS_DIR
 from vitlens.runtime import warmup_cosine_steps, write_model_card
 from vitlens.training.common import attention_gini as _attention_gini
 from vitlens.training.common import (
+    BatchSampler,
     add_common_options,
     card_class_table,
     card_gini_table,
@@ -63,6 +64,7 @@ from vitlens.training.common import (
     param_groups,
     remeasure,
     save_fp16_weights,
+    set_lr,
 )
 
 __all__ = ["main", "attention_gini", "random_affine"]
@@ -136,20 +138,14 @@ def _train_steps(args: argparse.Namespace, model: torch.nn.Module, opt: torch.op
                  use_bf16: bool, bar: Any, t_train0: float, loads: list[float | None]) -> None:
     """The ``args.steps`` optimiser steps (batch order and augmentation drawn from ``g``)."""
     n, bs = len(x_train), args.batch_size
-    perm = torch.randperm(n, generator=g)
-    pos = 0
+    batches = BatchSampler(n, g)
     loss_ema = acc_ema = None
     model.train()
     warm = max(int(round(args.warmup_frac * args.steps)), 0)  # warm-up steps, rounded to the nearest step
     for step in range(args.steps):
         lr = args.lr * warmup_cosine_steps(step, args.steps, warm, args.min_lr_frac)
-        for grp in opt.param_groups:
-            grp["lr"] = lr
-        if pos + bs > n:
-            perm = torch.randperm(n, generator=g)
-            pos = 0
-        idx = perm[pos : pos + bs]
-        pos += bs
+        set_lr(opt, lr)
+        idx = batches.take(bs)
         xb = _normalise(random_affine(x_train[idx], g, args.rotate, args.scale, args.shift))
         yb = y_train[idx]
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=use_bf16):

@@ -68,6 +68,7 @@ from vitlens.models.segformer_zoo import (
 from vitlens.models.zoo import BUNDLED, WEIGHTS_DIR
 from vitlens.runtime import write_model_card
 from vitlens.training.common import (
+    BatchSampler,
     add_common_options,
     cpu_has_bf16,
     cpu_name,
@@ -80,6 +81,7 @@ from vitlens.training.common import (
     normalise,
     param_groups,
     save_fp16_weights,
+    set_lr,
 )
 
 __all__ = ["main", "confusion_matrix", "confusion_scores", "evaluate", "predict_label_maps"]
@@ -281,20 +283,14 @@ def _train_steps(args: argparse.Namespace, model: Any, opt: torch.optim.Optimize
                  use_bf16: bool, bar: Any, t_train0: float, loads: list[float | None]) -> None:
     """The ``args.steps`` optimiser steps (batch order and flips drawn from ``g``); samples the load every 30 s."""
     n, bs = len(x_train), min(args.batch_size, len(x_train))
-    perm = torch.randperm(n, generator=g)
-    pos = 0
+    batches = BatchSampler(n, g)
     loss_ema = None
     last_load_t = t_train0
     model.train()
     for step in range(args.steps):
         lr = args.lr * lr_factor(step / args.steps, args.warmup_frac, args.min_lr_frac)
-        for grp in opt.param_groups:
-            grp["lr"] = lr
-        if pos + bs > n:
-            perm = torch.randperm(n, generator=g)
-            pos = 0
-        idx = perm[pos : pos + bs]
-        pos += bs
+        set_lr(opt, lr)
+        idx = batches.take(bs)
         flips = torch.randint(0, 2, (len(idx), 3), generator=g).bool()
         xb = dihedral(x_train[idx], flips)
         yb = dihedral(y_train[idx], flips).long()

@@ -52,6 +52,7 @@ from vitlens.models.zoo import BUNDLED, SHAPES_MEAN, SHAPES_STD, WEIGHTS_DIR
 from vitlens.training.common import attention_gini as _attention_gini
 from vitlens.runtime import write_model_card
 from vitlens.training.common import (
+    BatchSampler,
     ThreadChooser,
     add_common_options,
     card_class_table,
@@ -73,6 +74,7 @@ from vitlens.training.common import (
     param_groups,
     remeasure,
     save_fp16_weights,
+    set_lr,
     sincos_pos_init,
 )
 
@@ -316,8 +318,7 @@ def _train(args: argparse.Namespace, model: Any, teacher: Any, aux_head: torch.n
     t_train0 = time.perf_counter()
     train_budget = max(deadline - args.reserve_s - t_train0, 1.0)
     by_steps = bool(args.steps)
-    perm = torch.randperm(n, generator=g)
-    pos = 0
+    batches = BatchSampler(n, g)
     step = 0
     time_limited = False
     loss_ema = acc_ema = None
@@ -361,14 +362,9 @@ def _train(args: argparse.Namespace, model: Any, teacher: Any, aux_head: torch.n
             if args.stop_after is not None and step >= args.stop_after:
                 break
             lr = args.lr * lr_factor(progress, args.warmup_frac, args.min_lr_frac)
-            for grp in opt.param_groups:
-                grp["lr"] = lr
+            set_lr(opt, lr)
 
-            if pos + bs > n:
-                perm = torch.randperm(n, generator=g)
-                pos = 0
-            idx = perm[pos : pos + bs]
-            pos += bs
+            idx = batches.take(bs)
             t_step = threads.start(step)
             flips = torch.randint(0, 2, (len(idx), 3), generator=g).bool()
             loss, logits, yb = _batch_loss(args, model, idx, flips, progress, x_train, m_train, y_train, teacher_pred,
