@@ -24,7 +24,7 @@ from .images import load_images
 from .models import get_adapter, load_model
 from .targets import ClassLogit, ClassProbability, Contrast, SegmentationTarget
 
-__version__ = "0.1.0"
+from ._version import __version__
 
 __all__ = [
     "explain",

@@ -319,7 +319,7 @@ def data_config(model_or_config: DataConfig | Mapping[str, Any] | torch.nn.Modul
 # --------------------------------------------------------------------------------------------------------------------
 
 
-def _resize_shape(h: int, w: int, cfg: DataConfig) -> tuple[int, int]:
+def resize_shape(h: int, w: int, cfg: DataConfig) -> tuple[int, int]:
     """Size ``(h', w')`` the image is resized to before the centre crop/pad, by timm's rules (see module doc)."""
     out_h, out_w = cfg.size_hw
     scale_h, scale_w = math.floor(out_h / cfg.crop_pct), math.floor(out_w / cfg.crop_pct)
@@ -344,7 +344,7 @@ def _pad_fill(cfg: DataConfig) -> tuple[int, int, int]:
     return (0, 0, 0)
 
 
-def _crop_or_pad(arr: np.ndarray, out_hw: tuple[int, int], fill: Sequence[float]) -> np.ndarray:
+def crop_or_pad(arr: np.ndarray, out_hw: tuple[int, int], fill: Sequence[float]) -> np.ndarray:
     """Centre-crop ``arr`` (h, w, C) to ``out_hw``, padding with ``fill`` (len C) first where it is smaller."""
     out_h, out_w = out_hw
     h, w = arr.shape[:2]
@@ -369,10 +369,10 @@ def _chw01(pixels: np.ndarray) -> torch.Tensor:
 
 def _geometry_uint8(img: Image.Image, cfg: DataConfig) -> np.ndarray:
     """Resize + crop an RGB PIL image; returns ``(H, W, 3)`` uint8."""
-    new_h, new_w = _resize_shape(img.height, img.width, cfg)
+    new_h, new_w = resize_shape(img.height, img.width, cfg)
     if (new_h, new_w) != (img.height, img.width):
         img = img.resize((new_w, new_h), _INTERPOLATIONS[cfg.interpolation])
-    return _crop_or_pad(np.asarray(img, dtype=np.uint8), cfg.size_hw, _pad_fill(cfg))
+    return crop_or_pad(np.asarray(img, dtype=np.uint8), cfg.size_hw, _pad_fill(cfg))
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -380,7 +380,7 @@ def _geometry_uint8(img: Image.Image, cfg: DataConfig) -> np.ndarray:
 # --------------------------------------------------------------------------------------------------------------------
 
 
-def _to_rgb(img: Image.Image) -> Image.Image:
+def to_rgb(img: Image.Image) -> Image.Image:
     """An RGB PIL image: transparency composited onto white, greyscale replicated, 16-bit scaled to 8-bit."""
     if img.mode == "RGB":
         return img
@@ -412,7 +412,7 @@ def preprocess(img: Image.Image, cfg: DataConfig | Mapping[str, Any] | torch.nn.
     if not isinstance(img, Image.Image):
         raise InputError(f"preprocess expects a PIL image, got {type(img).__name__}; use load_images for other inputs")
     cfg = data_config(cfg)
-    return normalize(_chw01(_geometry_uint8(_to_rgb(img), cfg)), cfg)
+    return normalize(_chw01(_geometry_uint8(to_rgb(img), cfg)), cfg)
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -459,7 +459,7 @@ def _one_line(text: object) -> str:
     return " ".join(str(text).split())
 
 
-def _open_file(path: Path, label: str) -> Image.Image:
+def open_image_file(path: Path, label: str) -> Image.Image:
     if not path.exists():
         raise ImageLoadError(f"{label}: image file not found")
     if path.is_dir():
@@ -492,7 +492,7 @@ def _from_hwc(arr: np.ndarray, cfg: DataConfig) -> torch.Tensor:
     """``(h, w, C)`` pixels, C in {1, 3, 4}, uint8 or float in [0, 1] (validated) → ``(3, H, W)`` float32 in [0, 1]."""
     u8 = arr if arr.dtype == np.uint8 else np.rint(arr.astype(np.float64) * 255.0).astype(np.uint8)
     plane = u8[..., 0] if u8.shape[2] == 1 else u8
-    return _chw01(_geometry_uint8(_to_rgb(Image.fromarray(np.ascontiguousarray(plane))), cfg))
+    return _chw01(_geometry_uint8(to_rgb(Image.fromarray(np.ascontiguousarray(plane))), cfg))
 
 
 def _load_array(arr: np.ndarray, cfg: DataConfig, label: str) -> torch.Tensor:
@@ -543,7 +543,7 @@ def _load_one(item: Any, cfg: DataConfig, label: str) -> torch.Tensor:
     """One input → ``(n, 3, H, W)`` float32 pixels in [0, 1] (n > 1 only for a batched tensor)."""
     if isinstance(item, (str, Path)):
         path = Path(item)
-        img = ImageOps.exif_transpose(_open_file(path, f"{label} '{path}'"))
+        img = ImageOps.exif_transpose(open_image_file(path, f"{label} '{path}'"))
         return _load_pil(img, cfg)
     if isinstance(item, Image.Image):
         return _load_pil(ImageOps.exif_transpose(item), cfg)
@@ -555,7 +555,7 @@ def _load_one(item: Any, cfg: DataConfig, label: str) -> torch.Tensor:
 
 
 def _load_pil(img: Image.Image, cfg: DataConfig) -> torch.Tensor:
-    return _chw01(_geometry_uint8(_to_rgb(img), cfg))[None]
+    return _chw01(_geometry_uint8(to_rgb(img), cfg))[None]
 
 
 def load_images(
@@ -590,3 +590,8 @@ def load_images(
         items = [(inputs, "input")]
     batch = torch.cat([_load_one(item, cfg, label) for item, label in items], dim=0)
     return normalize(batch.contiguous(), cfg)
+
+
+# resize_shape, crop_or_pad, to_rgb and open_image_file are package-internal helpers (vitlens.data.loaders, vitlens.viz);
+# the underscore name stays for vitlens.viz until it imports to_rgb.
+_to_rgb = to_rgb

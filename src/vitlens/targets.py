@@ -14,6 +14,7 @@ logits to give the scores ``y`` (shape ``(B,)``) whose gradients and relevance a
 
 from __future__ import annotations
 
+import copy
 from typing import Sequence, Union
 
 import torch
@@ -22,7 +23,11 @@ from torch import Tensor
 
 from .errors import TargetError
 
-__all__ = ["Target", "ClassLogit", "ClassProbability", "Contrast", "SegmentationTarget", "make_target", "TargetSpec"]
+__all__ = ["Target", "ClassLogit", "ClassProbability", "Contrast", "SegmentationTarget", "make_target", "TargetSpec",
+           "CLASS_SCORES", "class_score"]
+
+#: how :func:`class_score` scores a class from classifier logits.
+CLASS_SCORES = ("logit", "probability", "accuracy")
 
 ClassSpec = Union[None, int, Sequence[int], Tensor]
 
@@ -77,9 +82,13 @@ class Target:
         """Target score per image, ``(B,)``, differentiable w.r.t. the logits."""
         raise NotImplementedError
 
-    def __call__(self, logits: Tensor) -> Tensor:
+    def check_logits(self, logits: Tensor) -> None:
+        """Raise :class:`TargetError` unless ``logits`` have the shape this kind of target scores (``(B, K)``)."""
         if logits.ndim != 2:
             raise TargetError(f"targets expect logits of shape (B, K); got shape {tuple(logits.shape)}")
+
+    def __call__(self, logits: Tensor) -> Tensor:
+        self.check_logits(logits)
         if self.classes is None:
             return self.resolve(logits).score(logits)
         if self.classes.shape[0] != logits.shape[0]:
@@ -92,6 +101,27 @@ class Target:
         """The same (resolved) target restricted to some images of the batch."""
         raise NotImplementedError
 
+    #: names of the attributes that hold per-image class specs, sliced by :meth:`chunk`.
+    _per_image: tuple[str, ...] = ()
+
+    def chunk(self, index: slice, batch: int) -> "Target":
+        """This (unresolved) target for images ``index`` of a batch of ``batch`` images: per-image class specs are
+        sliced, everything else is shared (``explain(batch_size=…)`` chunking). The whole batch returns ``self``."""
+        if index.start == 0 and index.stop == batch:
+            return self
+        clone = copy.copy(self)
+        for key in self._per_image:
+            spec = getattr(clone, key, None)
+            if spec is None or isinstance(spec, int):
+                continue
+            t = torch.as_tensor(spec).reshape(-1)
+            if t.numel() == 1:
+                continue
+            if t.numel() != batch:
+                raise TargetError(f"{t.numel()} class indices given for a batch of {batch} images")
+            setattr(clone, key, t[index])
+        return clone
+
     def describe(self) -> dict:
         """JSON-friendly description for provenance records."""
         return {"kind": type(self).__name__}
@@ -99,6 +129,8 @@ class Target:
 
 class ClassLogit(Target):
     """The logit of a class. ``classes=None`` explains the predicted class of each image."""
+
+    _per_image = ("_spec",)
 
     def __init__(self, classes: ClassSpec = None) -> None:
         self._spec = classes
@@ -140,6 +172,8 @@ class Contrast(Target):
     ``classes`` (c) defaults to the predicted class; ``versus`` (d) defaults to the runner-up, i.e. the class with
     the highest logit other than c.
     """
+
+    _per_image = ("_spec", "_versus_spec")
 
     def __init__(self, classes: ClassSpec = None, versus: ClassSpec = None, gamma: float = 1.0) -> None:
         self._spec = classes
@@ -209,6 +243,8 @@ class SegmentationTarget(Target):
             chunking.
     """
 
+    _per_image = ("_spec",)
+
     def __init__(self, class_index: ClassSpec, region: Tensor | None = None) -> None:
         if class_index is None:
             raise TargetError("SegmentationTarget needs a class index (the class whose logits are summed)")
@@ -227,8 +263,7 @@ class SegmentationTarget(Target):
         self.upsample_to: tuple[int, int] | None = None  # input-resolution region: logits are upsampled to this
         self.fallback: Tensor | None = None  # (B,) bool: default region fell back to all pixels
 
-    @staticmethod
-    def _check_logits(logits: Tensor) -> None:
+    def check_logits(self, logits: Tensor) -> None:
         if logits.ndim != 4:
             raise TargetError(
                 f"SegmentationTarget needs per-pixel logits (B, K, h, w); got shape {tuple(logits.shape)} "
@@ -236,7 +271,7 @@ class SegmentationTarget(Target):
             )
 
     def resolve(self, logits: Tensor) -> "SegmentationTarget":
-        self._check_logits(logits)
+        self.check_logits(logits)
         b, _, h, w = logits.shape
         t = type(self).__new__(type(self))
         t.__dict__.update(self.__dict__)
@@ -277,16 +312,6 @@ class SegmentationTarget(Target):
                 f"SegmentationTarget was resolved for {tuple(self.mask.shape[-2:])} logits, got {tuple(z.shape[-2:])}"
             )
         return (z * self.mask.to(device=z.device, dtype=z.dtype)).sum(dim=(1, 2))
-
-    def __call__(self, logits: Tensor) -> Tensor:
-        self._check_logits(logits)
-        if self.classes is None:
-            return self.resolve(logits).score(logits)
-        if self.classes.shape[0] != logits.shape[0]:
-            raise TargetError(
-                f"target was resolved for a batch of {self.classes.shape[0]}, got logits for {logits.shape[0]}"
-            )
-        return self.score(logits)
 
     def select(self, index: Tensor | slice) -> "SegmentationTarget":
         t = type(self).__new__(type(self))
@@ -333,3 +358,20 @@ def make_target(spec: TargetSpec) -> Target:
     if isinstance(spec, float):
         raise TargetError(f"a class index must be an int, got the float {spec}")
     return ClassLogit(spec)
+
+
+def class_score(logits: Tensor, classes: Tensor, kind: str) -> Tensor:
+    """Score ``(B,)`` of class ``classes[i]`` in each row of classifier logits ``(B, K)``, as float32.
+
+    ``kind``: ``"logit"``; ``"probability"`` (softmax over the classes); ``"accuracy"`` (1.0 where the argmax — the
+    lowest index on ties — is the class, else 0.0). The one place the perturbation metrics and the perturbation
+    methods turn logits into a class score.
+    """
+    logits = logits.float()
+    if kind == "logit":
+        return logits.gather(1, classes[:, None])[:, 0]
+    if kind == "probability":
+        return torch.softmax(logits, dim=1).gather(1, classes[:, None])[:, 0]
+    if kind == "accuracy":
+        return (logits.argmax(dim=1) == classes).float()
+    raise TargetError(f"unknown class score {kind!r}; expected one of {', '.join(CLASS_SCORES)}")

@@ -308,7 +308,10 @@ class AHANet(nn.Module):
             name = backbone if ":" in backbone else f"timm:{backbone}"
             try:
                 backbone_model = load_model(name)
-            except Exception:
+            except WeightsUnavailableError as exc:  # offline without cached weights: say so, never silently
+                import warnings
+
+                warnings.warn(f"AHA backbone {name}: {exc}; using random weights", RuntimeWarning, stacklevel=2)
                 backbone_model = load_model(name, pretrained=False)
             backbone_model.eval()
         else:

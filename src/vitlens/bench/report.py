@@ -133,7 +133,7 @@ def _examples(run_dir: Path, methods: list[str]) -> Path | None:
         return None
     from ..viz import save_grid
 
-    from .runner import _safe
+    from .specs import safe_label as _safe
 
     idx = [int(p.stem.split("__")[1]) for p in images]
     pix = [np.load(p) for p in images]

@@ -11,7 +11,6 @@ CPU, nccl on GPU) and rank 0 merges the shards and writes the summary and the re
 
 from __future__ import annotations
 
-import ast
 import json
 import os
 import time
@@ -21,70 +20,17 @@ from typing import Any, Sequence
 
 import numpy as np
 import torch
-from torch import Tensor, nn
+from torch import nn
 
 from ..errors import InputError
 from ..explainers import get_method
 from ..metrics import get_metric
+from ..runtime import atomic_write_text, init_distributed
 from .sources import open_source
+from .specs import parse_spec, safe_label, spec_label, split_specs
 from .store import ResultStore, dumps
 
-__all__ = ["BenchConfig", "run_benchmark", "parse_spec"]
-
-
-def parse_spec(text: str) -> tuple[str, dict[str, Any]]:
-    """``"name:key=value;key=value"`` → ``("name", {key: value})``; values are Python literals, else strings."""
-    name, _, rest = text.partition(":")
-    opts: dict[str, Any] = {}
-    for part in _split_top(rest, ";"):
-        key, sep, raw = part.partition("=")
-        if not sep or not key.strip():
-            raise InputError(f"setting {part!r} in {text!r} is not KEY=VALUE")
-        try:
-            opts[key.strip()] = ast.literal_eval(raw.strip())
-        except (ValueError, SyntaxError):
-            opts[key.strip()] = raw.strip()
-    if not name.strip():
-        raise InputError(f"empty name in {text!r}")
-    return name.strip(), opts
-
-
-def _split_top(text: str, sep: str) -> list[str]:
-    """Split on ``sep`` outside brackets and quotes; drop empty parts."""
-    parts, depth, quote, cur = [], 0, "", []
-    for ch in text:
-        if quote:
-            quote = "" if ch == quote else quote
-        elif ch in "'\"":
-            quote = ch
-        elif ch in "([{":
-            depth += 1
-        elif ch in ")]}":
-            depth -= 1
-        elif ch == sep and depth == 0:
-            parts.append("".join(cur))
-            cur = []
-            continue
-        cur.append(ch)
-    parts.append("".join(cur))
-    return [p.strip() for p in parts if p.strip()]
-
-
-def split_specs(texts: str | Sequence[str]) -> list[tuple[str, dict[str, Any]]]:
-    """Method/metric specs from the command line: ``"gradskip,gradskip:skip='fixed';alpha=0"`` or a list of them.
-
-    Specs are separated by commas (outside brackets and quotes); settings inside a spec by semicolons.
-    """
-    if isinstance(texts, str):
-        texts = [texts]
-    return [parse_spec(s) for t in texts for s in _split_top(t, ",")]
-
-
-def spec_label(name: str, opts: dict[str, Any]) -> str:
-    """A stable label for a configured method/metric, e.g. ``gradskip[alpha=0,skip=fixed]``."""
-    if not opts:
-        return name
-    return name + "[" + ",".join(f"{k}={opts[k]}" for k in sorted(opts)) + "]"
+__all__ = ["BenchConfig", "run_benchmark", "parse_spec", "split_specs", "spec_label"]
 
 
 @dataclass
@@ -122,15 +68,7 @@ def _check_config(run_dir: Path, config: BenchConfig) -> None:
             )
     else:
         run_dir.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(want, indent=2))
-        tmp.replace(path)
-
-
-def _dist_info() -> tuple[int, int]:
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    rank = int(os.environ.get("RANK", "0"))
-    return rank, world
+        atomic_write_text(path, json.dumps(want, indent=2))
 
 
 def run_benchmark(config: BenchConfig, out: str | Path, model: nn.Module | None = None,
@@ -144,20 +82,14 @@ def run_benchmark(config: BenchConfig, out: str | Path, model: nn.Module | None 
     from .report import write_report
 
     run_dir = Path(out)
-    rank, world = _dist_info()
-    dist = None
-    if world > 1:
-        import torch.distributed as dist
-
-        if not dist.is_initialized():
-            backend = "nccl" if torch.cuda.is_available() else "gloo"
-            dist.init_process_group(backend=backend)
+    dist = init_distributed()
+    rank, world = dist.rank, dist.world
     device = torch.device("cpu")
     if torch.cuda.is_available():
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
     if rank == 0:
         _check_config(run_dir, config)
-    if dist is not None:
+    if dist.active:
         dist.barrier()
         if rank != 0:
             _check_config(run_dir, config)
@@ -188,13 +120,11 @@ def run_benchmark(config: BenchConfig, out: str | Path, model: nn.Module | None 
     finally:
         bar.close()
         store.close()
-    if dist is not None:
-        dist.barrier()
+    dist.barrier()
     if rank == 0:
         ResultStore(run_dir, 0).merge()
         write_report(run_dir, config)
-    if dist is not None:
-        dist.barrier()
+    dist.barrier()
     return run_dir
 
 
@@ -233,12 +163,8 @@ def _run_unit(store: ResultStore, source: Any, model: nn.Module, label: str, met
         ex_dir = run_dir / "examples"
         ex_dir.mkdir(exist_ok=True)
         for j in show:
-            np.save(ex_dir / f"{_safe(label)}__{idx[j]}.npy", maps[j].cpu().numpy())
+            np.save(ex_dir / f"{safe_label(label)}__{idx[j]}.npy", maps[j].cpu().numpy())
             pix = ex_dir / f"image__{idx[j]}.npy"
             if not pix.exists():
                 np.save(pix, batch["pixels"][j].cpu().numpy())
     store.write_unit(rows, costs, curves)
-
-
-def _safe(label: str) -> str:
-    return "".join(c if c.isalnum() or c in "-_." else "_" for c in label)

@@ -19,6 +19,7 @@ import torch
 from torch import Tensor, nn
 
 from ..errors import InputError
+from .specs import parse_spec
 
 __all__ = ["open_source", "SceneSource"]
 
@@ -108,8 +109,6 @@ _LOADERS = {
 
 def open_source(spec: str, model: nn.Module, n: int | None = None, seed: int = 0) -> Any:
     """Open the data source named by ``spec`` for ``model`` (first ``n`` images)."""
-    from .runner import parse_spec
-
     name, opts = parse_spec(spec)
     if name == "scenes":
         return SceneSource(model, n=n or 200, seed=int(opts.get("seed", 2026)), size=opts.get("size"))

@@ -48,7 +48,8 @@ from torch.utils.data import Dataset
 
 from ..errors import InputError
 from ..images import DataConfig, data_config, preprocess
-from ..images import _crop_or_pad, _open_file, _resize_shape, _to_rgb
+from ..images import crop_or_pad as _crop_or_pad, open_image_file as _open_file, resize_shape as _resize_shape
+from ..images import to_rgb as _to_rgb
 
 __all__ = [
     "ADE20K",

@@ -16,7 +16,7 @@ from torch import Tensor, nn
 from ..errors import InputError, UnsupportedModelError, WeightsUnavailableError
 from ..models import Adapter
 from ..targets import Target
-from .base import Attribution, Explainer
+from .base import Attribution, Explainer, image_size
 from .registry import register
 
 __all__ = ["AHA"]
@@ -123,7 +123,7 @@ class AHA(Explainer):
         net = self._network(adapter.model)
         with adapter.session(capture=False):
             feats, logits = net.features(x)
-            tgt = target if target.classes is not None else target.resolve(logits)
+            tgt = self.resolve_target(target, logits)
             classes = tgt.classes.to(x.device).long()
             with torch.no_grad():
                 maps = net(x, classes, feats)
@@ -143,7 +143,7 @@ class AHA(Explainer):
 
                 grid = o["grid"]
                 if grid is None:
-                    hw = tuple(x.shape[-2:])
+                    hw = image_size(x)
                     grid = adapter.grid(hw) if "tokens" in adapter.capabilities else (
                         max(1, hw[0] // 16), max(1, hw[1] // 16))
                 maps = refine_maps(prob_fn, x, maps, classes, ref, (p0, p1), steps=steps, lr=float(o["lr"]),

@@ -23,10 +23,10 @@ from torch import Tensor
 from ..errors import InputError
 from ..models import Adapter
 from ..targets import Target
+from ._attention import token_map
+from ._lrp import BlockLinears, LinearTaps
 from .base import Attribution, Explainer
-from .chefer_lrp import BlockLinears, LinearTaps
 from .registry import register
-from .rollout import token_map
 
 __all__ = ["AttnLRP", "CPLRP", "scale_grad", "identity_rule", "attention_rule"]
 
@@ -91,7 +91,7 @@ class _GradientInputLRP(Explainer):
             taps = LinearTaps(adapter, rec, rewrite_ctx=attention_rule(self.mode), rewrite_act=act)
             with taps.installed():
                 logits = adapter.forward(x)
-            tgt = target if target.classes is not None else target.resolve(logits)
+            tgt = self.resolve_target(target, logits)
             u0 = rec.blocks[0].u  # a fresh leaf made by the adapter: the backward stops there
             # backward(inputs=…) rather than autograd.grad: the latter refuses leaf inputs that carry module-tracker
             # hooks (e.g. under torch.utils.flop_counter.FlopCounterMode); only u0.grad is written

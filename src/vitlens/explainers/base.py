@@ -10,18 +10,20 @@ import contextlib
 import json
 import time
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Iterator
+from typing import Any, Callable, ClassVar, Sequence
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..errors import InputError, TargetError
+from .._version import __version__
+from ..errors import InputError
 from ..models import Adapter, get_adapter
-from ..models.base import _logits_of
+from ..models.base import Recording, _logits_of
 from ..targets import Target, TargetSpec, make_target
 
-__all__ = ["Explainer", "Explanation", "Attribution", "Cost", "CostMeter", "upsample_tokens", "validate_batch"]
+__all__ = ["Explainer", "Explanation", "Attribution", "Cost", "CostMeter", "image_size", "upsample_tokens",
+           "validate_batch"]
 
 
 @dataclass
@@ -55,7 +57,7 @@ class CostMeter:
         self.images = 0
         self.backward_calls = 0
         self.backward_images = 0
-        self._handle = None
+        self._handle: Any = None
         self._t0 = 0.0
         self.seconds = 0.0
 
@@ -145,8 +147,6 @@ class Explanation:
         """JSON-friendly record of how these maps were made (versions, method, options, target, cost)."""
         import platform
 
-        from .. import __version__
-
         info: dict[str, Any] = {
             "vitlens": __version__,
             "torch": torch.__version__,
@@ -198,6 +198,11 @@ def validate_batch(x: Any) -> Tensor:
     return x
 
 
+def image_size(x: Tensor) -> tuple[int, int]:
+    """``(H, W)`` of an image batch ``(B, C, H, W)`` (or of any tensor's last two dimensions)."""
+    return int(x.shape[-2]), int(x.shape[-1])
+
+
 def upsample_tokens(token_maps: Tensor, size: tuple[int, int]) -> Tensor:
     """Bilinearly upsample ``(B, gh, gw)`` token maps to ``(B, H, W)`` relevance per pixel.
 
@@ -228,11 +233,11 @@ class Explainer:
     """
 
     name: ClassVar[str] = ""
-    defaults: ClassVar[dict[str, Any]] = {}
+    defaults: dict[str, Any] = {}
     requires: ClassVar[str | None] = None
     level: ClassVar[str] = "token"
     #: cheap settings for the shared property tests (e.g. fewer masks or steps); never used by default.
-    fast_options: ClassVar[dict[str, Any]] = {}
+    fast_options: dict[str, Any] = {}
     #: whether batch results equal one-by-one results (False for methods whose randomness is shared by the batch).
     batch_equivariant: ClassVar[bool] = True
 
@@ -261,6 +266,48 @@ class Explainer:
         """Explain one chunk: return the attribution, the logits ``(B, K)`` and the resolved target."""
         raise NotImplementedError
 
+    # -- steps that attribute() implementations share ------------------------------------------------------------
+    @staticmethod
+    def resolve_target(target: Target, logits: Tensor) -> Target:
+        """``target`` with every class index fixed for these logits (``None`` → the predicted class); a target that
+        is already resolved (e.g. a chunk of a resolved batch target) is returned as is."""
+        return target if target.classes is not None else target.resolve(logits)
+
+    @staticmethod
+    def gradients(score: Tensor, wrt: Sequence[Tensor]) -> list[Tensor]:
+        """Gradients of ``score.sum()`` w.r.t. each captured tensor of ``wrt``; zeros for a tensor the score does not
+        depend on (e.g. the attention of a block after the readout's last use)."""
+        wrt = list(wrt)
+        grads = torch.autograd.grad(score.sum(), wrt, allow_unused=True)
+        return [torch.zeros_like(t) if g is None else g for t, g in zip(wrt, grads)]
+
+    def forward_and_gradients(self, adapter: Adapter, x: Tensor, target: Target,
+                              pick: Callable[[Recording], list[Tensor]], *, conservative: bool = False,
+                              retarget: Callable[[Target, Tensor], Target] | None = None,
+                              ) -> tuple[Tensor, Target, list[Tensor], list[Tensor]]:
+        """One forward with capture, the target resolved on its logits, one backward to the tensors ``pick(rec)``.
+
+        ``retarget(resolved_target, logits)`` may replace the resolved target (Finer-CAM). Returns ``(logits
+        (detached), target, picked tensors (detached), their gradients)``.
+        """
+        with adapter.session(capture=True, conservative=conservative) as rec:
+            logits = adapter.forward(x)
+            tgt = self.resolve_target(target, logits)
+            if retarget is not None:
+                tgt = retarget(tgt, logits)
+            picked = pick(rec)
+            grads = self.gradients(tgt(logits), picked)
+        return logits.detach(), tgt, [t.detach() for t in picked], grads
+
+    @staticmethod
+    def on_grid(adapter: Adapter, values: Tensor, hw: tuple[int, int]) -> Tensor:
+        """``(B, N)`` patch-token values → ``(B, gh, gw)`` on the model's own token grid for input size ``hw``
+        (:class:`InputError` if the ``N`` tokens do not fill the grid)."""
+        gh, gw = adapter.grid(hw)
+        if values.shape[1] != gh * gw:
+            raise InputError(f"{values.shape[1]} patch tokens do not fill the {gh}x{gw} token grid")
+        return values.reshape(values.shape[0], gh, gw)
+
     # -- the shared driver --------------------------------------------------------------------------------------
     def explain(self, model: nn.Module | Adapter, x: Tensor, target: TargetSpec = None,
                 batch_size: int | None = None) -> Explanation:
@@ -286,7 +333,7 @@ class Explainer:
         with meter, torch.enable_grad(), adapter.caller_autocast(x.device.type):
             for start in range(0, b, chunk):
                 sl = slice(start, min(start + chunk, b))
-                parts.append(self.attribute(adapter, x[sl], _target_chunk(tgt, sl, b)))
+                parts.append(self.attribute(adapter, x[sl], tgt.chunk(sl, b)))
         values = torch.cat([p[0].values.detach() for p in parts])
         remainder = None
         if parts[0][0].remainder is not None:
@@ -294,7 +341,7 @@ class Explainer:
         extras = {k: torch.cat([p[0].extras[k].detach() for p in parts]) for k in parts[0][0].extras}
         targets = torch.cat([p[2].classes for p in parts])
         scores = torch.cat([p[2](p[1]).detach() for p in parts])
-        hw = tuple(x.shape[-2:])
+        hw = image_size(x)
         has_grid = adapter.patch_size is not None  # a token grid (not only families that can drop tokens)
         if self.level == "token":
             token_maps = values
@@ -322,22 +369,3 @@ def _model_device(model: nn.Module) -> torch.device | None:
     for p in model.parameters():
         return p.device
     return None
-
-
-def _target_chunk(target: Target, sl: slice, batch: int) -> Target:
-    """The target for images ``sl`` of a batch of ``batch`` images (per-sample specs are sliced)."""
-    if sl.start == 0 and sl.stop == batch:
-        return target
-    clone = type(target).__new__(type(target))
-    clone.__dict__.update(target.__dict__)
-    for key in ("_spec", "_versus_spec"):
-        spec = clone.__dict__.get(key)
-        if spec is None or isinstance(spec, int):
-            continue
-        t = torch.as_tensor(spec).reshape(-1)
-        if t.numel() == 1:
-            continue
-        if t.numel() != batch:
-            raise TargetError(f"{t.numel()} class indices given for a batch of {batch} images")
-        clone.__dict__[key] = t[sl]
-    return clone

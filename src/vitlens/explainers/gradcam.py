@@ -9,16 +9,15 @@ cross-checks: ``docs/methods/cams.md``.
 from __future__ import annotations
 
 import copy
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from torch import Tensor
 
 from ..errors import InputError, TargetError
 from ..models import Adapter
-from ..models.base import Recording
 from ..targets import Target
-from .base import Attribution, Explainer
+from .base import Attribution, Explainer, image_size
 from .registry import register
 
 __all__ = ["GradCAM", "FinerCAM", "AttentionGradCAM", "FinerContrast", "similar_classes", "class_scores"]
@@ -47,33 +46,6 @@ def _features(rec: Any, i: int) -> Tensor:
     (ViTs; a CNN records its one feature map as block 0)."""
     own = getattr(rec, "features", None)
     return own[i] if own is not None else rec.blocks[i].u
-
-
-def _to_grid(adapter: Adapter, values: Tensor, hw: tuple[int, int]) -> Tensor:
-    """``(B, N)`` patch-token values → ``(B, gh, gw)`` on the model's own token grid."""
-    gh, gw = adapter.grid(hw)
-    if values.shape[1] != gh * gw:
-        raise InputError(f"{values.shape[1]} patch tokens do not fill the {gh}x{gw} token grid")
-    return values.reshape(values.shape[0], gh, gw)
-
-
-def _grad_pass(adapter: Adapter, x: Tensor, target: Target, pick: Callable[[Recording], list[Tensor]],
-               retarget: Callable[[Target, Tensor], Target] | None = None
-               ) -> tuple[Tensor, Target, list[Tensor], list[Tensor]]:
-    """One forward with capture and one backward of the target to the tensors ``pick(recording)`` returns.
-
-    ``retarget(resolved_target, logits)`` may replace the resolved target (Finer-CAM). Returns
-    ``(logits, target, picked tensors (detached), their gradients)``.
-    """
-    with adapter.session(capture=True) as rec:
-        logits = adapter.forward(x)
-        tgt = target if target.classes is not None else target.resolve(logits)
-        if retarget is not None:
-            tgt = retarget(tgt, logits)
-        picked = pick(rec)
-        grads = torch.autograd.grad(tgt(logits).sum(), picked, allow_unused=True)
-    grads = [torch.zeros_like(t) if g is None else g for t, g in zip(picked, grads)]
-    return logits.detach(), tgt, [t.detach() for t in picked], grads
 
 
 def token_gradcam(u: Tensor, grad: Tensor, num_prefix: int) -> Tensor:
@@ -112,9 +84,9 @@ class GradCAM(Explainer):
 
     def attribute(self, adapter: Adapter, x: Tensor, target: Target) -> tuple[Attribution, Tensor, Target]:
         i = _block_index(adapter, self.options["layer"])
-        logits, tgt, (u,), (g,) = _grad_pass(adapter, x, target, lambda rec: [_features(rec, i)])
+        logits, tgt, (u,), (g,) = self.forward_and_gradients(adapter, x, target, lambda rec: [_features(rec, i)])
         cam = token_gradcam(u, g, adapter.num_prefix_tokens)
-        return Attribution(values=_to_grid(adapter, cam, tuple(x.shape[-2:]))), logits, tgt
+        return Attribution(values=self.on_grid(adapter, cam, image_size(x))), logits, tgt
 
 
 def similar_classes(logits: Tensor, classes: Tensor, k: int) -> Tensor:
@@ -255,9 +227,11 @@ class FinerCAM(Explainer):
 
     def attribute(self, adapter: Adapter, x: Tensor, target: Target) -> tuple[Attribution, Tensor, Target]:
         i = _block_index(adapter, self.options["layer"])
-        logits, tgt, (u,), (g,) = _grad_pass(adapter, x, target, lambda rec: [_features(rec, i)], self._retarget)
+        logits, tgt, (u,), (g,) = self.forward_and_gradients(adapter, x, target, lambda rec: [_features(rec, i)],
+                                                             retarget=self._retarget)
         cam = token_gradcam(u, g, adapter.num_prefix_tokens)
-        att = Attribution(values=_to_grid(adapter, cam, tuple(x.shape[-2:])), extras={"references": tgt.versus})
+        assert isinstance(tgt, FinerContrast)  # what self._retarget made
+        att = Attribution(values=self.on_grid(adapter, cam, image_size(x)), extras={"references": tgt.versus})
         return att, logits, tgt
 
 
@@ -287,11 +261,12 @@ class AttentionGradCAM(Explainer):
 
     def attribute(self, adapter: Adapter, x: Tensor, target: Target) -> tuple[Attribution, Tensor, Target]:
         i = _block_index(adapter, self.options["layer"])
-        logits, tgt, (attn,), (grad,) = _grad_pass(adapter, x, target, lambda rec: [rec.blocks[i].attn])
+        logits, tgt, (attn,), (grad,) = self.forward_and_gradients(adapter, x, target,
+                                                                   lambda rec: [rec.blocks[i].attn])
         p = adapter.num_prefix_tokens
         readout = adapter.readout_tokens
         rows = list(readout) if readout is not None else list(range(p, attn.shape[2]))
         a = attn[:, :, rows, p:]  # (B, H, R, N)
         g = grad[:, :, rows, p:]
         cam = (g.mean(dim=-1, keepdim=True) * a).mean(dim=(1, 2)).clamp_min(0)  # (B, N)
-        return Attribution(values=_to_grid(adapter, cam, tuple(x.shape[-2:]))), logits, tgt
+        return Attribution(values=self.on_grid(adapter, cam, image_size(x))), logits, tgt

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 from typing import Any
 
 import torch
@@ -10,20 +9,12 @@ from torch import Tensor
 
 from ..models import Adapter
 from ..targets import Target
-from .base import Attribution, Explainer
+from ._gradients import input_gradient
+from ._random import image_seed
+from .base import Attribution, Explainer, image_size
 from .registry import register
 
 __all__ = ["InputXGradient", "RandomMap"]
-
-
-def input_gradient(adapter: Adapter, x: Tensor, target: Target) -> tuple[Tensor, Tensor, Tensor, Target]:
-    """One forward and one backward: returns ``(x, ∇x y, logits, resolved target)``."""
-    with adapter.session(capture=False) as _:
-        xg = x.detach().clone().requires_grad_(True)
-        logits = adapter.forward(xg)
-        tgt = target if target.classes is not None else target.resolve(logits)
-        (grad,) = torch.autograd.grad(tgt(logits).sum(), [xg])
-    return xg.detach(), grad, logits.detach(), tgt
 
 
 @register
@@ -37,14 +28,6 @@ class InputXGradient(Explainer):
     def attribute(self, adapter: Adapter, x: Tensor, target: Target) -> tuple[Attribution, Tensor, Target]:
         xd, grad, logits, tgt = input_gradient(adapter, x, target)
         return Attribution(values=(xd * grad).sum(dim=1)), logits, tgt
-
-
-def _image_seed(image: Tensor, seed: int) -> int:
-    data = image.detach().cpu().contiguous()
-    if data.dtype == torch.bfloat16:  # numpy has no bfloat16: hash its bits
-        data = data.view(torch.int16)
-    digest = hashlib.blake2b(data.numpy().tobytes(), digest_size=8).digest()
-    return (int.from_bytes(digest, "little") ^ (seed * 0x9E3779B97F4A7C15)) % (2**63)
 
 
 @register
@@ -63,10 +46,10 @@ class RandomMap(Explainer):
     def attribute(self, adapter: Adapter, x: Tensor, target: Target) -> tuple[Attribution, Tensor, Target]:
         with adapter.session(capture=False), torch.no_grad():
             logits = adapter.forward(x)
-        tgt = target if target.classes is not None else target.resolve(logits)
-        gh, gw = adapter.grid(tuple(x.shape[-2:]))
+        tgt = self.resolve_target(target, logits)
+        gh, gw = adapter.grid(image_size(x))
         values = torch.stack([
-            torch.rand(gh, gw, generator=torch.Generator().manual_seed(_image_seed(xi, int(self.options["seed"]))))
+            torch.rand(gh, gw, generator=torch.Generator().manual_seed(image_seed(xi, int(self.options["seed"]))))
             for xi in x
         ]).to(x.device)
         return Attribution(values=values), logits, tgt

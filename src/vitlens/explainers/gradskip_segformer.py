@@ -103,11 +103,10 @@ def attribute_hierarchical(method: "GradSkip", adapter: "SegformerAdapter", x: T
     o = method.options
     with adapter.session(capture=True, conservative=bool(o["conservative"])) as rec:
         logits = adapter.forward(x)
-        tgt = target if target.classes is not None else target.resolve(logits)
+        tgt = method.resolve_target(target, logits)
         y = tgt(logits)
         wanted = rec.graph_tensors()
-        grads = torch.autograd.grad(y.sum(), wanted, allow_unused=True)
-    grad = {id(t): (torch.zeros_like(t) if g is None else g) for t, g in zip(wanted, grads)}
+        grad = {id(t): g for t, g in zip(wanted, method.gradients(y, wanted))}
     y = y.detach()
     stages = rec.stages
 

@@ -15,9 +15,9 @@ from torch import Tensor
 from ..errors import InputError, VitlensError
 from ..models import Adapter
 from ..targets import Target
+from ._gradients import check_rows, clean_forward, input_gradients
 from .base import Attribution, Explainer
 from .registry import register
-from .saliency import _check_rows, _resolve, input_gradients
 
 __all__ = ["IntegratedGradients", "quadrature", "baseline_for", "QUADRATURES"]
 
@@ -128,7 +128,7 @@ class IntegratedGradients(Explainer):
                 raise InputError(f"baseline must be 'black', 'zero' or a tensor, got {type(b).__name__}") from None
             if not bool(torch.isfinite(t).all()):
                 raise InputError("the baseline tensor contains NaN or inf values")
-        _check_rows(o["internal_batch_size"], "internal_batch_size")
+        check_rows(o["internal_batch_size"], "internal_batch_size")
 
     def declared_cost(self) -> dict[str, float]:
         n = float(self.options["n_steps"])
@@ -147,7 +147,7 @@ class IntegratedGradients(Explainer):
             return x[None] - (1.0 - a[i:j]) * delta[None]
 
         with adapter.session(capture=False):
-            logits, tgt = _resolve(adapter, x, target)
+            logits, tgt = clean_forward(adapter, x, target)
             grads = input_gradients(adapter, points, n, x.shape[0], tgt, o["internal_batch_size"])
         w = torch.tensor(weights, dtype=grads.dtype, device=grads.device).view(n, 1, 1, 1, 1)
         avg = (grads * w).sum(dim=0)

@@ -38,9 +38,9 @@ from torch import Tensor
 from ..errors import InputError, VitlensError
 from ..models import Adapter
 from ..targets import Target
-from .base import Attribution, Explainer, Explanation
+from ._perturbation import check_positive_int, check_score, resolve, target_scores
+from .base import Attribution, Explainer, Explanation, image_size
 from .registry import get_method, methods, register
-from .rise import check_positive_int, check_score, resolve, target_scores
 
 __all__ = ["MDA", "slic_regions", "gaussian_blur", "convex_fit", "search_window"]
 
@@ -189,7 +189,7 @@ class MDA(Explainer):
         maps, forwards, blur_sizes = [], [], []
         n_default = 196
         if "tokens" in adapter.capabilities:
-            gh, gw = adapter.grid(tuple(x.shape[-2:]))
+            gh, gw = adapter.grid(image_size(x))
             n_default = gh * gw
         with adapter.session(capture=False), torch.no_grad():
             for i, xi in enumerate(x):

@@ -35,10 +35,9 @@ from torch import Tensor
 from ..errors import InputError
 from ..models import Adapter
 from ..targets import Target
-from .base import Attribution, Explainer
+from ._perturbation import check_positive_int, check_score, coverage_average, resolve, score_token_subsets
+from .base import Attribution, Explainer, image_size
 from .registry import register
-from .rise import check_positive_int, check_score, resolve
-from .tis import coverage_average, score_token_subsets
 
 __all__ = ["MUTEX", "AGGREGATIONS", "CENTRALITIES", "STATISTICS", "multiplex_scores", "layer_statistics", "top_tokens"]
 
@@ -182,17 +181,17 @@ class MUTEX(Explainer):
 
     def attribute(self, adapter: Adapter, x: Tensor, target: Target) -> tuple[Attribution, Tensor, Target]:
         o = self.options
-        gh, gw = adapter.grid(tuple(x.shape[-2:]))
+        gh, gw = adapter.grid(image_size(x))
         p = adapter.num_prefix_tokens
-        logits, node_scores = [], []
+        rows, node_scores = [], []
         with torch.no_grad():
             for xi in x:  # one by one: the graphs do not depend on the batch
                 with adapter.session(capture=True) as rec:
-                    logits.append(adapter.forward(xi[None]))
+                    rows.append(adapter.forward(xi[None]))
                     attn = torch.stack([b.attn[0].detach() for b in rec.blocks])  # (L, H, T, T)
                 node_scores.append(multiplex_scores(attn, p, o["aggregations"], o["centralities"], o["statistics"],
                                                     o["edge_cut"], bool(o["weighted"])))
-        logits = torch.cat(logits)
+        logits = torch.cat(rows)
         tgt = resolve(target, logits)
         n = gh * gw
         k = max(1, n - int(float(o["quantile"]) * n))

@@ -7,8 +7,8 @@
 code, masking multiplies the *preprocessed* (normalised) input, so a masked pixel becomes ``fill`` (default 0) in the
 model's input space, i.e. the dataset mean colour for mean/std-normalised inputs — not black. ``1 + N`` forwards.
 
-This module also holds the small helpers the other perturbation methods share (per-image generators and the score
-of a target on rows that all belong to one image).
+The helpers the perturbation methods share (per-image generators, the score of a target on rows that all belong to
+one image) live in :mod:`._random` and :mod:`._perturbation`; they are re-exported here for compatibility.
 """
 
 from __future__ import annotations
@@ -20,42 +20,16 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ..errors import InputError, TargetError
+from ..errors import InputError
 from ..models import Adapter
 from ..targets import Target
+from ._perturbation import SCORE_KINDS, check_positive_int, check_score, resolve, target_scores
+from ._random import image_generator
 from .base import Attribution, Explainer
-from .gradients import _image_seed
 from .registry import register
 
 __all__ = ["RISE", "SCORE_KINDS", "image_generator", "target_scores", "rise_masks", "resolve", "check_positive_int",
            "check_score"]
-
-#: what a perturbation method scores: the softmax probability of the target class (the papers' choice) or the
-#: target object's own score (e.g. the logit, or a contrast ``y_c − γ·y_d``).
-SCORE_KINDS = ("probability", "target")
-
-
-def image_generator(image: Tensor, seed: int) -> torch.Generator:
-    """A CPU generator seeded by ``seed`` and a hash of the image's values: the same image always draws the same
-    random numbers, whatever batch it comes in (so results are deterministic and batch-equivariant)."""
-    return torch.Generator().manual_seed(_image_seed(image, int(seed)))
-
-
-def target_scores(logits: Tensor, target: Target, index: int, kind: str) -> Tensor:
-    """Scores ``(n,)`` of ``n`` model outputs that all belong to image ``index`` of the (resolved) ``target``.
-
-    ``kind="probability"``: softmax probability of the image's target class; ``kind="target"``: the target's own
-    score (``target.select`` restricted to that image, repeated over the rows).
-    """
-    if kind == "probability":
-        if logits.ndim != 2:
-            raise TargetError(f"score='probability' needs classifier logits (B, K), got shape {tuple(logits.shape)}; "
-                              "use score='target' (e.g. with a SegmentationTarget)")
-        cls = int(target.classes[index])
-        return logits.float().softmax(dim=-1)[:, cls]
-    rows = torch.full((logits.shape[0],), index, dtype=torch.long, device=target.classes.device)
-    return target.select(rows)(logits).float()
-
 
 def rise_masks(grids: Tensor, shifts: Tensor, size: tuple[int, int]) -> Tensor:
     """RISE masks ``(n, H, W)`` in [0, 1] from binary grids ``(n, s, s)`` and integer shifts ``(n, 2)``.
@@ -72,26 +46,6 @@ def rise_masks(grids: Tensor, shifts: Tensor, size: tuple[int, int]) -> Tensor:
     rows = shifts[:, 0:1] + torch.arange(h)[None]  # (n, H)
     cols = shifts[:, 1:2] + torch.arange(w)[None]  # (n, W)
     return up[torch.arange(n)[:, None, None], rows[:, :, None], cols[:, None, :]]
-
-
-def check_positive_int(options: dict[str, Any], *names: str) -> None:
-    """Raise :class:`InputError` unless each named option is an int ≥ 1."""
-    for name in names:
-        v = options[name]
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise InputError(f"{name} must be a positive integer, got {v!r}")
-
-
-def check_score(options: dict[str, Any]) -> None:
-    if options["score"] not in SCORE_KINDS:
-        raise InputError(f"score must be one of {SCORE_KINDS}, got {options['score']!r}")
-
-
-def resolve(target: Target, logits: Tensor) -> Target:
-    """The target resolved against ``logits`` (and called once, so a bad target fails before any sampling)."""
-    tgt = target if target.classes is not None else target.resolve(logits)
-    tgt(logits)
-    return tgt
 
 
 @register

@@ -14,6 +14,7 @@ from torch import Tensor
 from ..errors import InputError
 from ..models import Adapter
 from ..targets import Target
+from ._attention import readout_row, token_map
 from .base import Attribution, Explainer
 from .registry import register
 
@@ -60,27 +61,6 @@ def discard_lowest(fused: Tensor, ratio: float, protect: tuple[int, ...] = (), p
     return fused.masked_fill(drop, 0.0)
 
 
-def readout_row(joint: Tensor, readout: tuple[int, ...] | None, num_prefix: int) -> Tensor:
-    """The row of a token-mixing matrix ``(B, T, T)`` that the classifier reads, ``(B, T)``.
-
-    One readout token: its row. Several (distilled DeiT: CLS and DIST, whose heads are averaged): the mean of their
-    rows. Pooled readout (no readout token): the mean of the patch-token rows (the tokens the pool averages).
-    """
-    if readout is None:
-        return joint[:, num_prefix:].mean(dim=1)
-    return joint[:, list(readout)].mean(dim=1)
-
-
-def token_map(adapter: Adapter, row: Tensor, x: Tensor) -> tuple[Tensor, Tensor]:
-    """Split a token row ``(B, T)`` into the patch-token map ``(B, gh, gw)`` and the prefix-token sum ``(B,)``."""
-    p = adapter.num_prefix_tokens
-    gh, gw = adapter.grid(tuple(x.shape[-2:]))
-    patch = row[:, p:]
-    if patch.shape[1] != gh * gw:
-        raise InputError(f"{patch.shape[1]} patch tokens do not fill the {gh}x{gw} token grid")
-    return patch.reshape(-1, gh, gw), row[:, :p].sum(dim=-1)
-
-
 @register
 class AttentionRollout(Explainer):
     """Attention rollout: ``Â_l = rownorm(½·(fuse_h A_l) + ½·I)``, ``J = Â_L ⋯ Â_1``, readout row of ``J``.
@@ -121,7 +101,7 @@ class AttentionRollout(Explainer):
         o = self.options
         with adapter.session(capture=True) as rec, torch.no_grad():
             logits = adapter.forward(x)
-            tgt = target if target.classes is not None else target.resolve(logits)
+            tgt = self.resolve_target(target, logits)
             tgt(logits)  # validates the target against the batch (the map itself does not depend on it)
             attns = [blk.attn for blk in rec.blocks]
         protect = adapter.readout_tokens or ()

@@ -14,8 +14,9 @@ from torch import Tensor
 from ..errors import InputError
 from ..models import Adapter
 from ..targets import Target
+from ._gradients import check_rows, clean_forward, input_gradient, input_gradients
+from ._random import image_seed
 from .base import Attribution, Explainer
-from .gradients import _image_seed, input_gradient
 from .registry import register
 
 __all__ = ["Gradient", "SmoothGrad", "reduce_channels", "input_gradients", "REDUCTIONS"]
@@ -36,52 +37,9 @@ def reduce_channels(grad: Tensor, how: str) -> Tensor:
     raise InputError(f"reduce must be one of {REDUCTIONS}, got {how!r}")
 
 
-def input_gradients(adapter: Adapter, points: Callable[[int, int], Tensor], n: int, batch: int, target: Target,
-                    rows_per_call: int | None) -> Tensor:
-    """Gradient of a resolved ``target`` at ``n`` sets of points, one set per image of the batch.
-
-    Args:
-        points: ``points(start, stop)`` returns sets ``start … stop − 1`` as ``(stop − start, B, C, H, W)``; set ``k``
-            holds the ``k``-th point (noisy copy, path point) of every image. Called with increasing, contiguous
-            ranges, so the points are made only when needed (memory) and random draws keep their order.
-        n, batch: number of sets and images ``B``.
-        target: the target resolved for the batch of ``B`` images; it is applied to each set's ``(B, K)`` logits, so
-            any :class:`Target` works.
-        rows_per_call: model rows per call, rounded down to whole sets (at least one set of ``B`` rows), as
-            Captum's ``internal_batch_size``; ``None``: all ``n·B`` rows in one call. Rows never interact, so results
-            do not depend on it beyond float rounding.
-
-    Returns the gradients ``(n, B, C, H, W)``. Must be called inside an open ``adapter.session(capture=False)``.
-    """
-    sets = n if rows_per_call is None else max(1, int(rows_per_call) // batch)
-    grads = []
-    for start in range(0, n, sets):
-        chunk = points(start, min(start + sets, n))
-        s = chunk.shape[0]
-        xs = chunk.reshape(s * batch, *chunk.shape[2:]).detach().requires_grad_(True)
-        out = adapter.forward(xs)
-        logits = out.reshape(s, batch, *out.shape[1:])  # (B, K) or per-pixel (B, K, h, w) logits per set
-        score = sum(target(logits[k]).sum() for k in range(s))
-        (g,) = torch.autograd.grad(score, [xs])
-        grads.append(g.reshape(chunk.shape))
-    return torch.cat(grads)
-
-
-def _resolve(adapter: Adapter, x: Tensor, target: Target) -> tuple[Tensor, Target]:
-    """One gradient-free forward on the clean batch: its logits and the resolved target."""
-    with torch.no_grad():
-        logits = adapter.forward(x)
-    return logits, (target if target.classes is not None else target.resolve(logits))
-
-
 def _check_reduce(options: dict[str, Any]) -> None:
     if options["reduce"] not in REDUCTIONS:
         raise InputError(f"reduce must be one of {REDUCTIONS}, got {options['reduce']!r}")
-
-
-def _check_rows(value: Any, name: str) -> None:
-    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-        raise InputError(f"{name} must be None or a positive int, got {value!r}")
 
 
 @register
@@ -143,7 +101,7 @@ class SmoothGrad(Explainer):
             raise InputError(f"noise must be >= 0 (a fraction of the input range), got {o['noise']!r}")
         if isinstance(o["seed"], bool) or not isinstance(o["seed"], int):
             raise InputError(f"seed must be an int, got {o['seed']!r}")
-        _check_rows(o["internal_batch_size"], "internal_batch_size")
+        check_rows(o["internal_batch_size"], "internal_batch_size")
 
     def declared_cost(self) -> dict[str, float]:
         n = float(self.options["n"])
@@ -156,7 +114,7 @@ class SmoothGrad(Explainer):
         order, so the noise does not depend on how the draws are chunked.
         """
         level, seed = float(self.options["noise"]), int(self.options["seed"])
-        gens = [torch.Generator().manual_seed(_image_seed(xi, seed)) for xi in x]
+        gens = [torch.Generator().manual_seed(image_seed(xi, seed)) for xi in x]
         sigmas = [level * float(xi.max() - xi.min()) for xi in x]
         shape = tuple(x.shape[1:])
 
@@ -178,7 +136,7 @@ class SmoothGrad(Explainer):
         x = x.detach()
         draw = self._noise_source(x)
         with adapter.session(capture=False):
-            logits, tgt = _resolve(adapter, x, target)
+            logits, tgt = clean_forward(adapter, x, target)
             grads = input_gradients(adapter, lambda i, j: x[None] + draw(i, j), n, x.shape[0], tgt,
                                     self.options["internal_batch_size"])
         mean_grad = grads.mean(dim=0)

@@ -28,9 +28,10 @@ from torch import Tensor
 from ..errors import InputError
 from ..models import Adapter
 from ..targets import Target
-from .base import Attribution, Explainer
+from ._perturbation import check_positive_int, check_score, coverage_average, resolve, score_token_subsets
+from ._random import image_generator
+from .base import Attribution, Explainer, image_size
 from .registry import register
-from .rise import check_positive_int, check_score, image_generator, resolve, target_scores
 
 __all__ = ["TIS", "kmeans", "score_token_subsets", "coverage_average", "block_outputs"]
 
@@ -61,29 +62,6 @@ def kmeans(points: Tensor, k: int, generator: torch.Generator, max_iter: int = 1
         if shift <= tol:
             break
     return c, it
-
-
-def score_token_subsets(adapter: Adapter, image: Tensor, keep: Tensor, target: Target, index: int, kind: str,
-                        batch_size: int) -> Tensor:
-    """Scores ``(M,)`` of the model run on ``M`` subsets of the patch tokens of one image.
-
-    ``keep``: ``(M, k)`` long indices of the kept patch tokens (row-major on the token grid). At most ``batch_size``
-    subsets per forward call; each call runs the image repeated once per subset under :meth:`Adapter.keep_tokens`.
-    """
-    out = []
-    for start in range(0, keep.shape[0], batch_size):
-        rows = keep[start:start + batch_size]
-        with adapter.keep_tokens(rows):
-            logits = adapter.forward(image[None].expand(rows.shape[0], *image.shape))
-        out.append(target_scores(logits, target, index, kind))
-    return torch.cat(out)
-
-
-def coverage_average(masks: Tensor, scores: Tensor) -> Tensor:
-    """``Σ_m scores_m · masks_m / Σ_m masks_m`` per token, ``(N,)``; tokens that no mask covers get 0."""
-    coverage = masks.sum(dim=0)
-    raw = scores.to(masks.dtype) @ masks
-    return torch.where(coverage > 0, raw / coverage.clamp_min(1e-12), torch.zeros_like(raw))
 
 
 def block_outputs(rec) -> Tensor:
@@ -134,15 +112,15 @@ class TIS(Explainer):
 
     def attribute(self, adapter: Adapter, x: Tensor, target: Target) -> tuple[Attribution, Tensor, Target]:
         o = self.options
-        gh, gw = adapter.grid(tuple(x.shape[-2:]))
+        gh, gw = adapter.grid(image_size(x))
         p = adapter.num_prefix_tokens
-        logits, acts = [], []
+        rows, acts = [], []
         with torch.no_grad():
             for xi in x:  # one by one: activations (and so the clusters) do not depend on the batch
                 with adapter.session(capture=True) as rec:
-                    logits.append(adapter.forward(xi[None]))
+                    rows.append(adapter.forward(xi[None]))
                     acts.append(block_outputs(rec)[0, p:].float())  # (N, L·D)
-        logits = torch.cat(logits)
+        logits = torch.cat(rows)
         tgt = resolve(target, logits)
         n_tokens = gh * gw
         k = max(1, int(float(o["token_ratio"]) * n_tokens))

@@ -29,9 +29,10 @@ from torch import Tensor
 from ..errors import InputError, VitlensError
 from ..models import Adapter
 from ..targets import Target
-from .base import Attribution, Explainer, Explanation
+from ._perturbation import check_positive_int, check_score, resolve, target_scores
+from ._random import image_generator
+from .base import Attribution, Explainer, Explanation, image_size
 from .registry import register
-from .rise import check_positive_int, check_score, image_generator, resolve, target_scores
 
 __all__ = ["ViTCX", "feature_masks", "cluster_masks"]
 
@@ -135,20 +136,20 @@ class ViTCX(Explainer):
 
     def attribute(self, adapter: Adapter, x: Tensor, target: Target) -> tuple[Attribution, Tensor, Target]:
         o = self.options
-        hw = tuple(x.shape[-2:])
+        hw = image_size(x)
         grid = adapter.grid(hw)
         p = adapter.num_prefix_tokens
         n_blocks = len(adapter.blocks())
         layer = int(o["layer"])
         if not -n_blocks <= layer < n_blocks:
             raise InputError(f"layer {layer} is out of range for a model with {n_blocks} blocks")
-        logits, feats = [], []
+        rows, feats = [], []
         with torch.no_grad():
             for xi in x:  # one by one: features (and so the clusters) do not depend on the batch
                 with adapter.session(capture=True) as rec:
-                    logits.append(adapter.forward(xi[None]))
+                    rows.append(adapter.forward(xi[None]))
                     feats.append(rec.blocks[layer].u[0, p:].detach())
-        logits = torch.cat(logits)
+        logits = torch.cat(rows)
         tgt = resolve(target, logits)
         maps, counts = [], []
         with adapter.session(capture=False), torch.no_grad():

@@ -14,6 +14,7 @@ import torch
 from torch import Tensor, nn
 
 from ..errors import InputError
+from ..targets import TargetSpec
 
 __all__ = ["Metric", "MetricResult", "check_maps", "register_metric", "get_metric", "metric_names"]
 
@@ -44,7 +45,11 @@ class MetricResult:
 
 class Metric:
     """Base class. Subclasses set ``name`` and ``outputs`` (output name → higher is better), keep their settings in
-    ``self.settings`` and implement :meth:`compute`."""
+    ``self.settings`` and implement :meth:`compute`.
+
+    ``targets`` are what explainers take (:data:`vitlens.targets.TargetSpec`): class indices (an int, a sequence or
+    a ``(B,)`` tensor) or a :class:`~vitlens.targets.Target` object, whose class per image the metric scores.
+    """
 
     name: ClassVar[str] = ""
     outputs: ClassVar[dict[str, bool]] = {}
@@ -58,7 +63,7 @@ class Metric:
         return {"metric": self.name, **self.settings}
 
     def compute(self, maps: Tensor, *, model: nn.Module | None = None, x: Tensor | None = None,
-                targets: Tensor | None = None, masks: Tensor | None = None,
+                targets: TargetSpec = None, masks: Tensor | None = None,
                 boxes: Tensor | None = None) -> MetricResult:
         raise NotImplementedError
 

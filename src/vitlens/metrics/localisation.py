@@ -96,7 +96,7 @@ class PointingGame(Metric):
         if masks is None:
             if boxes is None:
                 raise InputError("pointing_game needs masks or boxes")
-            masks = boxes_to_masks(boxes.to(maps.device), tuple(maps.shape[-2:]))
+            masks = boxes_to_masks(boxes.to(maps.device), (int(maps.shape[-2]), int(maps.shape[-1])))
         hits = pointing_game(maps, masks, self.settings["tolerance"])
         energy = energy_inside(maps, masks)
         skip = self.settings["skip_large"]

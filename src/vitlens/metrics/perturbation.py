@@ -32,13 +32,28 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..errors import InputError, TargetError, VitlensError
-from ..images import DataConfig, data_config
-from ..models import Adapter, get_adapter
-from .base import Metric, MetricResult, check_maps, register_metric
+from ..errors import InputError
+from ..images import DataConfig
+from ..targets import TargetSpec
+from ._perturbation_engine import (
+    BASELINES,
+    Jobs,
+    MetricInputs,
+    PerturbationMetric,
+    choice,
+    feature_ranks,
+    feature_scores,
+    gaussian_blur,
+    granularity_setting,
+    make_baseline,
+    pixel_ranks,
+    positive_int,
+    score_jobs,
+    trapezoid,
+)
+from .base import MetricResult, register_metric
 
 __all__ = [
     "InsertionDeletion",
@@ -51,358 +66,9 @@ __all__ = [
     "feature_ranks",
 ]
 
-#: baseline kinds understood by every perturbation metric.
-BASELINES = ("black", "mean", "blur", "noise")
+#: the kinds of :func:`vitlens.targets.class_score` each metric offers.
 _SCORES_ID = ("probability", "logit")
 _SCORES_PN = ("accuracy", "probability")
-
-
-class _TargetRangeError(TargetError, InputError):
-    """A target class outside the model's output (both a :class:`TargetError` and an :class:`InputError`)."""
-
-
-# --------------------------------------------------------------------------------------------------------------------
-# Baselines (pixel space, then normalised)
-# --------------------------------------------------------------------------------------------------------------------
-
-
-def gaussian_blur(images: Tensor, kernel: int, sigma: float) -> Tensor:
-    """Separable Gaussian blur of ``(B, C, H, W)`` images: ``kernel`` taps (odd), ``sigma`` in pixels.
-
-    Tap weights ``exp(-d² / 2σ²)`` for ``d = -(kernel//2) .. kernel//2``, normalised to sum 1; borders are extended
-    by replicating the edge pixels. Same shape, dtype and device out.
-    """
-    r = kernel // 2
-    d = torch.arange(-r, r + 1, dtype=torch.float64)
-    w = torch.exp(-(d**2) / (2.0 * float(sigma) ** 2))
-    w = (w / w.sum()).to(device=images.device, dtype=images.dtype)
-    c = images.shape[1]
-    out = F.pad(images, (r, r, r, r), mode="replicate")
-    out = F.conv2d(out, w.view(1, 1, 1, -1).expand(c, 1, 1, -1), groups=c)
-    return F.conv2d(out, w.view(1, 1, -1, 1).expand(c, 1, -1, 1), groups=c)
-
-
-def make_baseline(kind: str, x: Tensor, cfg: DataConfig, *, mean_color: Sequence[float] | None = None,
-                  blur_kernel: int = 11, blur_sigma: float = 5.0, noise_seed: int = 0) -> Tensor:
-    """The baseline ``(B, 3, H, W)`` for the normalised batch ``x``, in the model's input space.
-
-    ``kind`` is one of :data:`BASELINES` (see the module doc for each). ``cfg`` gives the ``mean``/``std`` used to go
-    to pixel space and back.
-    """
-    mean = torch.tensor(cfg.mean, dtype=x.dtype, device=x.device).view(1, 3, 1, 1)
-    std = torch.tensor(cfg.std, dtype=x.dtype, device=x.device).view(1, 3, 1, 1)
-    if kind == "black":
-        pixels = torch.zeros_like(x)
-    elif kind == "mean":
-        colour = cfg.mean if mean_color is None else tuple(mean_color)
-        pixels = torch.tensor(colour, dtype=x.dtype, device=x.device).view(1, 3, 1, 1).expand_as(x)
-    elif kind == "blur":
-        pixels = gaussian_blur(x * std + mean, blur_kernel, blur_sigma)
-    elif kind == "noise":
-        gen = torch.Generator().manual_seed(int(noise_seed))
-        pixels = torch.rand((1, *x.shape[1:]), generator=gen, dtype=torch.float32).to(device=x.device, dtype=x.dtype)
-        pixels = pixels.expand_as(x)
-    else:  # validated in the constructors
-        raise InputError(f"unknown baseline {kind!r}; expected one of {', '.join(BASELINES)}")
-    return ((pixels - mean) / std).contiguous()
-
-
-# --------------------------------------------------------------------------------------------------------------------
-# Features and ranks
-# --------------------------------------------------------------------------------------------------------------------
-
-
-def feature_scores(maps: Tensor, size: tuple[int, int]) -> Tensor:
-    """Mean of the maps ``(B, H, W)`` over ``size = (ph, pw)`` patches → ``(B, ceil(H/ph), ceil(W/pw))``.
-
-    Patches tile the image from the top-left corner; a partial patch on the right/bottom edge averages the pixels it
-    has. ``size = (1, 1)`` returns the maps unchanged.
-    """
-    ph, pw = size
-    if (ph, pw) == (1, 1):
-        return maps
-    h, w = maps.shape[-2:]
-    gh, gw = -(-h // ph), -(-w // pw)
-    pad = (0, gw * pw - w, 0, gh * ph - h)
-    total = F.pad(maps, pad).view(-1, gh, ph, gw, pw).sum(dim=(2, 4))
-    ones = F.pad(torch.ones(1, h, w, dtype=maps.dtype, device=maps.device), pad)
-    count = ones.view(1, gh, ph, gw, pw).sum(dim=(2, 4))
-    return total / count
-
-
-def feature_ranks(scores: Tensor, descending: bool = True) -> Tensor:
-    """Rank of every feature, ``(B, F)`` long, 0 = first to be perturbed.
-
-    Stable sort: equal scores keep their flat (raster) order, the lower index ranking first, in both directions.
-    """
-    order = torch.sort(scores, dim=1, descending=descending, stable=True).indices
-    ranks = torch.empty_like(order)
-    ranks.scatter_(1, order, torch.arange(order.shape[1], device=order.device).expand_as(order).contiguous())
-    return ranks
-
-
-def _pixel_ranks(ranks: Tensor, grid: tuple[int, int], size: tuple[int, int], hw: tuple[int, int]) -> Tensor:
-    """Feature ranks ``(B, gh*gw)`` → the rank of each pixel's feature, ``(B, H*W)`` int32."""
-    gh, gw = grid
-    ph, pw = size
-    r = ranks.view(-1, gh, gw)
-    if (ph, pw) != (1, 1):
-        r = r.repeat_interleave(ph, dim=1).repeat_interleave(pw, dim=2)[:, : hw[0], : hw[1]]
-    return r.reshape(r.shape[0], -1).to(torch.int32).contiguous()
-
-
-# --------------------------------------------------------------------------------------------------------------------
-# The engine
-# --------------------------------------------------------------------------------------------------------------------
-
-
-class _Jobs:
-    """Perturbed inputs to score, one row per input: pixels with ``lo <= rank[row] < hi`` come from source ``top``,
-    the others from source ``rest``; the score is read for class ``target``."""
-
-    def __init__(self) -> None:
-        self.cols: dict[str, list[Tensor]] = {k: [] for k in ("row", "lo", "hi", "top", "rest", "target")}
-
-    def add(self, **cols: Tensor) -> slice:
-        n = self.count
-        sizes = {int(v.numel()) for v in cols.values()}
-        length = max(sizes)
-        for k, v in cols.items():
-            self.cols[k].append(v.reshape(-1).long().expand(length) if v.numel() == 1 else v.reshape(-1).long())
-        return slice(n, n + length)
-
-    @property
-    def count(self) -> int:
-        return sum(int(t.numel()) for t in self.cols["row"])
-
-    def tensors(self) -> dict[str, Tensor]:
-        return {k: torch.cat(v) for k, v in self.cols.items()}
-
-
-def _score(logits: Tensor, target: Tensor, kind: str) -> Tensor:
-    logits = logits.float()
-    if kind == "logit":
-        return logits.gather(1, target[:, None])[:, 0]
-    if kind == "probability":
-        return torch.softmax(logits, dim=1).gather(1, target[:, None])[:, 0]
-    # top-1 accuracy; ties in the maximum go to the lowest class index (torch.argmax)
-    return (logits.argmax(dim=1) == target).float()
-
-
-def _run(adapter: Adapter, sources: Tensor, pixel_ranks: Tensor, jobs: dict[str, Tensor], kind: str,
-         batch_size: int, targets: Tensor) -> Tensor:
-    """Scores ``(J,)`` of all jobs, at most ``batch_size`` images per forward.
-
-    Consecutive jobs that share their ranks row and sources form a segment, built by one broadcast
-    ``where(lo <= rank < hi, top, rest)`` straight into a reused input buffer (no per-job gather of the sources).
-    The first forward's output size is used to check ``targets`` (all of them) before any score is read.
-    """
-    _, c, h, w = sources.shape
-    n = jobs["row"].numel()
-    keys = list(zip(jobs["row"].tolist(), jobs["top"].tolist(), jobs["rest"].tolist()))
-    lo_all, hi_all = jobs["lo"].tolist(), jobs["hi"].tolist()
-    lo_t = jobs["lo"].to(pixel_ranks.dtype)[:, None]
-    hi_t = jobs["hi"].to(pixel_ranks.dtype)[:, None]
-    out = torch.empty(n, dtype=torch.float32, device=sources.device)
-    buf = torch.empty((min(batch_size, n), c, h, w), dtype=sources.dtype, device=sources.device)
-    for start in range(0, n, batch_size):
-        stop = min(n, start + batch_size)
-        inputs = buf[: stop - start]
-        i = start
-        while i < stop:
-            j = i + 1
-            while j < stop and keys[j] == keys[i]:
-                j += 1
-            row, top, rest = keys[i]
-            dst = inputs[i - start : j - start]
-            if top == rest:
-                dst.copy_(sources[top].expand_as(dst))
-            else:
-                rank = pixel_ranks[row][None]
-                mask = rank < hi_t[i:j]
-                if any(v != 0 for v in lo_all[i:j]):
-                    mask &= rank >= lo_t[i:j]
-                elif all(v == 0 for v in hi_all[i:j]):
-                    dst.copy_(sources[rest].expand_as(dst))
-                    i = j
-                    continue
-                torch.where(mask.view(-1, 1, h, w), sources[top], sources[rest], out=dst)
-            i = j
-        logits = adapter.forward(inputs.to(adapter.dtype()))  # fp16/bf16 models: the perturbation stays in x's dtype
-        if logits.ndim != 2 or logits.shape[0] != inputs.shape[0]:
-            raise InputError(f"the model must return logits (B, K); got shape {tuple(logits.shape)}")
-        if start == 0:
-            _check_target_range(targets, int(logits.shape[1]))
-        out[start:stop] = _score(logits, jobs["target"][start:stop], kind)
-    return out
-
-
-def _targets(targets: Any, b: int, device: torch.device) -> Tensor:
-    if isinstance(targets, bool):
-        raise _TargetRangeError("targets must be class indices (int), got a bool")
-    try:
-        t = torch.as_tensor(targets, device=device)
-    except (TypeError, ValueError, RuntimeError) as e:
-        raise _TargetRangeError(f"cannot read targets as class indices: {e}") from None
-    if t.is_floating_point() or t.is_complex() or t.dtype == torch.bool:
-        raise _TargetRangeError(f"targets must be integer class indices, got dtype {t.dtype}")
-    t = t.reshape(-1).long()
-    if t.numel() == 1 and b != 1:
-        t = t.expand(b).clone()
-    if t.numel() != b:
-        raise _TargetRangeError(f"{t.numel()} targets given for a batch of {b} images")
-    if bool((t < 0).any()):
-        raise _TargetRangeError(f"target class {int(t[t < 0][0])} is negative")
-    return t
-
-
-def _check_target_range(t: Tensor, k: int) -> None:
-    bad = t >= k
-    if bool(bad.any()):
-        raise _TargetRangeError(
-            f"target class {int(t[bad][0])} is out of range for a model with {k} classes (valid: 0..{k - 1})"
-        )
-
-
-class _Inputs:
-    """Validated inputs of one metric call (maps, x, targets, adapter, data config) on the maps' device."""
-
-    def __init__(self, metric: _PerturbationMetric, maps: Tensor, model: Any, x: Any, targets: Any) -> None:
-        if not isinstance(x, Tensor) or x.ndim != 4 or x.shape[1] != 3:
-            shape = tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__
-            raise InputError(f"x must be the normalised model input (B, 3, H, W); got {shape}")
-        if not x.is_floating_point():
-            raise InputError(f"x must be floating point (the normalised model input), got {x.dtype}")
-        if x.shape[0] == 0:
-            raise InputError("x is an empty batch")
-        self.maps = check_maps(maps, batch=x.shape[0], size=tuple(x.shape[-2:]))
-        self.device = self.maps.device
-        self.x = x.detach().to(self.device)
-        if not bool(torch.isfinite(self.x).all()):
-            raise InputError("x contains NaN or inf values")
-        if not isinstance(model, nn.Module) and not isinstance(model, Adapter):
-            raise InputError(f"model must be a torch.nn.Module, got {type(model).__name__}")
-        self.adapter = get_adapter(model)
-        self.adapter.check_input(self.x)
-        self.targets = _targets(targets, x.shape[0], self.device)
-        cfg_setting = metric.settings.get("data_config")
-        try:
-            self.cfg = self.adapter.data_config() if cfg_setting is None else data_config(cfg_setting)
-        except VitlensError:
-            raise InputError(
-                f"metric '{metric.name}' needs the model's pixel mean/std for its baselines and cannot derive them "
-                f"from {type(self.adapter.model).__name__}; pass data_config={{'mean': ..., 'std': ...}} to the "
-                "metric or set model.vitlens_data_config"
-            ) from None
-
-    def feature_size(self, granularity: str | int | Sequence[int]) -> tuple[int, int]:
-        if granularity == "pixel":
-            return (1, 1)
-        if granularity == "patch":
-            ps = self.adapter.patch_size
-            if ps is None:
-                raise InputError(
-                    f"granularity 'patch' needs the model's patch size, but {type(self.adapter.model).__name__} "
-                    "has none; give the patch size in pixels instead (e.g. granularity=16)"
-                )
-            return (int(ps[0]), int(ps[1])) if isinstance(ps, (tuple, list)) else (int(ps), int(ps))
-        if isinstance(granularity, int):
-            return (granularity, granularity)
-        return (int(granularity[0]), int(granularity[1]))
-
-    def baseline(self, kind: str, settings: Mapping[str, Any]) -> Tensor:
-        return make_baseline(kind, self.x, self.cfg, mean_color=settings.get("mean_color"),
-                             blur_kernel=settings.get("blur_kernel", 11), blur_sigma=settings.get("blur_sigma", 5.0),
-                             noise_seed=settings.get("noise_seed", 0))
-
-
-# --------------------------------------------------------------------------------------------------------------------
-# Settings validation
-# --------------------------------------------------------------------------------------------------------------------
-
-
-def _choice(name: str, value: Any, options: Sequence[str]) -> str:
-    if value not in options:
-        raise InputError(f"{name} must be one of {', '.join(repr(o) for o in options)}; got {value!r}")
-    return str(value)
-
-
-def _granularity(value: Any) -> str | int | list[int]:
-    if value in ("pixel", "patch"):
-        return str(value)
-    if isinstance(value, int) and not isinstance(value, bool) and value >= 1:
-        return int(value)
-    if isinstance(value, (tuple, list)) and len(value) == 2 and all(
-            isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in value):
-        return [int(value[0]), int(value[1])]
-    raise InputError(f"granularity must be 'pixel', 'patch' (the model's patch size) or a patch size in pixels "
-                     f"(int >= 1 or (h, w)); got {value!r}")
-
-
-def _positive_int(name: str, value: Any, minimum: int = 1) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise InputError(f"{name} must be an integer >= {minimum}; got {value!r}")
-    return int(value)
-
-
-def _baseline_settings(mean_color: Any, blur_kernel: Any, blur_sigma: Any, noise_seed: Any) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    if mean_color is not None:
-        try:
-            colour = [float(v) for v in mean_color]
-        except (TypeError, ValueError):
-            colour = []
-        if len(colour) != 3 or not all(math.isfinite(v) for v in colour):
-            raise InputError(f"mean_color must be 3 finite pixel values in [0, 1] (RGB); got {mean_color!r}")
-        out["mean_color"] = colour
-    else:
-        out["mean_color"] = None
-    blur_kernel = _positive_int("blur_kernel", blur_kernel)
-    if blur_kernel % 2 == 0:
-        raise InputError(f"blur_kernel must be odd; got {blur_kernel}")
-    out["blur_kernel"] = blur_kernel
-    try:
-        sigma = float(blur_sigma)
-    except (TypeError, ValueError):
-        sigma = float("nan")
-    if not (math.isfinite(sigma) and sigma > 0):
-        raise InputError(f"blur_sigma must be a number > 0; got {blur_sigma!r}")
-    out["blur_sigma"] = sigma
-    if isinstance(noise_seed, bool) or not isinstance(noise_seed, int):
-        raise InputError(f"noise_seed must be an int; got {noise_seed!r}")
-    out["noise_seed"] = int(noise_seed)
-    return out
-
-
-def _config_setting(value: Any) -> dict[str, Any] | None:
-    if value is None:
-        return None
-    if isinstance(value, DataConfig):
-        return value.to_dict()
-    return data_config(value).to_dict()
-
-
-class _PerturbationMetric(Metric):
-    """Shared parts: ``batch_size`` (a cost knob, kept out of the protocol) and the resolved protocol."""
-
-    needs = frozenset({"model", "x", "targets"})
-
-    def __init__(self, batch_size: int, **settings: Any) -> None:
-        super().__init__(**settings)
-        self.batch_size = _positive_int("batch_size", batch_size)
-
-    def _result(self, values: dict[str, Tensor], resolved: dict[str, Any], **extra: Any) -> MetricResult:
-        protocol = {**self.protocol(), **resolved}
-        return MetricResult(self.name, values, {k: self.outputs[k] for k in values}, protocol, **extra)
-
-    @staticmethod
-    def _resolved(inp: _Inputs, size: tuple[int, int], num_features: int) -> dict[str, Any]:
-        return {"feature_size": list(size), "num_features": num_features, "image_size": list(inp.x.shape[-2:]),
-                "data_mean": list(inp.cfg.mean), "data_std": list(inp.cfg.std)}
-
-
-def _trapezoid(curves: Tensor, xs: Tensor) -> Tensor:
-    return torch.trapezoid(curves, xs.to(curves), dim=1)
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -429,7 +95,7 @@ ID_PRESETS: dict[str, dict[str, Any]] = {
 
 
 @register_metric
-class InsertionDeletion(_PerturbationMetric):
+class InsertionDeletion(PerturbationMetric):
     """Insertion and deletion curves and their areas (Petsiuk et al., BMVC 2018).
 
     Features (pixels, or ``granularity``-sized patches scored by the mean of the map) are ranked by the map,
@@ -482,15 +148,13 @@ class InsertionDeletion(_PerturbationMetric):
         settings: dict[str, Any] = {"preset": preset}
         if preset is not None:
             settings["preset_overrides"] = overrides
-        settings["steps"] = _positive_int("steps", base["steps"])
-        settings["granularity"] = _granularity(base["granularity"])
-        settings["deletion_baseline"] = _choice("deletion_baseline", base["deletion_baseline"], BASELINES)
-        settings["insertion_baseline"] = _choice("insertion_baseline", base["insertion_baseline"], BASELINES)
-        settings["score"] = _choice("score", base["score"], _SCORES_ID)
-        settings.update(_baseline_settings(base["mean_color"], base["blur_kernel"], base["blur_sigma"],
-                                           base["noise_seed"]))
-        settings["data_config"] = _config_setting(data_config)
-        super().__init__(batch_size, **settings)
+        settings["steps"] = positive_int("steps", base["steps"])
+        settings["granularity"] = granularity_setting(base["granularity"])
+        settings["deletion_baseline"] = choice("deletion_baseline", base["deletion_baseline"], BASELINES)
+        settings["insertion_baseline"] = choice("insertion_baseline", base["insertion_baseline"], BASELINES)
+        settings["score"] = choice("score", base["score"], _SCORES_ID)
+        super().__init__(batch_size, settings, (base["mean_color"], base["blur_kernel"], base["blur_sigma"],
+                                                base["noise_seed"]), data_config)
 
     @classmethod
     def presets(cls) -> dict[str, dict[str, Any]]:
@@ -498,16 +162,13 @@ class InsertionDeletion(_PerturbationMetric):
         return {k: dict(v) for k, v in ID_PRESETS.items()}
 
     def compute(self, maps: Tensor, *, model: nn.Module | None = None, x: Tensor | None = None,
-                targets: Tensor | None = None, **_: Any) -> MetricResult:
+                targets: TargetSpec = None, **_: Any) -> MetricResult:
         s = self.settings
-        inp = _Inputs(self, maps, model, x, targets)
+        inp = MetricInputs(self, maps, model, x, targets)
         b = inp.x.shape[0]
-        hw = (inp.x.shape[-2], inp.x.shape[-1])
-        size = inp.feature_size(s["granularity"])
-        scores = feature_scores(inp.maps, size)
-        grid = (scores.shape[-2], scores.shape[-1])
+        scores, grid, size, hw = inp.features(s["granularity"])
         n = grid[0] * grid[1]
-        ranks = _pixel_ranks(feature_ranks(scores.reshape(b, -1)), grid, size, hw)
+        ranks = pixel_ranks(feature_ranks(scores), grid, size, hw)
         steps = s["steps"]
         ks = (2 * torch.arange(steps + 1, device=inp.device) * n + steps) // (2 * steps)  # round half up
         same = s["deletion_baseline"] == s["insertion_baseline"]
@@ -517,7 +178,7 @@ class InsertionDeletion(_PerturbationMetric):
         ins_off = b if same else 2 * b
         img = torch.arange(b, device=inp.device)
         tgt = inp.targets
-        jobs = _Jobs()
+        jobs = Jobs()
         zero = torch.zeros(1, device=inp.device)
         j_orig = jobs.add(row=img, lo=zero, hi=zero, top=img, rest=img, target=tgt)
         # the points that differ from the image, one row per (image, step), image-major (one segment per image)
@@ -530,7 +191,7 @@ class InsertionDeletion(_PerturbationMetric):
         j_ins = jobs.add(row=per, lo=zero, hi=ks[first_ins:steps].repeat(b), top=per, rest=per + ins_off,
                          target=tgt.repeat_interleave(reps)) if reps else None
         with torch.no_grad(), inp.adapter.session(capture=False):
-            out = _run(inp.adapter, src, ranks, jobs.tensors(), s["score"], self.batch_size, inp.targets)
+            out = score_jobs(inp.adapter, src, ranks, jobs.tensors(), s["score"], self.batch_size, inp.targets)
         orig = out[j_orig]
         deletion = torch.cat([orig[:, None], out[j_del].view(b, steps)], dim=1)
         ins_pts = out[j_ins].view(b, reps) if j_ins is not None else orig.new_zeros(b, 0)
@@ -538,7 +199,7 @@ class InsertionDeletion(_PerturbationMetric):
             ins_pts = torch.cat([deletion[:, -1:], ins_pts], dim=1)
         insertion = torch.cat([ins_pts, orig[:, None]], dim=1)
         xs = ks.double() / n
-        ins_auc, del_auc = _trapezoid(insertion, xs), _trapezoid(deletion, xs)
+        ins_auc, del_auc = trapezoid(insertion, xs), trapezoid(deletion, xs)
         resolved = self._resolved(inp, size, n)
         return self._result({"insertion": ins_auc, "deletion": del_auc, "ins_minus_del": ins_auc - del_auc},
                             resolved, curves={"insertion": insertion, "deletion": deletion},
@@ -551,7 +212,7 @@ class InsertionDeletion(_PerturbationMetric):
 
 
 @register_metric
-class PositiveNegativePerturbation(_PerturbationMetric):
+class PositiveNegativePerturbation(PerturbationMetric):
     """Positive and negative perturbation (Chefer et al., CVPR 2021).
 
     Features (pixels by default) are ranked by the map: most relevant first for the *positive* curve, least relevant
@@ -583,25 +244,20 @@ class PositiveNegativePerturbation(_PerturbationMetric):
             fr = []
         if not fr or not all(0 < f <= 1 for f in fr) or any(b <= a for a, b in zip(fr, fr[1:])):
             raise InputError(f"fractions must be increasing numbers in (0, 1]; got {fractions!r}")
-        settings = {"fractions": fr, "score": _choice("score", score, _SCORES_PN),
-                    "baseline": _choice("baseline", baseline, BASELINES), "granularity": _granularity(granularity)}
-        settings.update(_baseline_settings(mean_color, blur_kernel, blur_sigma, noise_seed))
-        settings["data_config"] = _config_setting(data_config)
-        super().__init__(batch_size, **settings)
+        settings: dict[str, Any] = {"fractions": fr, "score": choice("score", score, _SCORES_PN),
+                                    "baseline": choice("baseline", baseline, BASELINES),
+                                    "granularity": granularity_setting(granularity)}
+        super().__init__(batch_size, settings, (mean_color, blur_kernel, blur_sigma, noise_seed), data_config)
 
     def compute(self, maps: Tensor, *, model: nn.Module | None = None, x: Tensor | None = None,
-                targets: Tensor | None = None, **_: Any) -> MetricResult:
+                targets: TargetSpec = None, **_: Any) -> MetricResult:
         s = self.settings
-        inp = _Inputs(self, maps, model, x, targets)
+        inp = MetricInputs(self, maps, model, x, targets)
         b = inp.x.shape[0]
-        hw = (inp.x.shape[-2], inp.x.shape[-1])
-        size = inp.feature_size(s["granularity"])
-        scores = feature_scores(inp.maps, size)
-        grid = (scores.shape[-2], scores.shape[-1])
-        scores = scores.reshape(b, -1)
+        scores, grid, size, hw = inp.features(s["granularity"])
         n = scores.shape[1]
-        pos = _pixel_ranks(feature_ranks(scores, descending=True), grid, size, hw)
-        neg = _pixel_ranks(feature_ranks(scores, descending=False), grid, size, hw)
+        pos = pixel_ranks(feature_ranks(scores, descending=True), grid, size, hw)
+        neg = pixel_ranks(feature_ranks(scores, descending=False), grid, size, hw)
         ranks = torch.cat([pos, neg])
         ks = torch.tensor([0] + [math.floor(f * n + 1e-9) for f in s["fractions"]], device=inp.device)
         m = len(s["fractions"])
@@ -609,18 +265,18 @@ class PositiveNegativePerturbation(_PerturbationMetric):
         img = torch.arange(b, device=inp.device)
         tgt = inp.targets
         zero = torch.zeros(1, device=inp.device)
-        jobs = _Jobs()
+        jobs = Jobs()
         j_orig = jobs.add(row=img, lo=zero, hi=zero, top=img, rest=img, target=tgt)
         kk, per, tg = ks[1:].repeat(b), img.repeat_interleave(m), tgt.repeat_interleave(m)
         j_pos = jobs.add(row=per, lo=zero, hi=kk, top=per + b, rest=per, target=tg)
         j_neg = jobs.add(row=per + b, lo=zero, hi=kk, top=per + b, rest=per, target=tg)
         with torch.no_grad(), inp.adapter.session(capture=False):
-            out = _run(inp.adapter, src, ranks, jobs.tensors(), s["score"], self.batch_size, inp.targets)
+            out = score_jobs(inp.adapter, src, ranks, jobs.tensors(), s["score"], self.batch_size, inp.targets)
         orig = out[j_orig][:, None]
         positive = torch.cat([orig, out[j_pos].view(b, m)], dim=1)
         negative = torch.cat([orig, out[j_neg].view(b, m)], dim=1)
         xs = ks.double() / n
-        pos_auc, neg_auc = _trapezoid(positive, xs), _trapezoid(negative, xs)
+        pos_auc, neg_auc = trapezoid(positive, xs), trapezoid(negative, xs)
         return self._result({"pos_auc": pos_auc, "neg_auc": neg_auc, "neg_minus_pos": neg_auc - pos_auc},
                             self._resolved(inp, size, n), curves={"positive": positive, "negative": negative},
                             curve_x=xs.float())
@@ -632,7 +288,7 @@ class PositiveNegativePerturbation(_PerturbationMetric):
 
 
 @register_metric
-class FaithfulnessViolation(_PerturbationMetric):
+class FaithfulnessViolation(PerturbationMetric):
     """Faithfulness violation test (Liu et al., ICML 2022), with the top-k variant.
 
     Features are patches of ``patch_size`` pixels (default: the model's patch size; 1 = pixels) with weight
@@ -658,42 +314,37 @@ class FaithfulnessViolation(_PerturbationMetric):
                  baseline: str = "black", blur_kernel: int = 11, blur_sigma: float = 5.0,
                  mean_color: Sequence[float] | None = None, noise_seed: int = 0,
                  data_config: DataConfig | Mapping[str, Any] | None = None, batch_size: int = 64) -> None:
-        settings = {"k": _positive_int("k", k),
-                    "patch_size": "patch" if patch_size is None else _granularity(patch_size),
-                    "score": _choice("score", score, _SCORES_ID), "baseline": _choice("baseline", baseline, BASELINES)}
+        settings: dict[str, Any] = {
+            "k": positive_int("k", k),
+            "patch_size": "patch" if patch_size is None else granularity_setting(patch_size),
+            "score": choice("score", score, _SCORES_ID), "baseline": choice("baseline", baseline, BASELINES)}
         if settings["patch_size"] == "pixel":
             settings["patch_size"] = 1
-        settings.update(_baseline_settings(mean_color, blur_kernel, blur_sigma, noise_seed))
-        settings["data_config"] = _config_setting(data_config)
-        super().__init__(batch_size, **settings)
+        super().__init__(batch_size, settings, (mean_color, blur_kernel, blur_sigma, noise_seed), data_config)
 
     def compute(self, maps: Tensor, *, model: nn.Module | None = None, x: Tensor | None = None,
-                targets: Tensor | None = None, **_: Any) -> MetricResult:
+                targets: TargetSpec = None, **_: Any) -> MetricResult:
         s = self.settings
-        inp = _Inputs(self, maps, model, x, targets)
+        inp = MetricInputs(self, maps, model, x, targets)
         b = inp.x.shape[0]
-        hw = (inp.x.shape[-2], inp.x.shape[-1])
-        size = inp.feature_size(s["patch_size"])
-        w = feature_scores(inp.maps, size)
-        grid = (w.shape[-2], w.shape[-1])
-        w = w.reshape(b, -1)
+        w, grid, size, hw = inp.features(s["patch_size"])
         n = w.shape[1]
         k = min(s["k"], n)
         order_ranks = feature_ranks(w.abs(), descending=True)
-        ranks = _pixel_ranks(order_ranks, grid, size, hw)
+        ranks = pixel_ranks(order_ranks, grid, size, hw)
         order = torch.sort(w.abs(), dim=1, descending=True, stable=True).indices[:, :k]
         w_top = w.gather(1, order)  # (B, k), signed
         src = torch.cat([inp.x, inp.baseline(s["baseline"], s)])
         img = torch.arange(b, device=inp.device)
         tgt = inp.targets
         zero = torch.zeros(1, device=inp.device)
-        jobs = _Jobs()
+        jobs = Jobs()
         j_orig = jobs.add(row=img, lo=zero, hi=zero, top=img, rest=img, target=tgt)
         lo = torch.arange(k, device=inp.device).repeat(b)
         per = img.repeat_interleave(k)
         j_rm = jobs.add(row=per, lo=lo, hi=lo + 1, top=per + b, rest=per, target=tgt.repeat_interleave(k))
         with torch.no_grad(), inp.adapter.session(capture=False):
-            out = _run(inp.adapter, src, ranks, jobs.tensors(), s["score"], self.batch_size, inp.targets)
+            out = score_jobs(inp.adapter, src, ranks, jobs.tensors(), s["score"], self.batch_size, inp.targets)
         delta = out[j_orig][:, None] - out[j_rm].view(b, k)  # (B, k)
         wt = w_top.to(delta.dtype)
         counted = wt != 0

@@ -1,29 +1,50 @@
-"""Pieces shared by the training commands of the bundled models (shapes, digits)."""
+"""Pieces shared by the training commands of the bundled models (shapes, digits, segformer).
+
+The utilities every long-running command shares (schedule, atomic writes, model cards, Gini, ``torch.distributed``)
+live in :mod:`vitlens.runtime`; ``gini`` and ``lr_factor`` are re-exported here.
+"""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import os
 import platform
+import time
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 import torch
 
+from ..runtime import atomic_write, gini, warmup_cosine
+
 __all__ = [
+    "BatchSampler",
+    "ThreadChooser",
     "add_common_options",
     "attention_gini",
     "cpu_has_bf16",
     "cpu_name",
     "describe_load",
+    "card_class_table",
+    "card_gini_table",
+    "card_software_lines",
+    "gini_record",
+    "set_lr",
     "dihedral",
+    "explicit_attention",
     "fmt_time",
     "gini",
     "load_average",
     "lr_factor",
     "make_scenes_parallel",
+    "mimetic_init",
+    "sincos_pos_init",
+    "save_fp16_weights",
+    "load_stored",
+    "remeasure",
     "normalise",
     "param_groups",
 ]
@@ -38,17 +59,6 @@ def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
         else:
             decay.append(p)
     return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-
-
-def gini(p: torch.Tensor) -> torch.Tensor:
-    """Gini coefficient along the last dim of non-negative ``(..., n)``: 0 = uniform, (n-1)/n = one-hot.
-
-    For ``p`` sorted ascending, ``G = 2 * sum_i i * p_(i) / (n * sum p) - (n + 1) / n`` with ``i = 1..n``.
-    """
-    n = p.shape[-1]
-    s, _ = torch.sort(p, dim=-1)
-    i = torch.arange(1, n + 1, dtype=p.dtype, device=p.device)
-    return 2.0 * (s * i).sum(-1) / (n * s.sum(-1).clamp_min(1e-12)) - (n + 1.0) / n
 
 
 @torch.no_grad()
@@ -143,13 +153,8 @@ def dihedral(x: torch.Tensor, f: torch.Tensor) -> torch.Tensor:
     return torch.where(f[:, 2].view(shape), x.transpose(-1, -2), x)
 
 
-def lr_factor(progress: float, warmup: float, min_frac: float) -> float:
-    """Linear warm-up to 1 over the first ``warmup`` (fraction of training), then cosine decay to ``min_frac``."""
-    progress = min(max(progress, 0.0), 1.0)
-    if warmup > 0 and progress < warmup:
-        return progress / warmup
-    t = (progress - warmup) / max(1.0 - warmup, 1e-8)
-    return min_frac + (1.0 - min_frac) * 0.5 * (1.0 + math.cos(math.pi * t))
+#: the warm-up + cosine schedule by fraction of training (:func:`vitlens.runtime.warmup_cosine`; name kept).
+lr_factor = warmup_cosine
 
 
 def load_average() -> float | None:
@@ -166,7 +171,7 @@ def describe_load(loads: list[float | None], threads: int, training_time: float,
     A training time is only comparable with the budget when nothing else ran; the sentence says whether that held.
     """
     vals = [v for v in loads if v is not None]
-    load = {"min": min(vals) if vals else None, "max": max(vals) if vals else None, "samples": vals}
+    load: dict[str, Any] = {"min": min(vals) if vals else None, "max": max(vals) if vals else None, "samples": vals}
     cores = os.cpu_count() or 1
     share = cpu_time / max(training_time, 1e-9)
     if load["max"] is not None and load["max"] > cores + 0.5:
@@ -179,6 +184,21 @@ def describe_load(loads: list[float | None], threads: int, training_time: float,
     else:
         text = "The machine was otherwise idle during training."
     return load, text
+
+
+@contextlib.contextmanager
+def explicit_attention(model: Any) -> Iterator[None]:
+    """timm ViT blocks compute ``softmax(q·kᵀ)·v`` explicitly instead of the fused kernel for the duration (faster to
+    train on CPU, much faster in bf16); every block's ``fused_attn`` flag is restored on exit, also after an
+    exception."""
+    fused = [blk.attn.fused_attn for blk in model.blocks]
+    try:
+        for blk in model.blocks:
+            blk.attn.fused_attn = False
+        yield
+    finally:
+        for blk, flag in zip(model.blocks, fused):
+            blk.attn.fused_attn = flag
 
 
 def normalise(x: torch.Tensor, mean: tuple[float, ...], std: tuple[float, ...]) -> torch.Tensor:
@@ -202,3 +222,200 @@ def add_common_options(p: argparse.ArgumentParser, *, out: Path, batch_size: int
                    help="training compute precision: bf16 autocast (fp32 master weights) where the CPU has native "
                         "bf16 (AMX/AVX512-BF16), else fp32 (default: auto). Evaluation is always fp32.")
     p.add_argument("--no-progress", action="store_true", help="disable the tqdm progress bar")
+
+
+def gini_record(gini_lh: np.ndarray, definition: str, spread: bool = False) -> dict[str, Any]:
+    """The JSON record of the heads' attention Gini ``(layers, heads)``: per layer min / mean / max (and the spread
+    max − min with ``spread``), and the per-head values rounded to 5 digits."""
+    per_layer = []
+    for li, r in enumerate(gini_lh):
+        row = {"layer": li, "min": float(r.min()), "mean": float(r.mean()), "max": float(r.max())}
+        if spread:
+            row["spread"] = float(r.max() - r.min())
+        per_layer.append(row)
+    return {"definition": definition, "per_layer": per_layer, "per_head": [[round(float(v), 5) for v in r]
+                                                                             for r in gini_lh]}
+
+
+# -- model-card sections the training commands share (written with vitlens.runtime.write_model_card) -------------
+def card_class_table(per_class: dict[str, dict[str, Any]], names: Sequence[str], label: str = "class") -> list[str]:
+    """Markdown table of per-class test accuracy: ``| <label> | accuracy | n |``, one row per class name."""
+    return [f"| {label} | accuracy | n |", "|---|---|---|",
+            *(f"| {c} | {per_class[c]['accuracy']:.2%} | {per_class[c]['n']} |" for c in names)]
+
+
+def card_gini_table(gini_lh: np.ndarray) -> list[str]:
+    """Markdown table of the per-layer min / mean / max / spread of the heads' attention Gini ``(layers, heads)``,
+    then the per-head values as a code block."""
+    return ["| layer | min | mean | max | spread (max − min) |", "|---|---|---|---|---|",
+            *(f"| {li} | {row.min():.3f} | {row.mean():.3f} | {row.max():.3f} | {row.max() - row.min():.3f} |"
+              for li, row in enumerate(gini_lh)),
+            "", "Per-head values (layer × head):", "", "```", *(" ".join(f"{v:.3f}" for v in row) for row in gini_lh),
+            "```", ""]
+
+
+def card_software_lines(meta: dict[str, Any]) -> list[str]:
+    """The two card bullets naming the software versions (torch, timm, numpy), the date and the stored weights."""
+    return [f"- torch {meta['torch_version']}, timm {meta['timm_version']}, numpy {meta['numpy_version']}; "
+            f"date {meta['date']}",
+            f"- weights stored as {meta['weights_dtype']} safetensors ({meta['weights_bytes'] / 1e6:.1f} MB, "
+            f"sha256 `{meta['weights_sha256'][:16]}…`)"]
+
+
+# -- initialisers of the shapes ViTs (used by vitlens.training.shapes) ------------------------------------------
+@torch.no_grad()
+def mimetic_init(model: Any, g: torch.Generator, a1: float = 0.7, b1: float = 0.7,
+                  a2: float = 0.4, b2: float = 0.4) -> None:
+    """Mimetic initialisation of self-attention (Trockman & Kolter, 2023): per head, ``W_q W_k^T ≈ a1 Z + b1 I``
+    and ``W_v W_o ≈ a2 Z - b2 I`` with ``Z ~ N(0, 1/d)``; factors from a truncated SVD. Changes only initial values."""
+    for blk in model.blocks:
+        attn = blk.attn
+        d = attn.qkv.in_features
+        h = attn.num_heads
+        k = d // h
+        wq, wk, wv = attn.qkv.weight.view(3, h, k, d).unbind(0)  # (h, k, d) each (out, in)
+        wo = attn.proj.weight.view(d, h, k)  # (out d, h, k)
+        for i in range(h):
+            z = torch.randn(d, d, generator=g) / math.sqrt(d)
+            u, s, vt = torch.linalg.svd(a1 * z + b1 * torch.eye(d))
+            # q.k = x^T Wq^T Wk x ; want Wq^T Wk = M -> Wq^T = U_k sqrt(S_k), Wk = sqrt(S_k) Vt_k
+            wq[i].copy_((u[:, :k] * s[:k].sqrt()).T)
+            wk[i].copy_(s[:k].sqrt()[:, None] * vt[:k])
+            z = torch.randn(d, d, generator=g) / math.sqrt(d)
+            u, s, vt = torch.linalg.svd(a2 * z - b2 * torch.eye(d))
+            # out = Wo Wv x ; want Wo Wv = M -> Wo = U_k sqrt(S_k), Wv = sqrt(S_k) Vt_k
+            wo[:, i].copy_(u[:, :k] * s[:k].sqrt())
+            wv[i].copy_(s[:k].sqrt()[:, None] * vt[:k])
+
+
+@torch.no_grad()
+def sincos_pos_init(model: Any, amplitude: float = 1.0) -> None:
+    """Initialise the learned patch position embeddings with a 2-D sine/cosine code (CLS position left as is).
+
+    Frequencies are spread geometrically between 2π/16 and 2π/2.5 radians per token, suited to a small grid, so the
+    Gram matrix of the codes decays with token distance (attention starts out local)."""
+    pe = model.pos_embed  # (1, prefix + gh * gw, D)
+    d = pe.shape[-1]
+    gh, gw = model.patch_embed.grid_size
+    nf = d // 4
+    omega = 2 * math.pi / torch.logspace(math.log10(16.0), math.log10(2.5), nf)
+    yy, xx = torch.meshgrid(torch.arange(gh, dtype=torch.float32), torch.arange(gw, dtype=torch.float32),
+                            indexing="ij")
+    ay = yy.reshape(-1, 1) * omega
+    ax = xx.reshape(-1, 1) * omega
+    code = torch.cat([ay.sin(), ay.cos(), ax.sin(), ax.cos()], dim=1)  # (gh * gw, D)
+    prefix = pe.shape[1] - gh * gw
+    pe[0, prefix:] = amplitude * code
+
+
+class ThreadChooser:
+    """Pick the faster of ``threads`` and 1 intra-op threads, re-probing periodically.
+
+    On a dedicated machine ``threads`` (2) is fastest; when other processes compete for the cores, a 2-thread
+    OpenMP region can stall on a descheduled thread and one thread is often several times faster. Every
+    ``every`` steps the other setting is timed for ``probe`` steps and the one with the lower median step time is kept.
+    """
+
+    def __init__(self, threads: int, adaptive: bool = True, every: int = 100, probe: int = 4) -> None:
+        self.options = [threads, 1] if adaptive and threads > 1 else [threads]
+        self.current = threads
+        self.every, self.probe = every, probe
+        self.times: dict[int, list[float]] = {o: [] for o in self.options}
+        self._probing_until = -1
+        self._base = threads
+        torch.set_num_threads(threads)
+
+    def start(self, step: int) -> float:
+        if len(self.options) > 1:
+            if step > 0 and step % self.every == 10 % self.every and self._probing_until < step:
+                self._base = self.current
+                other = self.options[1] if self.current == self.options[0] else self.options[0]
+                self._set(other)
+                self._probing_until = step + self.probe
+                self.times[other] = []
+            elif step == self._probing_until:
+                probe_t = self.times[self.current]
+                base_t = self.times[self._base][-8:]
+                if not (probe_t and base_t and _median(probe_t[1:] or probe_t) < 0.9 * _median(base_t)):
+                    self._set(self._base)
+        return time.perf_counter()
+
+    def stop(self, t_start: float) -> None:
+        self.times[self.current].append(time.perf_counter() - t_start)
+        self.times[self.current] = self.times[self.current][-16:]
+
+    def _set(self, n: int) -> None:
+        self.current = n
+        torch.set_num_threads(n)
+
+
+def _median(xs: list[float]) -> float:
+    return float(np.median(xs))
+
+
+# -- export of the trained weights ---------------------------------------------------------------------------------
+def save_fp16_weights(model: torch.nn.Module, path: Path, name: str, seed: int, mode: int | None = None) -> None:
+    """Store ``model``'s floating-point tensors as float16 safetensors (other tensors as they are) at ``path``,
+    atomically, with ``name``/``format``/``seed`` metadata; ``mode`` sets the file's permissions (safetensors creates
+    owner-only files; shipped package data must be world-readable: 0o644)."""
+    from safetensors.torch import save_file
+
+    state = {k: (v.detach().to(torch.float16) if v.is_floating_point() else v.detach()).contiguous()
+             for k, v in model.state_dict().items()}
+    atomic_write(path, lambda tmp: save_file(state, str(tmp), metadata={"name": name, "format": "pt",
+                                                                      "seed": str(seed)}), mode=mode)
+
+
+def load_stored(build: Callable[[], torch.nn.Module], path: Path) -> torch.nn.Module:
+    """A freshly built model with the stored (float16) weights at ``path`` cast to its dtypes, in eval mode."""
+    from safetensors.torch import load_file
+
+    model = build()
+    ref = model.state_dict()
+    model.load_state_dict({k: v.to(ref[k].dtype) for k, v in load_file(str(path)).items()}, strict=True)
+    return model.eval()
+
+
+def remeasure(build: Callable[[], torch.nn.Module], path: Path, x_test: torch.Tensor, y_test: torch.Tensor,
+              class_names: Sequence[str], predict: Callable[[torch.nn.Module, torch.Tensor], torch.Tensor]
+              ) -> tuple[torch.nn.Module, float, dict[str, dict[str, Any]]]:
+    """Load the stored weights into a freshly built model and measure it on the test set: ``(model in eval mode,
+    test accuracy, per class {"accuracy", "n"})`` (a class absent from the test set gets accuracy NaN)."""
+    shipped = load_stored(build, path)
+    correct = predict(shipped, x_test) == y_test
+    per_class = {
+        name: {
+            "accuracy": float(correct[y_test == c].float().mean().item()) if (y_test == c).any() else float("nan"),
+            "n": int((y_test == c).sum().item()),
+        }
+        for c, name in enumerate(class_names)
+    }
+    return shipped, correct.float().mean().item(), per_class
+
+
+# -- the training loop's bookkeeping ----------------------------------------------------------------------------------
+class BatchSampler:
+    """Batches of indices into ``n`` training images from seeded permutations: the first permutation is drawn when the
+    sampler is made; a new one whenever the rest of the current one cannot fill a batch (so every epoch is a fresh
+    order and a batch never straddles two permutations)."""
+
+    def __init__(self, n: int, generator: torch.Generator) -> None:
+        self.n = n
+        self.generator = generator
+        self.perm = torch.randperm(n, generator=generator)
+        self.pos = 0
+
+    def take(self, batch_size: int) -> torch.Tensor:
+        """The next ``batch_size`` indices ``(batch_size,)`` long."""
+        if self.pos + batch_size > self.n:
+            self.perm = torch.randperm(self.n, generator=self.generator)
+            self.pos = 0
+        idx = self.perm[self.pos : self.pos + batch_size]
+        self.pos += batch_size
+        return idx
+
+
+def set_lr(opt: torch.optim.Optimizer, lr: float) -> None:
+    """Set the learning rate of every parameter group of ``opt``."""
+    for grp in opt.param_groups:
+        grp["lr"] = lr

@@ -31,13 +31,12 @@ import datetime as _dt
 import hashlib
 import json
 import math
-import os
 import platform
 import shlex
 import sys
 import time
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 import torch
@@ -46,16 +45,26 @@ import torch.nn.functional as F
 from vitlens.data.digits import DIGIT_CLASS_NAMES, load_mnist5k, split_mnist5k
 from vitlens.models.digits_zoo import DIGITS_MEAN, DIGITS_STD, build_digits_vit
 from vitlens.models.zoo import BUNDLED, WEIGHTS_DIR
+from vitlens.runtime import warmup_cosine_steps, write_model_card
 from vitlens.training.common import attention_gini as _attention_gini
 from vitlens.training.common import (
+    BatchSampler,
     add_common_options,
+    card_class_table,
+    card_gini_table,
+    card_software_lines,
     cpu_has_bf16,
     cpu_name,
     describe_load,
+    explicit_attention,
     fmt_time,
+    gini_record,
     load_average,
     normalise,
     param_groups,
+    remeasure,
+    save_fp16_weights,
+    set_lr,
 )
 
 __all__ = ["main", "attention_gini", "random_affine"]
@@ -111,15 +120,6 @@ def random_affine(x: torch.Tensor, g: torch.Generator, rotate: float, scale: flo
     return F.grid_sample(x, grid, mode="bilinear", padding_mode="zeros", align_corners=False)
 
 
-def _lr_factor(step: int, steps: int, warmup_frac: float, min_frac: float) -> float:
-    """Linear warm-up to 1 over the first ``warmup_frac`` of the steps, then cosine decay to ``min_frac``."""
-    warm = max(int(round(warmup_frac * steps)), 0)
-    if step < warm:
-        return (step + 1) / warm
-    t = (step - warm) / max(steps - warm, 1)
-    return min_frac + (1.0 - min_frac) * 0.5 * (1.0 + math.cos(math.pi * min(t, 1.0)))
-
-
 @torch.inference_mode()
 def _predict(model: torch.nn.Module, images: torch.Tensor, batch: int = 500) -> torch.Tensor:
     """Predicted labels ``(N,)`` for raw ``(N, 3, H, W)`` images in [0, 1] (fp32, eval mode)."""
@@ -133,9 +133,46 @@ def attention_gini(model: torch.nn.Module, images: torch.Tensor, batch: int = 25
     return _attention_gini(model, images, _normalise, batch)
 
 
+def _train_steps(args: argparse.Namespace, model: torch.nn.Module, opt: torch.optim.Optimizer, g: torch.Generator,
+                 x_train: torch.Tensor, y_train: torch.Tensor, x_test: torch.Tensor, y_test: torch.Tensor,
+                 use_bf16: bool, bar: Any, t_train0: float, loads: list[float | None]) -> None:
+    """The ``args.steps`` optimiser steps (batch order and augmentation drawn from ``g``)."""
+    n, bs = len(x_train), args.batch_size
+    batches = BatchSampler(n, g)
+    loss_ema = acc_ema = None
+    model.train()
+    warm = max(int(round(args.warmup_frac * args.steps)), 0)  # warm-up steps, rounded to the nearest step
+    for step in range(args.steps):
+        lr = args.lr * warmup_cosine_steps(step, args.steps, warm, args.min_lr_frac)
+        set_lr(opt, lr)
+        idx = batches.take(bs)
+        xb = _normalise(random_affine(x_train[idx], g, args.rotate, args.scale, args.shift))
+        yb = y_train[idx]
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=use_bf16):
+            logits = model(xb)
+        logits = logits.float()
+        loss = F.cross_entropy(logits, yb, label_smoothing=args.label_smoothing)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+
+        acc = (logits.argmax(-1) == yb).float().mean().item()
+        loss_ema = loss.item() if loss_ema is None else 0.98 * loss_ema + 0.02 * loss.item()
+        acc_ema = acc if acc_ema is None else 0.98 * acc_ema + 0.02 * acc
+        if (step + 1) % 100 == 0:
+            loads.append(load_average())
+        bar.update(1)
+        bar.set_postfix(loss=f"{loss_ema:.3f}", acc=f"{acc_ema:.3f}", lr=f"{lr:.1e}", refresh=False)
+        if args.eval_every and (step + 1) % args.eval_every == 0:
+            val = (_predict(model, x_test) == y_test).float().mean().item()
+            model.train()
+            bar.write(f"step {step + 1}: loss {loss_ema:.3f} train acc {acc_ema:.3f} lr {lr:.1e} "
+                      f"test acc {val:.4f} [{time.perf_counter() - t_train0:.0f} s]")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the training command; returns the exit status (1 if the test accuracy is below ``--min-accuracy``)."""
-    from safetensors.torch import load_file, save_file
     from tqdm.auto import tqdm
 
     argv_list = list(sys.argv[1:] if argv is None else argv)
@@ -167,54 +204,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"on {args.threads} threads")
 
     n, bs = len(x_train), args.batch_size
-    perm = torch.randperm(n, generator=g)
-    pos = 0
-    loss_ema = acc_ema = None
-    fused = [blk.attn.fused_attn for blk in model.blocks]
     t_train0 = time.perf_counter()
     cpu_train0 = time.process_time()
     loads = [load_average()]
     bar = tqdm(total=args.steps, disable=args.no_progress, unit="step", dynamic_ncols=True, mininterval=2.0)
     try:
-        for blk in model.blocks:  # explicit attention trains faster on CPU (much faster in bf16)
-            blk.attn.fused_attn = False
-        model.train()
-        for step in range(args.steps):
-            lr = args.lr * _lr_factor(step, args.steps, args.warmup_frac, args.min_lr_frac)
-            for grp in opt.param_groups:
-                grp["lr"] = lr
-            if pos + bs > n:
-                perm = torch.randperm(n, generator=g)
-                pos = 0
-            idx = perm[pos : pos + bs]
-            pos += bs
-            xb = _normalise(random_affine(x_train[idx], g, args.rotate, args.scale, args.shift))
-            yb = y_train[idx]
-            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=use_bf16):
-                logits = model(xb)
-            logits = logits.float()
-            loss = F.cross_entropy(logits, yb, label_smoothing=args.label_smoothing)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            opt.step()
-
-            acc = (logits.argmax(-1) == yb).float().mean().item()
-            loss_ema = loss.item() if loss_ema is None else 0.98 * loss_ema + 0.02 * loss.item()
-            acc_ema = acc if acc_ema is None else 0.98 * acc_ema + 0.02 * acc
-            if (step + 1) % 100 == 0:
-                loads.append(load_average())
-            bar.update(1)
-            bar.set_postfix(loss=f"{loss_ema:.3f}", acc=f"{acc_ema:.3f}", lr=f"{lr:.1e}", refresh=False)
-            if args.eval_every and (step + 1) % args.eval_every == 0:
-                val = (_predict(model, x_test) == y_test).float().mean().item()
-                model.train()
-                bar.write(f"step {step + 1}: loss {loss_ema:.3f} train acc {acc_ema:.3f} lr {lr:.1e} "
-                          f"test acc {val:.4f} [{time.perf_counter() - t_train0:.0f} s]")
+        with explicit_attention(model):  # explicit attention trains faster on CPU (much faster in bf16)
+            _train_steps(args, model, opt, g, x_train, y_train, x_test, y_test, use_bf16, bar, t_train0, loads)
     finally:
         bar.close()
-        for blk, f in zip(model.blocks, fused):
-            blk.attn.fused_attn = f
         model.eval()
     training_time = time.perf_counter() - t_train0
     training_cpu = time.process_time() - cpu_train0  # CPU seconds of all threads: a load-independent cost
@@ -227,22 +225,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
     w_path = out / f"{NAME}.safetensors"
-    state = {k: v.detach().to(torch.float16).contiguous() for k, v in model.state_dict().items()}
-    tmp = w_path.with_suffix(".safetensors.tmp")
-    save_file(state, str(tmp), metadata={"name": NAME, "format": "pt", "seed": str(args.seed)})
-    os.replace(tmp, w_path)
-
-    shipped = build_digits_vit()
-    ref = shipped.state_dict()
-    shipped.load_state_dict({k: v.to(ref[k].dtype) for k, v in load_file(str(w_path)).items()}, strict=True)
-    shipped.eval()
-    pred = _predict(shipped, x_test)
-    correct = pred == y_test
-    test_acc = correct.float().mean().item()
-    per_class = {
-        name: {"accuracy": float(correct[y_test == c].float().mean().item()), "n": int((y_test == c).sum().item())}
-        for c, name in enumerate(DIGIT_CLASS_NAMES)
-    }
+    save_fp16_weights(model, w_path, NAME, args.seed)
+    shipped, test_acc, per_class = remeasure(build_digits_vit, w_path, x_test, y_test, DIGIT_CLASS_NAMES, _predict)
     gini_lh = attention_gini(shipped, x_test)
 
     import timm as _timm
@@ -282,15 +266,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "test_accuracy": test_acc,
         "test_accuracy_fp32_before_export": acc_fp32,
         "per_class_accuracy": per_class,
-        "attention_gini": {
-            "definition": "per head: Gini of each attention row, averaged over rows and test images",
-            "per_layer": [
-                {"layer": li, "min": float(r.min()), "mean": float(r.mean()), "max": float(r.max()),
-                 "spread": float(r.max() - r.min())}
-                for li, r in enumerate(gini_lh)
-            ],
-            "per_head": [[round(float(v), 5) for v in r] for r in gini_lh],
-        },
+        "attention_gini": gini_record(gini_lh, "per head: Gini of each attention row, averaged over rows and test "
+                                               "images", spread=True),
         "n_params": n_params,
         "weights_file": w_path.name,
         "weights_dtype": "float16",
@@ -366,21 +343,15 @@ def _write_card(path: Path, meta: dict, gini_lh: np.ndarray) -> None:
         f"{fmt_time(meta['total_time_s'])} for the whole command, on {meta['threads']} CPU threads "
         f"({meta['cpu']}); CPU time of the training loop {fmt_time(meta['training_cpu_s'])} (summed over threads; "
         "less sensitive to other jobs than wall time). " + meta.get("load_note", ""),
-        f"- torch {meta['torch_version']}, timm {meta['timm_version']}, numpy {meta['numpy_version']}; "
-        f"date {meta['date']}",
-        f"- weights stored as {meta['weights_dtype']} safetensors ({meta['weights_bytes'] / 1e6:.1f} MB, "
-        f"sha256 `{meta['weights_sha256'][:16]}…`)",
+        *card_software_lines(meta),
         "",
         "## Accuracy (measured on the held-out test split with the shipped weights)",
         "",
         f"**Test accuracy: {meta['test_accuracy']:.2%}** ({split['n_test']:,} images; target ≥ "
         f"{TARGET_ACCURACY:.0%})",
         "",
-        "| digit | accuracy | n |",
-        "|---|---|---|",
+        *card_class_table(per_class, DIGIT_CLASS_NAMES, "digit"),
     ]
-    for name in DIGIT_CLASS_NAMES:
-        lines.append(f"| {name} | {per_class[name]['accuracy']:.2%} | {per_class[name]['n']} |")
     lines += [
         "",
         "## Attention heads",
@@ -390,15 +361,9 @@ def _write_card(path: Path, meta: dict, gini_lh: np.ndarray) -> None:
         "all rows and all test images, per head; min / mean / max over the 6 heads of each layer. A wide spread means "
         "the heads of a layer are heterogeneous (what GradSkip's head weighting exploits).",
         "",
-        "| layer | min | mean | max | spread (max − min) |",
-        "|---|---|---|---|---|",
+        *card_gini_table(gini_lh),
     ]
-    for li, row in enumerate(gini_lh):
-        lines.append(f"| {li} | {row.min():.3f} | {row.mean():.3f} | {row.max():.3f} | {row.max() - row.min():.3f} |")
-    lines += ["", "Per-head values (layer × head):", "", "```"]
-    lines += [" ".join(f"{v:.3f}" for v in row) for row in gini_lh]
-    lines += ["```", ""]
-    path.write_text("\n".join(lines), encoding="utf-8")
+    write_model_card(path, lines)
 
 
 if __name__ == "__main__":

@@ -47,13 +47,12 @@ import datetime as _dt
 import hashlib
 import json
 import math
-import os
 import platform
 import shlex
 import sys
 import time
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 import torch
@@ -67,7 +66,9 @@ from vitlens.models.segformer_zoo import (
     build_shapes_segformer,
 )
 from vitlens.models.zoo import BUNDLED, WEIGHTS_DIR
+from vitlens.runtime import write_model_card
 from vitlens.training.common import (
+    BatchSampler,
     add_common_options,
     cpu_has_bf16,
     cpu_name,
@@ -75,9 +76,12 @@ from vitlens.training.common import (
     dihedral,
     fmt_time,
     load_average,
+    load_stored,
     lr_factor,
     normalise,
     param_groups,
+    save_fp16_weights,
+    set_lr,
 )
 
 __all__ = ["main", "confusion_matrix", "confusion_scores", "evaluate", "predict_label_maps"]
@@ -114,7 +118,7 @@ def _normalise(x: torch.Tensor) -> torch.Tensor:
 
 
 @torch.no_grad()
-def _mit_init(model: torch.nn.Module) -> None:
+def _mit_init(model: Any) -> None:
     """Initial values as in the original SegFormer (Xie et al., 2021) code instead of HF's generic init: convolutions
     ``N(0, 2 / fan_out)`` with ``fan_out = k_h * k_w * out_channels / groups`` (HF draws every convolution, the 3×3
     depthwise ones of Mix-FFN included, from ``N(0, 0.02²)``, which starts them near zero), linear layers truncated
@@ -159,7 +163,7 @@ def confusion_matrix(pred: torch.Tensor, target: torch.Tensor, num_labels: int) 
     return torch.bincount(idx, minlength=num_labels * num_labels).view(num_labels, num_labels)
 
 
-def confusion_scores(cm: torch.Tensor) -> dict[str, object]:
+def confusion_scores(cm: torch.Tensor) -> dict[str, Any]:
     """Scores of a pooled confusion matrix (all higher is better).
 
     Returns:
@@ -182,7 +186,7 @@ def confusion_scores(cm: torch.Tensor) -> dict[str, object]:
     }
 
 
-def evaluate(model: torch.nn.Module, images: torch.Tensor, label_maps: torch.Tensor) -> dict[str, object]:
+def evaluate(model: torch.nn.Module, images: torch.Tensor, label_maps: torch.Tensor) -> dict[str, Any]:
     """Held-out scores of ``model`` on raw images and their label maps (pooled confusion matrix; see module doc)."""
     pred = predict_label_maps(model, images)
     return confusion_scores(confusion_matrix(pred, label_maps, len(SEGFORMER_LABELS)))
@@ -260,7 +264,7 @@ def _write_card(path: Path, meta: dict) -> None:
     for i, name in enumerate(SEGFORMER_LABELS):
         lines.append(f"| {name} | {iou[i]:.4f} | {meta['per_class_recall'][i]:.4f} |")
     lines += ["", f"Mean IoU over the 6 object classes only: {float(np.nanmean(iou[1:])):.4f}.", ""]
-    path.write_text("\n".join(lines), encoding="utf-8")
+    write_model_card(path, lines)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -274,6 +278,45 @@ def main(argv: Sequence[str] | None = None) -> int:
         torch.set_num_threads(saved_threads)
 
 
+def _train_steps(args: argparse.Namespace, model: Any, opt: torch.optim.Optimizer, g: torch.Generator,
+                 x_train: torch.Tensor, y_train: torch.Tensor, x_test: torch.Tensor, y_test: torch.Tensor,
+                 use_bf16: bool, bar: Any, t_train0: float, loads: list[float | None]) -> None:
+    """The ``args.steps`` optimiser steps (batch order and flips drawn from ``g``); samples the load every 30 s."""
+    n, bs = len(x_train), min(args.batch_size, len(x_train))
+    batches = BatchSampler(n, g)
+    loss_ema = None
+    last_load_t = t_train0
+    model.train()
+    for step in range(args.steps):
+        lr = args.lr * lr_factor(step / args.steps, args.warmup_frac, args.min_lr_frac)
+        set_lr(opt, lr)
+        idx = batches.take(bs)
+        flips = torch.randint(0, 2, (len(idx), 3), generator=g).bool()
+        xb = dihedral(x_train[idx], flips)
+        yb = dihedral(y_train[idx], flips).long()
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=use_bf16):
+            out = model(pixel_values=_normalise(xb), output_hidden_states=False)
+            logits = F.interpolate(out.logits, size=yb.shape[-2:], mode="bilinear", align_corners=False)
+        loss = F.cross_entropy(logits.float(), yb)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0, foreach=True)
+        opt.step()
+
+        loss_ema = loss.item() if loss_ema is None else 0.98 * loss_ema + 0.02 * loss.item()
+        bar.update(1)
+        bar.set_postfix(loss=f"{loss_ema:.3f}", lr=f"{lr:.1e}", refresh=False)
+        if time.perf_counter() - last_load_t >= 30.0:
+            loads.append(load_average())
+            last_load_t = time.perf_counter()
+        if args.eval_every and (step + 1) % args.eval_every == 0:
+            s = evaluate(model, x_test[:200], y_test[:200])
+            model.train()
+            bar.write(f"step {step + 1}: loss {loss_ema:.3f} lr {lr:.1e} mIoU (200 test) {s['miou']:.4f} "
+                      f"PA {s['pixel_accuracy']:.4f} IoU " + " ".join(f"{v:.2f}" for v in s["iou"])
+                      + f" [{time.perf_counter() - t_train0:.0f} s]")
+
+
 def _run(argv: Sequence[str] | None) -> int:
     t0 = time.perf_counter()
     args = _parse(argv)
@@ -282,7 +325,6 @@ def _run(argv: Sequence[str] | None) -> int:
         raise SystemExit("--steps, --n-train, --n-test, --batch-size and --threads must be >= 1")
 
     import transformers
-    from safetensors.torch import load_file, save_file
     from tqdm import tqdm
 
     torch.set_num_threads(args.threads)
@@ -314,47 +356,10 @@ def _run(argv: Sequence[str] | None) -> int:
         f"on {args.threads} threads")
 
     n, bs = len(x_train), min(args.batch_size, len(x_train))
-    perm = torch.randperm(n, generator=g)
-    pos = 0
-    loss_ema = None
     cpu0 = time.process_time()
     t_train0 = time.perf_counter()
-    last_load_t = t_train0
     bar = tqdm(total=args.steps, disable=args.no_progress, unit="step", dynamic_ncols=True, mininterval=2.0)
-    model.train()
-    for step in range(args.steps):
-        lr = args.lr * lr_factor(step / args.steps, args.warmup_frac, args.min_lr_frac)
-        for grp in opt.param_groups:
-            grp["lr"] = lr
-        if pos + bs > n:
-            perm = torch.randperm(n, generator=g)
-            pos = 0
-        idx = perm[pos : pos + bs]
-        pos += bs
-        flips = torch.randint(0, 2, (len(idx), 3), generator=g).bool()
-        xb = dihedral(x_train[idx], flips)
-        yb = dihedral(y_train[idx], flips).long()
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=use_bf16):
-            out = model(pixel_values=_normalise(xb), output_hidden_states=False)
-            logits = F.interpolate(out.logits, size=yb.shape[-2:], mode="bilinear", align_corners=False)
-        loss = F.cross_entropy(logits.float(), yb)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0, foreach=True)
-        opt.step()
-
-        loss_ema = loss.item() if loss_ema is None else 0.98 * loss_ema + 0.02 * loss.item()
-        bar.update(1)
-        bar.set_postfix(loss=f"{loss_ema:.3f}", lr=f"{lr:.1e}", refresh=False)
-        if time.perf_counter() - last_load_t >= 30.0:
-            loads.append(load_average())
-            last_load_t = time.perf_counter()
-        if args.eval_every and (step + 1) % args.eval_every == 0:
-            s = evaluate(model, x_test[:200], y_test[:200])
-            model.train()
-            bar.write(f"step {step + 1}: loss {loss_ema:.3f} lr {lr:.1e} mIoU (200 test) {s['miou']:.4f} "
-                      f"PA {s['pixel_accuracy']:.4f} IoU " + " ".join(f"{v:.2f}" for v in s["iou"])
-                      + f" [{time.perf_counter() - t_train0:.0f} s]")
+    _train_steps(args, model, opt, g, x_train, y_train, x_test, y_test, use_bf16, bar, t_train0, loads)
     bar.close()
     training_time = time.perf_counter() - t_train0
     cpu_time = time.process_time() - cpu0
@@ -366,17 +371,9 @@ def _run(argv: Sequence[str] | None) -> int:
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
     w_path = out / f"{NAME}.safetensors"
-    state = {k: (v.detach().to(torch.float16) if v.is_floating_point() else v.detach()).contiguous()
-             for k, v in model.state_dict().items()}
-    tmp = w_path.with_suffix(".safetensors.tmp")
-    save_file(state, str(tmp), metadata={"name": NAME, "format": "pt", "seed": str(args.seed)})
-    os.chmod(tmp, 0o644)  # safetensors creates owner-only files; shipped package data must be world-readable
-    os.replace(tmp, w_path)
+    save_fp16_weights(model, w_path, NAME, args.seed, mode=0o644)
 
-    shipped = build_shapes_segformer()
-    ref = shipped.state_dict()
-    shipped.load_state_dict({k: v.to(ref[k].dtype) for k, v in load_file(str(w_path)).items()}, strict=True)
-    scores = evaluate(shipped, x_test, y_test)
+    scores = evaluate(load_stored(build_shapes_segformer, w_path), x_test, y_test)
 
     total_time = time.perf_counter() - t0
     data = w_path.read_bytes()

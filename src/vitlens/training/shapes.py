@@ -36,13 +36,12 @@ import datetime as _dt
 import hashlib
 import json
 import math
-import os
 import platform
 import shlex
 import sys
 import time
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import torch
@@ -51,19 +50,32 @@ import torch.nn.functional as F
 from vitlens.data.scenes import CLASS_NAMES, make_scenes
 from vitlens.models.zoo import BUNDLED, SHAPES_MEAN, SHAPES_STD, WEIGHTS_DIR
 from vitlens.training.common import attention_gini as _attention_gini
+from vitlens.runtime import write_model_card
 from vitlens.training.common import (
+    BatchSampler,
+    ThreadChooser,
     add_common_options,
+    card_class_table,
+    card_gini_table,
+    card_software_lines,
     cpu_has_bf16,
     cpu_name,
     describe_load,
     dihedral,
+    explicit_attention,
     fmt_time,
     gini,
+    gini_record,
     load_average,
     lr_factor,
     make_scenes_parallel,
+    mimetic_init,
     normalise,
     param_groups,
+    remeasure,
+    save_fp16_weights,
+    set_lr,
+    sincos_pos_init,
 )
 
 __all__ = ["main", "attention_gini", "gini", "MODELS"]
@@ -171,96 +183,6 @@ def _aux_targets(masks: torch.Tensor, labels: torch.Tensor, patch: int, num_clas
     return tok, pix
 
 
-class _ThreadChooser:
-    """Pick the faster of ``threads`` and 1 intra-op threads, re-probing periodically.
-
-    On a dedicated machine ``threads`` (2) is fastest; when other processes compete for the cores, a 2-thread
-    OpenMP region can stall on a descheduled thread and one thread is often several times faster. Every
-    ``every`` steps the other setting is timed for ``probe`` steps and the one with the lower median step time is kept.
-    """
-
-    def __init__(self, threads: int, adaptive: bool = True, every: int = 100, probe: int = 4) -> None:
-        self.options = [threads, 1] if adaptive and threads > 1 else [threads]
-        self.current = threads
-        self.every, self.probe = every, probe
-        self.times: dict[int, list[float]] = {o: [] for o in self.options}
-        self._probing_until = -1
-        self._base = threads
-        torch.set_num_threads(threads)
-
-    def start(self, step: int) -> float:
-        if len(self.options) > 1:
-            if step > 0 and step % self.every == 10 % self.every and self._probing_until < step:
-                self._base = self.current
-                other = self.options[1] if self.current == self.options[0] else self.options[0]
-                self._set(other)
-                self._probing_until = step + self.probe
-                self.times[other] = []
-            elif step == self._probing_until:
-                probe_t = self.times[self.current]
-                base_t = self.times[self._base][-8:]
-                if not (probe_t and base_t and _median(probe_t[1:] or probe_t) < 0.9 * _median(base_t)):
-                    self._set(self._base)
-        return time.perf_counter()
-
-    def stop(self, t_start: float) -> None:
-        self.times[self.current].append(time.perf_counter() - t_start)
-        self.times[self.current] = self.times[self.current][-16:]
-
-    def _set(self, n: int) -> None:
-        self.current = n
-        torch.set_num_threads(n)
-
-
-@torch.no_grad()
-def _mimetic_init(model: torch.nn.Module, g: torch.Generator, a1: float = 0.7, b1: float = 0.7,
-                  a2: float = 0.4, b2: float = 0.4) -> None:
-    """Mimetic initialisation of self-attention (Trockman & Kolter, 2023): per head, ``W_q W_k^T ≈ a1 Z + b1 I``
-    and ``W_v W_o ≈ a2 Z - b2 I`` with ``Z ~ N(0, 1/d)``; factors from a truncated SVD. Changes only initial values."""
-    for blk in model.blocks:
-        attn = blk.attn
-        d = attn.qkv.in_features
-        h = attn.num_heads
-        k = d // h
-        wq, wk, wv = attn.qkv.weight.view(3, h, k, d).unbind(0)  # (h, k, d) each (out, in)
-        wo = attn.proj.weight.view(d, h, k)  # (out d, h, k)
-        for i in range(h):
-            z = torch.randn(d, d, generator=g) / math.sqrt(d)
-            u, s, vt = torch.linalg.svd(a1 * z + b1 * torch.eye(d))
-            # q.k = x^T Wq^T Wk x ; want Wq^T Wk = M -> Wq^T = U_k sqrt(S_k), Wk = sqrt(S_k) Vt_k
-            wq[i].copy_((u[:, :k] * s[:k].sqrt()).T)
-            wk[i].copy_(s[:k].sqrt()[:, None] * vt[:k])
-            z = torch.randn(d, d, generator=g) / math.sqrt(d)
-            u, s, vt = torch.linalg.svd(a2 * z - b2 * torch.eye(d))
-            # out = Wo Wv x ; want Wo Wv = M -> Wo = U_k sqrt(S_k), Wv = sqrt(S_k) Vt_k
-            wo[:, i].copy_(u[:, :k] * s[:k].sqrt())
-            wv[i].copy_(s[:k].sqrt()[:, None] * vt[:k])
-
-
-@torch.no_grad()
-def _sincos_pos_init(model: torch.nn.Module, amplitude: float = 1.0) -> None:
-    """Initialise the learned patch position embeddings with a 2-D sine/cosine code (CLS position left as is).
-
-    Frequencies are spread geometrically between 2π/16 and 2π/2.5 radians per token, suited to a small grid, so the
-    Gram matrix of the codes decays with token distance (attention starts out local)."""
-    pe = model.pos_embed  # (1, prefix + gh * gw, D)
-    d = pe.shape[-1]
-    gh, gw = model.patch_embed.grid_size
-    nf = d // 4
-    omega = 2 * math.pi / torch.logspace(math.log10(16.0), math.log10(2.5), nf)
-    yy, xx = torch.meshgrid(torch.arange(gh, dtype=torch.float32), torch.arange(gw, dtype=torch.float32),
-                            indexing="ij")
-    ay = yy.reshape(-1, 1) * omega
-    ax = xx.reshape(-1, 1) * omega
-    code = torch.cat([ay.sin(), ay.cos(), ax.sin(), ax.cos()], dim=1)  # (gh * gw, D)
-    prefix = pe.shape[1] - gh * gw
-    pe[0, prefix:] = amplitude * code
-
-
-def _median(xs: list[float]) -> float:
-    return float(np.median(xs))
-
-
 @torch.inference_mode()
 def _predict(model: torch.nn.Module, images: torch.Tensor, batch: int = 500) -> torch.Tensor:
     """Predicted labels ``(N,)`` for raw ``(N, 3, H, W)`` images in [0, 1]."""
@@ -323,21 +245,15 @@ def _write_card(path: Path, meta: dict, gini_lh: np.ndarray) -> None:
         f"- training time (measured): {fmt_time(meta['training_time_s'])} of training, "
         f"{fmt_time(meta['total_time_s'])} for the whole command, on {meta['threads']} CPU threads "
         f"({meta['cpu']}). " + meta.get("load_note", ""),
-        f"- torch {meta['torch_version']}, timm {meta['timm_version']}, numpy {meta['numpy_version']}; "
-        f"date {meta['date']}",
-        f"- weights stored as {meta['weights_dtype']} safetensors ({meta['weights_bytes'] / 1e6:.1f} MB, "
-        f"sha256 `{meta['weights_sha256'][:16]}…`)",
+        *card_software_lines(meta),
         *([f"- provenance: {meta['provenance']}"] if meta.get("provenance") else []),
         "",
         "## Accuracy (measured on the held-out test set with the shipped weights)",
         "",
         f"**Test accuracy: {meta['test_accuracy']:.2%}** ({meta['n_test']:,} images)",
         "",
-        "| class | accuracy | n |",
-        "|---|---|---|",
+        *card_class_table(per_class, CLASS_NAMES),
     ]
-    for name in CLASS_NAMES:
-        lines.append(f"| {name} | {per_class[name]['accuracy']:.2%} | {per_class[name]['n']} |")
     lines += [
         "",
         "## Attention heads",
@@ -346,21 +262,183 @@ def _write_card(path: Path, meta: dict, gini_lh: np.ndarray) -> None:
         "on a single token), averaged over all rows and the first 500 test images, per head; min / mean / max over "
         "the 6 heads of each layer. A wide spread means the heads of a layer are heterogeneous.",
         "",
-        "| layer | min | mean | max | spread (max − min) |",
-        "|---|---|---|---|---|",
+        *card_gini_table(gini_lh),
     ]
-    for li, row in enumerate(gini_lh):
-        lines.append(f"| {li} | {row.min():.3f} | {row.mean():.3f} | {row.max():.3f} | {row.max() - row.min():.3f} |")
-    lines += [
-        "",
-        "Per-head values (layer × head):",
-        "",
-        "```",
-        *(" ".join(f"{v:.3f}" for v in row) for row in gini_lh),
-        "```",
-        "",
-    ]
-    path.write_text("\n".join(lines), encoding="utf-8")
+    write_model_card(path, lines)
+
+
+def _batch_loss(args: argparse.Namespace, model: Any, idx: torch.Tensor, flips: torch.Tensor, progress: float,
+                x_train: torch.Tensor, m_train: torch.Tensor, y_train: torch.Tensor, teacher_pred: torch.Tensor | None,
+                aux_head: torch.nn.Module, pix_head: torch.nn.Module, use_bf16: bool
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One training batch (augmented, low resolution early on) through the model: ``(loss, logits, labels)``."""
+    xb, mb = x_train[idx], m_train[idx]
+    xb = dihedral(xb, flips)
+    mb = dihedral(mb, flips).float()[:, None]  # (B, 1, H, W)
+    if progress < args.lowres_frac:  # cheap low-resolution phase (fewer tokens)
+        xb = F.interpolate(xb, size=args.lowres_size, mode="bilinear", antialias=True, align_corners=False)
+        mb = F.interpolate(mb, size=args.lowres_size, mode="area")
+    xb = _normalise(xb)
+    yb = y_train[idx]
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=use_bf16):
+        feats = model.forward_features(xb)  # (B, 1 + T, D), final norm applied
+        logits = model.forward_head(feats)
+    if teacher_pred is not None:  # DeiT hard distillation: CLS head ← labels, DIST head ← teacher predictions
+        y_teacher = teacher_pred[idx]
+        logits, logits_dist = logits[0].float(), logits[1].float()
+        loss = 0.5 * F.cross_entropy(logits, yb, label_smoothing=args.label_smoothing) + 0.5 * F.cross_entropy(
+            logits_dist, y_teacher)
+        logits = 0.5 * (logits + logits_dist.detach())
+    else:
+        logits = logits.float()
+        loss = F.cross_entropy(logits, yb, label_smoothing=args.label_smoothing)
+    feats = feats.float()
+    decay = (1.0 - progress) if args.aux_decay else 1.0
+    aux_w, pix_w = args.aux_weight * decay, args.aux_pixel_weight * decay
+    if aux_w > 0 or pix_w > 0:
+        tok_t, pix_t = _aux_targets(mb[:, 0], yb, 8, len(CLASS_NAMES))
+        tokens = feats[:, model.num_prefix_tokens :]
+        if aux_w > 0:
+            aux = -(tok_t * F.log_softmax(aux_head(tokens), -1)).sum(-1).mean()
+            loss = loss + aux_w * aux
+        if pix_w > 0:
+            loss = loss + pix_w * F.binary_cross_entropy_with_logits(pix_head(tokens), pix_t)
+    return loss, logits, yb
+
+
+def _train(args: argparse.Namespace, model: Any, teacher: Any, aux_head: torch.nn.Module, pix_head: torch.nn.Module,
+           opt: torch.optim.Optimizer, x_train: torch.Tensor, y_train: torch.Tensor, m_train: torch.Tensor,
+           x_test: torch.Tensor, y_test: torch.Tensor, deadline: float, log: Callable[[str], None]) -> dict[str, Any]:
+    """The training loop (by steps or by the wall-clock budget); returns what the card and the JSON record."""
+    from tqdm import tqdm
+
+    aux_params = list(aux_head.parameters()) + list(pix_head.parameters())
+    g = torch.Generator().manual_seed(args.seed)
+    n, bs = len(x_train), args.batch_size
+    t_train0 = time.perf_counter()
+    train_budget = max(deadline - args.reserve_s - t_train0, 1.0)
+    by_steps = bool(args.steps)
+    batches = BatchSampler(n, g)
+    step = 0
+    time_limited = False
+    loss_ema = acc_ema = None
+    threads = ThreadChooser(args.threads, adaptive=args.adaptive_threads)
+    if by_steps:
+        bar = tqdm(total=args.steps, disable=args.no_progress, unit="step", dynamic_ncols=True, mininterval=2.0)
+    else:
+        bar = tqdm(total=round(train_budget), disable=args.no_progress, unit="s", dynamic_ncols=True,
+                   mininterval=2.0, bar_format="{l_bar}{bar}| {n:.0f}/{total:.0f} s [{elapsed}<{remaining}{postfix}]")
+    use_bf16 = args.precision == "bf16" or (args.precision == "auto" and cpu_has_bf16())
+    teacher_pred = None
+    if teacher is not None:
+        # The teacher's hard predictions, once per training image rather than per augmented batch: the dihedral
+        # transforms never change a scene's class, and one pass over the 24,000 images replaces a teacher forward in
+        # every step (1,500 steps x 128 = 192,000 images).
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=use_bf16):
+            teacher_pred = _predict(teacher, x_train)
+        agree = (teacher_pred == y_train).float().mean().item()
+        log(f"teacher predictions on the training set ready ({agree:.2%} agree with the labels)")
+    log(f"training in {'bf16 autocast' if use_bf16 else 'fp32'}")
+    model.train()
+    loads = [load_average()]
+    cpu0 = time.process_time()
+    # explicit attention (softmax(q k^T) v) trains faster on CPU than the fused kernel, much faster in bf16; the
+    # flags are restored afterwards, also after an exception
+    with explicit_attention(model):
+        while True:
+            now = time.perf_counter()
+            elapsed = now - t_train0
+            if by_steps:
+                progress = step / max(args.steps, 1)
+                if step >= args.steps:
+                    break
+                if elapsed >= train_budget:
+                    time_limited = True
+                    break
+            else:  # the schedule follows wall-clock time, so training ends on time whatever the CPU load
+                progress = elapsed / train_budget
+                if progress >= 1.0:
+                    break
+            if args.stop_after is not None and step >= args.stop_after:
+                break
+            lr = args.lr * lr_factor(progress, args.warmup_frac, args.min_lr_frac)
+            set_lr(opt, lr)
+
+            idx = batches.take(bs)
+            t_step = threads.start(step)
+            flips = torch.randint(0, 2, (len(idx), 3), generator=g).bool()
+            loss, logits, yb = _batch_loss(args, model, idx, flips, progress, x_train, m_train, y_train, teacher_pred,
+                                           aux_head, pix_head, use_bf16)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(list(model.parameters()) + aux_params, 1.0, foreach=True)
+            opt.step()
+            step += 1
+            threads.stop(t_step)
+            if step % 50 == 0:
+                loads.append(load_average())
+
+            acc = (logits.argmax(-1) == yb).float().mean().item()
+            loss_ema = loss.item() if loss_ema is None else 0.98 * loss_ema + 0.02 * loss.item()
+            acc_ema = acc if acc_ema is None else 0.98 * acc_ema + 0.02 * acc
+            if by_steps:
+                bar.update(1)
+            else:
+                bar.update(min(time.perf_counter() - t_train0, train_budget) - bar.n)
+            bar.set_postfix(step=step, loss=f"{loss_ema:.3f}", acc=f"{acc_ema:.3f}", lr=f"{lr:.1e}",
+                            thr=threads.current, refresh=False)
+            if args.eval_every and step % args.eval_every == 0:
+                val = (_predict(model, x_test[:500]) == y_test[:500]).float().mean().item()
+                model.train()
+                bar.write(f"step {step}: loss {loss_ema:.3f} train acc {acc_ema:.3f} lr {lr:.1e} "
+                          f"test acc (500) {val:.3f} threads {threads.current} [{time.perf_counter() - t_train0:.0f} s]")
+    bar.close()
+    training_time = time.perf_counter() - t_train0
+    cpu_time = time.process_time() - cpu0
+    loads.append(load_average())
+    return {"step": step, "time_limited": time_limited, "training_time": training_time, "cpu_time": cpu_time,
+            "loads": loads, "use_bf16": use_bf16}
+
+
+def _build(args: argparse.Namespace, name: str, log: Callable[[str], None]
+           ) -> tuple[Any, Any, int, torch.nn.Linear, torch.nn.Linear, torch.optim.Optimizer]:
+    """The model to train (initialised), the DeiT teacher (or ``None``), the parameter count, the auxiliary
+    token-label and pixel heads (training only; not part of the shipped model) and the AdamW optimiser."""
+    model: Any = BUNDLED[name].build()
+    distilled = getattr(model, "head_dist", None) is not None
+    teacher = None
+    if distilled:  # DeiT: the DIST head learns the teacher's hard predictions
+        from vitlens.models.zoo import load_bundled
+
+        teacher = load_bundled(args.teacher)
+        log(f"teacher {args.teacher}: hard-label distillation into the DIST head")
+        model.set_distilled_training(True)
+    n_params = sum(p.numel() for p in model.parameters())
+    if args.init == "mimetic":
+        mimetic_init(model, g=torch.Generator().manual_seed(args.seed + 1))
+    if args.pos_init == "sincos":
+        sincos_pos_init(model)
+    # auxiliary token-label head (training only; not part of the shipped model)
+    aux_head = torch.nn.Linear(model.embed_dim, len(CLASS_NAMES) + 1)
+    pix_head = torch.nn.Linear(model.embed_dim, 64)
+    groups = param_groups(model, args.weight_decay)
+    groups[0]["params"] += [aux_head.weight, pix_head.weight]
+    groups[1]["params"] += [aux_head.bias, pix_head.bias]
+    opt = torch.optim.AdamW(groups, lr=args.lr, betas=(0.9, 0.999), fused=True)  # fused: one kernel, not a loop
+    return model, teacher, n_params, aux_head, pix_head, opt
+
+
+def _export(args: argparse.Namespace, name: str, model: Any, x_test: torch.Tensor, y_test: torch.Tensor
+            ) -> tuple[Path, float, dict[str, dict[str, Any]], np.ndarray]:
+    """Store the weights as float16 safetensors and re-measure the stored model: ``(weights path, test accuracy,
+    per-class accuracy, attention Gini (layers, heads))``."""
+    out: Path = args.out
+    out.mkdir(parents=True, exist_ok=True)
+    w_path = out / f"{name}.safetensors"
+    save_fp16_weights(model, w_path, name, args.seed, mode=0o644)
+    shipped, test_acc, per_class = remeasure(BUNDLED[name].build, w_path, x_test, y_test, CLASS_NAMES, _predict)
+    gini_lh = attention_gini(shipped, x_test[:500])
+    return w_path, test_acc, per_class, gini_lh
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -377,9 +455,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     target_acc = MODELS[name][1]
 
     import timm  # noqa: F401  (fail early if missing)
-    from safetensors.torch import load_file, save_file
-    from tqdm import tqdm
-
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     np.random.seed(args.seed)
@@ -398,151 +473,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     log(f"data ready after {time.perf_counter() - t0:.1f} s")
 
     # ---- model / optimiser ----------------------------------------------------------------------------------------
-    model = BUNDLED[name].build()
-    distilled = getattr(model, "head_dist", None) is not None
-    teacher = None
-    if distilled:  # DeiT: the DIST head learns the teacher's hard predictions
-        from vitlens.models.zoo import load_bundled
-
-        teacher = load_bundled(args.teacher)
-        log(f"teacher {args.teacher}: hard-label distillation into the DIST head")
-        model.set_distilled_training(True)
-    n_params = sum(p.numel() for p in model.parameters())
-    if args.init == "mimetic":
-        _mimetic_init(model, g=torch.Generator().manual_seed(args.seed + 1))
-    if args.pos_init == "sincos":
-        _sincos_pos_init(model)
-    # auxiliary token-label head (training only; not part of the shipped model)
-    aux_head = torch.nn.Linear(model.embed_dim, len(CLASS_NAMES) + 1)
-    pix_head = torch.nn.Linear(model.embed_dim, 64)
-    aux_params = list(aux_head.parameters()) + list(pix_head.parameters())
-    groups = param_groups(model, args.weight_decay)
-    groups[0]["params"] += [aux_head.weight, pix_head.weight]
-    groups[1]["params"] += [aux_head.bias, pix_head.bias]
-    opt = torch.optim.AdamW(groups, lr=args.lr, betas=(0.9, 0.999), fused=True)  # fused: one kernel, not a loop
-    g = torch.Generator().manual_seed(args.seed)
-
+    model, teacher, n_params, aux_head, pix_head, opt = _build(args, name, log)
+    distilled = teacher is not None
+    run = _train(args, model, teacher, aux_head, pix_head, opt, x_train, y_train, m_train, x_test, y_test, deadline,
+                 log)
+    step, time_limited, use_bf16 = run["step"], run["time_limited"], run["use_bf16"]
+    training_time, cpu_time = run["training_time"], run["cpu_time"]
     n, bs = len(x_train), args.batch_size
-    t_train0 = time.perf_counter()
-    train_budget = max(deadline - args.reserve_s - t_train0, 1.0)
-    by_steps = bool(args.steps)
-    perm = torch.randperm(n, generator=g)
-    pos = 0
-    step = 0
-    time_limited = False
-    loss_ema = acc_ema = None
-    threads = _ThreadChooser(args.threads, adaptive=args.adaptive_threads)
-    if by_steps:
-        bar = tqdm(total=args.steps, disable=args.no_progress, unit="step", dynamic_ncols=True, mininterval=2.0)
-    else:
-        bar = tqdm(total=round(train_budget), disable=args.no_progress, unit="s", dynamic_ncols=True,
-                   mininterval=2.0, bar_format="{l_bar}{bar}| {n:.0f}/{total:.0f} s [{elapsed}<{remaining}{postfix}]")
-    use_bf16 = args.precision == "bf16" or (args.precision == "auto" and cpu_has_bf16())
-    teacher_pred = None
-    if teacher is not None:
-        # The teacher's hard predictions, once per training image rather than per augmented batch: the dihedral
-        # transforms never change a scene's class, and one pass over the 24,000 images replaces a teacher forward in
-        # every step (1,500 steps x 128 = 192,000 images).
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=use_bf16):
-            teacher_pred = _predict(teacher, x_train)
-        agree = (teacher_pred == y_train).float().mean().item()
-        log(f"teacher predictions on the training set ready ({agree:.2%} agree with the labels)")
-    # explicit attention (softmax(q k^T) v) trains faster on CPU than the fused kernel, much faster in bf16
-    fused = [blk.attn.fused_attn for blk in model.blocks]
-    for blk in model.blocks:
-        blk.attn.fused_attn = False
-    log(f"training in {'bf16 autocast' if use_bf16 else 'fp32'}")
-    model.train()
-    loads = [load_average()]
-    cpu0 = time.process_time()
-    while True:
-        now = time.perf_counter()
-        elapsed = now - t_train0
-        if by_steps:
-            progress = step / max(args.steps, 1)
-            if step >= args.steps:
-                break
-            if elapsed >= train_budget:
-                time_limited = True
-                break
-        else:  # the schedule follows wall-clock time, so training ends on time whatever the CPU load
-            progress = elapsed / train_budget
-            if progress >= 1.0:
-                break
-        if args.stop_after is not None and step >= args.stop_after:
-            break
-        lr = args.lr * lr_factor(progress, args.warmup_frac, args.min_lr_frac)
-        for grp in opt.param_groups:
-            grp["lr"] = lr
-
-        if pos + bs > n:
-            perm = torch.randperm(n, generator=g)
-            pos = 0
-        idx = perm[pos : pos + bs]
-        pos += bs
-        t_step = threads.start(step)
-        flips = torch.randint(0, 2, (len(idx), 3), generator=g).bool()
-        xb, mb = x_train[idx], m_train[idx]
-        xb = dihedral(xb, flips)
-        mb = dihedral(mb, flips).float()[:, None]  # (B, 1, H, W)
-        if progress < args.lowres_frac:  # cheap low-resolution phase (fewer tokens)
-            xb = F.interpolate(xb, size=args.lowres_size, mode="bilinear", antialias=True, align_corners=False)
-            mb = F.interpolate(mb, size=args.lowres_size, mode="area")
-        xb = _normalise(xb)
-        yb = y_train[idx]
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=use_bf16):
-            feats = model.forward_features(xb)  # (B, 1 + T, D), final norm applied
-            logits = model.forward_head(feats)
-        if teacher is not None:  # DeiT hard distillation: CLS head ← labels, DIST head ← teacher predictions
-            y_teacher = teacher_pred[idx]
-            logits, logits_dist = logits[0].float(), logits[1].float()
-            loss = 0.5 * F.cross_entropy(logits, yb, label_smoothing=args.label_smoothing) + 0.5 * F.cross_entropy(
-                logits_dist, y_teacher)
-            logits = 0.5 * (logits + logits_dist.detach())
-        else:
-            logits = logits.float()
-            loss = F.cross_entropy(logits, yb, label_smoothing=args.label_smoothing)
-        feats = feats.float()
-        decay = (1.0 - progress) if args.aux_decay else 1.0
-        aux_w, pix_w = args.aux_weight * decay, args.aux_pixel_weight * decay
-        if aux_w > 0 or pix_w > 0:
-            tok_t, pix_t = _aux_targets(mb[:, 0], yb, 8, len(CLASS_NAMES))
-            tokens = feats[:, model.num_prefix_tokens :]
-            if aux_w > 0:
-                aux = -(tok_t * F.log_softmax(aux_head(tokens), -1)).sum(-1).mean()
-                loss = loss + aux_w * aux
-            if pix_w > 0:
-                loss = loss + pix_w * F.binary_cross_entropy_with_logits(pix_head(tokens), pix_t)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(list(model.parameters()) + aux_params, 1.0, foreach=True)
-        opt.step()
-        step += 1
-        threads.stop(t_step)
-        if step % 50 == 0:
-            loads.append(load_average())
-
-        acc = (logits.argmax(-1) == yb).float().mean().item()
-        loss_ema = loss.item() if loss_ema is None else 0.98 * loss_ema + 0.02 * loss.item()
-        acc_ema = acc if acc_ema is None else 0.98 * acc_ema + 0.02 * acc
-        if by_steps:
-            bar.update(1)
-        else:
-            bar.update(min(time.perf_counter() - t_train0, train_budget) - bar.n)
-        bar.set_postfix(step=step, loss=f"{loss_ema:.3f}", acc=f"{acc_ema:.3f}", lr=f"{lr:.1e}",
-                        thr=threads.current, refresh=False)
-        if args.eval_every and step % args.eval_every == 0:
-            val = (_predict(model, x_test[:500]) == y_test[:500]).float().mean().item()
-            model.train()
-            bar.write(f"step {step}: loss {loss_ema:.3f} train acc {acc_ema:.3f} lr {lr:.1e} "
-                      f"test acc (500) {val:.3f} threads {threads.current} [{time.perf_counter() - t_train0:.0f} s]")
-    bar.close()
-    for blk, f in zip(model.blocks, fused):
-        blk.attn.fused_attn = f
-    training_time = time.perf_counter() - t_train0
-    cpu_time = time.process_time() - cpu0
-    loads.append(load_average())
-    load, load_note = describe_load(loads, args.threads, training_time, cpu_time)
+    load, load_note = describe_load(run["loads"], args.threads, training_time, cpu_time)
     log(f"trained {step} steps ({step * bs / n:.2f} epochs) in {training_time:.1f} s"
         + (" (stopped by the time budget)" if time_limited else ""))
 
@@ -550,29 +488,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     # ---- export and re-measure on the shipped weights ---------------------------------------------------------------
     out: Path = args.out
-    out.mkdir(parents=True, exist_ok=True)
-    w_path = out / f"{name}.safetensors"
-    state = {k: v.detach().to(torch.float16).contiguous() for k, v in model.state_dict().items()}
-    tmp = w_path.with_suffix(".safetensors.tmp")
-    save_file(state, str(tmp), metadata={"name": name, "format": "pt", "seed": str(args.seed)})
-    os.chmod(tmp, 0o644)  # safetensors creates owner-only files; shipped package data must be world-readable
-    os.replace(tmp, w_path)
-
-    shipped = BUNDLED[name].build()
-    ref = shipped.state_dict()
-    shipped.load_state_dict({k: v.to(ref[k].dtype) for k, v in load_file(str(w_path)).items()}, strict=True)
-    shipped.eval()
-    pred = _predict(shipped, x_test)
-    correct = pred == y_test
-    test_acc = correct.float().mean().item()
-    per_class = {
-        name: {
-            "accuracy": float(correct[y_test == c].float().mean().item()) if (y_test == c).any() else float("nan"),
-            "n": int((y_test == c).sum().item()),
-        }
-        for c, name in enumerate(CLASS_NAMES)
-    }
-    gini_lh = attention_gini(shipped, x_test[:500])
+    w_path, test_acc, per_class, gini_lh = _export(args, name, model, x_test, y_test)
 
     import timm as _timm
 
@@ -613,14 +529,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "test_accuracy": test_acc,
         "test_accuracy_fp32_before_export": acc_fp32,
         "per_class_accuracy": per_class,
-        "attention_gini": {
-            "definition": "per head: Gini of each attention row, averaged over rows and the first 500 test images",
-            "per_layer": [
-                {"layer": li, "min": float(r.min()), "mean": float(r.mean()), "max": float(r.max())}
-                for li, r in enumerate(gini_lh)
-            ],
-            "per_head": [[round(float(v), 5) for v in r] for r in gini_lh],
-        },
+        "attention_gini": gini_record(gini_lh, "per head: Gini of each attention row, averaged over rows and the "
+                                               "first 500 test images"),
         "n_params": n_params,
         "weights_file": w_path.name,
         "weights_dtype": "float16",

@@ -1,0 +1,200 @@
+"""The hooks that find the linear maps of each pre-norm block by their call order, shared by the LRP methods
+(:mod:`.chefer_lrp`, :mod:`.attnlrp`): query/key/value projection(s), output projection, MLP in, MLP out, and the
+classifier head(s) after the last block. Package-internal.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator
+
+import torch
+from torch import Tensor, nn
+
+from ..errors import UnsupportedModelError
+from ..models import Adapter
+from ..models.base import Recording
+
+__all__ = ["BlockLinears", "LinearTaps"]
+
+
+# -- the hooks that find a block's linear maps ------------------------------------------------------------------
+@dataclass
+class BlockLinears:
+    """The linear maps of one pre-norm block, found by call order, and what they saw in the forward pass.
+
+    ``q``, ``k``, ``v`` are ``(B, heads, T, d_head)`` and stay in the autograd graph; ``qkv_weights`` holds the rows
+    of the projection weight(s) that produce ``q``, ``k`` and ``v`` (in that order).
+    """
+
+    stage: str = "start"
+    n1: Tensor | None = None  # input of the query/key/value projection(s) (the LN₁ output)
+    group: list[nn.Linear] = field(default_factory=list)
+    group_out: list[Tensor] = field(default_factory=list)
+    q: Tensor | None = None
+    k: Tensor | None = None
+    v: Tensor | None = None
+    qkv_weights: tuple[Tensor, Tensor, Tensor] | None = None
+    attn: Tensor | None = None  # softmax(q·kᵀ/√d) recomputed without gradient when q/k/v were identified
+    proj: nn.Linear | None = None
+    ctx: Tensor | None = None  # input of the output projection, (B, T, heads·d_head)
+    fc1: nn.Linear | None = None
+    fc1_in: Tensor | None = None
+    fc1_out: Tensor | None = None
+    fc2: nn.Linear | None = None
+    fc2_in: Tensor | None = None
+
+
+class LinearTaps:
+    """Hooks that record the ``nn.Linear`` calls of every block of a pre-norm ViT and of the head(s) after it.
+
+    Inside a block the roles follow from the call order: the first linear call(s) sharing one input tensor are the
+    query/key/value projection(s) (one fused ``qkv`` or three separate ones); the next call is the output projection;
+    then the MLP's first and second linear maps. Which projection output is query, key and value is checked
+    numerically: value is the tensor the adapter captured as the values, and query/key are the assignment for which
+    ``softmax(q·kᵀ/√d)·v`` reproduces the output projection's input. Anything else (gates, q/k norms, more linear
+    maps) raises :class:`UnsupportedModelError`.
+
+    ``rewrite_ctx(block_linears, ctx) -> ctx'`` and ``rewrite_act(fc1_out, fc2_in) -> fc2_in'`` may replace the
+    inputs of the output projection and of the second MLP map (used by :mod:`.attnlrp` to impose LRP rules on the
+    backward pass).
+    Linear calls outside the blocks that happen after the last block are the classifier head(s): ``heads`` holds
+    ``(module, input, output)`` for each, detached.
+    """
+
+    def __init__(self, adapter: Adapter, rec: Recording,
+                 rewrite_ctx: Callable[["BlockLinears", Tensor], Tensor] | None = None,
+                 rewrite_act: Callable[[Tensor, Tensor], Tensor] | None = None) -> None:
+        self.adapter = adapter
+        self.rec = rec
+        self.rewrite_ctx = rewrite_ctx
+        self.rewrite_act = rewrite_act
+        self.blocks: list[BlockLinears] = []
+        self.heads: list[tuple[nn.Linear, Tensor, Tensor]] = []
+        self._after_blocks = False
+
+    @contextlib.contextmanager
+    def installed(self) -> Iterator["LinearTaps"]:
+        """Register the hooks for the duration of the context (removed on exit, also after an exception)."""
+        handles: list[Any] = []
+        try:
+            blocks = list(self.adapter.blocks())
+            inside: set[int] = set()
+            self.blocks = [BlockLinears() for _ in blocks]
+            for i, blk in enumerate(blocks):
+                for mod in blk.modules():
+                    inside.add(id(mod))
+                    if isinstance(mod, nn.Linear):
+                        handles.append(mod.register_forward_pre_hook(self._pre_hook(i)))
+                        handles.append(mod.register_forward_hook(self._post_hook(i)))
+            for mod in self.adapter.model.modules():
+                if isinstance(mod, nn.Linear) and id(mod) not in inside:
+                    handles.append(mod.register_forward_hook(self._head_hook))
+            handles.append(blocks[0].register_forward_pre_hook(self._reset))
+            handles.append(blocks[-1].register_forward_hook(self._last_block_done))
+            yield self
+        finally:
+            for h in handles:
+                h.remove()
+
+    # -- hooks ---------------------------------------------------------------------------------------------------
+    def _reset(self, module: nn.Module, args: tuple) -> None:
+        self._after_blocks = False
+        self.heads = []
+        self.blocks = [BlockLinears() for _ in self.blocks]
+
+    def _last_block_done(self, module: nn.Module, args: tuple, output: Any) -> None:
+        self._after_blocks = True
+
+    def _head_hook(self, module: nn.Linear, args: tuple, output: Tensor) -> None:
+        if self._after_blocks:
+            self.heads.append((module, args[0].detach(), output.detach()))
+
+    def _pre_hook(self, index: int) -> Callable:
+        def hook(module: nn.Linear, args: tuple):
+            st = self.blocks[index]
+            x = args[0]
+            if st.stage == "start":
+                st.stage, st.n1 = "group", x
+                st.group.append(module)
+                return None
+            if st.stage == "group" and x is st.n1:
+                st.group.append(module)
+                return None
+            if st.stage == "group":
+                st.stage, st.proj, st.ctx = "proj", module, x.detach()
+                self._resolve_qkv(index, st)
+                if self.rewrite_ctx is not None:
+                    return (self.rewrite_ctx(st, x), *args[1:])
+                return None
+            if st.stage == "proj":
+                st.stage, st.fc1, st.fc1_in = "fc1", module, x.detach()
+                return None
+            if st.stage == "fc1":
+                st.stage, st.fc2, st.fc2_in = "fc2", module, x.detach()
+                if st.fc1_out is None or st.fc1_out.shape != x.shape:
+                    raise UnsupportedModelError(
+                        f"block {index}: the second MLP map's input is not an elementwise function of the first's "
+                        "output (gated MLPs are not supported); vitlens supports pre-norm blocks with a two-layer MLP")
+                if self.rewrite_act is not None:
+                    return (self.rewrite_act(st.fc1_out, x), *args[1:])
+                return None
+            raise UnsupportedModelError(
+                f"block {index} calls more linear layers than a pre-norm ViT block (q/k/v, output projection, two MLP "
+                "maps); vitlens cannot apply LRP rules to it")
+
+        return hook
+
+    def _post_hook(self, index: int) -> Callable:
+        def hook(module: nn.Module, args: tuple, output: Tensor) -> None:
+            st = self.blocks[index]
+            if st.stage == "group":
+                st.group_out.append(output)
+            elif st.stage == "fc1" and module is st.fc1:
+                st.fc1_out = output
+
+        return hook
+
+    def _resolve_qkv(self, index: int, st: BlockLinears) -> None:
+        value = self.rec.blocks[index].value if index < len(self.rec.blocks) else None
+        if value is None:
+            raise UnsupportedModelError(f"block {index}: the adapter captured no value vectors")
+        b, heads, t, dh = value.shape
+        width = heads * dh
+        parts: list[tuple[Tensor, Tensor]] = []  # (tensor (B, H, T, dh), weight rows (width, D))
+        for mod, out in zip(st.group, st.group_out):
+            if out.shape[-1] % width:
+                raise UnsupportedModelError(
+                    f"block {index}: a projection with {out.shape[-1]} outputs does not fit {heads} heads of {dh}")
+            m = out.shape[-1] // width
+            split = out.reshape(b, t, m, heads, dh)
+            for j in range(m):
+                parts.append((split[:, :, j].transpose(1, 2), mod.weight[j * width:(j + 1) * width]))
+        if len(parts) != 3:
+            raise UnsupportedModelError(
+                f"block {index}: expected query, key and value projections, found {len(parts)} projected tensors")
+        vi = [i for i, (p, _) in enumerate(parts) if p.shape == value.shape and torch.equal(p.detach(), value)]
+        if len(vi) != 1:
+            raise UnsupportedModelError(f"block {index}: cannot tell which projection gives the values")
+        rest = [i for i in range(3) if i != vi[0]]
+        ctx = st.ctx
+        scale = dh ** -0.5
+        v = parts[vi[0]][0]
+        exact = 1e-5 * float(ctx.abs().max()) + 1e-7
+        loose = 1e-3 * float(ctx.abs().max()) + 1e-6
+        tried: list[tuple[float, tuple[int, int], Tensor]] = []
+        with torch.no_grad():
+            for qi, ki in (rest, rest[::-1]):  # call order first; the swap only if that is not exact
+                attn = ((parts[qi][0] * scale) @ parts[ki][0].transpose(-2, -1)).softmax(dim=-1)
+                err = float(((attn @ v).transpose(1, 2).reshape(ctx.shape) - ctx).abs().max())
+                tried.append((err, (qi, ki), attn))
+                if err <= exact:
+                    break
+        err, (qi, ki), attn = min(tried, key=lambda e: e[0])
+        if err > loose:
+            raise UnsupportedModelError(
+                f"block {index}: softmax(q·kᵀ/√d)·v does not reproduce the attention output (max error "
+                f"{err:.2e}); attention variants (q/k norms, gates, biases) are not supported")
+        st.q, st.k, st.v, st.attn = parts[qi][0], parts[ki][0], v, attn
+        st.qkv_weights = (parts[qi][1], parts[ki][1], parts[vi[0]][1])
