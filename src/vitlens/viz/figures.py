@@ -77,7 +77,7 @@ def _add_colorbar(fig: Figure, axes: Any, cmap: Colormap, scale: Scale, units: s
 
 
 def split_label(label: str) -> tuple[str, str]:
-    """``'gradskip[alpha=0,skip=fixed]'`` → ``('gradskip', 'alpha=0, skip=fixed')``; a plain name → ``(name, '')``."""
+    """``'gradskip[alpha=0,skip=fixed]'`` → ``('gradskip', 'alpha=0, skip=fixed')``; a plain name: ``(name, '')``."""
     name, sep, rest = str(label).partition("[")
     if sep and rest.endswith("]"):
         return name, rest[:-1].replace(",", ", ")
