@@ -71,8 +71,11 @@ def _add_colorbar(fig: Figure, axes: Any, cmap: Colormap, scale: Scale, units: s
     ticks, labels = _ticks(scale, relative)
     bar.set_ticks(ticks, labels=labels, fontsize=fontsize - 1)
     label = colorbar_label(scale.mode, units)
-    if location != "right":
-        label = textwrap.fill(label, 28)
+    if location == "right":  # wrap to the bar's height so the label is never cut
+        height_in = axes[0].get_figure().get_figheight() if isinstance(axes, list) else fig.get_figheight()
+        label = textwrap.fill(label, max(20, int(height_in * 10)))
+    else:
+        label = textwrap.fill(label, 34)
     bar.set_label(label, fontsize=fontsize)
 
 
@@ -247,7 +250,7 @@ def save_grid(
     ncols = 1 + len(columns)
     chars = max(8, int(col_size * 11))
     heads = [_column_title(t, chars) for t in column_titles]
-    extra = (0.75 if colorbar and columns else 0.0) + (0.45 if captions is not None else 0.0)
+    extra = (0.6 if colorbar and columns else 0.0) + (0.45 if captions is not None else 0.0)
     extra += 0.17 * max(h.count("\n") + 1 for h in heads)
     fig = Figure(figsize=(col_size * ncols + (0.4 if row_labels else 0), col_size * rows + 0.3 + extra),
                  dpi=dpi, layout="constrained")
