@@ -89,9 +89,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
     model_kwargs = _parse_options(args.model_option)
     torch.manual_seed(args.seed)  # random-weight models (pretrained=False) are the same in every process and rerun
     model = vitlens.load_model(args.model, **model_kwargs)
+    data = _with_class_map(args.data, args.class_map)
     config = BenchConfig(
         model=args.model + ("" if not model_kwargs else " " + json.dumps(model_kwargs, sort_keys=True)),
-        data=args.data, methods=split_specs(args.methods), metrics=split_specs(args.metrics),
+        data=data, methods=split_specs(args.methods), metrics=split_specs(args.metrics or _default_metrics(data)),
         n=args.n, batch_size=args.batch, target=args.target, seed=args.seed, show=args.show,
     )
     run_dir = run_benchmark(config, args.out, model=model, progress=not args.quiet)
@@ -100,6 +101,23 @@ def cmd_bench(args: argparse.Namespace) -> int:
         print(summary.read_text())
         print(f"report: {Path(run_dir) / 'report.html'}")
     return 0
+
+
+def _default_metrics(data: str) -> str:
+    """The pointing game where the data has ground-truth regions, insertion/deletion (needs none) elsewhere."""
+    name, _, settings = data.partition(":")
+    has_regions = name in ("scenes", "ade20k") or (name == "imagenet" and "boxes" in settings)
+    return "pointing_game:tolerance=4" if has_regions else "insertion_deletion:preset='aha'"
+
+
+def _with_class_map(data: str, class_map: str | None) -> str:
+    if class_map is None:
+        return data
+    from vitlens.errors import InputError
+
+    if not data.startswith("folder:"):
+        raise InputError(f"--class-map is for --data folder:root=DIR, not {data!r}")
+    return f"{data};class_map={str(Path(class_map))!r}"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -132,7 +150,12 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--data", default="scenes", help="data source spec, e.g. scenes or scenes:seed=7")
     b.add_argument("--methods", nargs="+", default=["gradskip,inputxgradient,random"],
                    help="method specs: name or name:key=value;key=value, comma- or space-separated")
-    b.add_argument("--metrics", nargs="+", default=["pointing_game:tolerance=4"], help="metric specs, same syntax")
+    b.add_argument("--metrics", nargs="+", default=None,
+                   help="metric specs, same syntax (default: pointing_game:tolerance=4 for data with masks or boxes "
+                        "- scenes, imagenet with boxes, ade20k - else insertion_deletion:preset='aha')")
+    b.add_argument("--class-map", default=None, metavar="FILE",
+                   help="for --data folder:root=DIR: map class folders to the model's classes ('folder: class' "
+                        "per line, or JSON); folders not listed are matched to the model's class names")
     b.add_argument("--num-images", "--n", dest="n", type=int, default=None,
                    help="number of images (default: the whole source); under torchrun write --num-images")
     b.add_argument("--batch", type=int, default=25, help="images per unit of work")
