@@ -125,10 +125,14 @@ def _probabilities(model: Any, x: Any) -> Any:
     return logits.float().softmax(-1).cpu() if logits.ndim == 2 else None
 
 
+def _p(prob: float) -> str:
+    return f"{prob:.2f}" if prob >= 0.01 else f"{prob:.1e}"
+
+
 def _caption(cls: int, prob: float | None, names: list[str] | None) -> str:
     name = names[cls] if names and 0 <= cls < len(names) else None
     text = f"{name} (class {cls})" if name else f"class {cls}"
-    return text + ("" if prob is None else f", p = {prob:.2f}")
+    return text + ("" if prob is None else f", p = {_p(prob)}")
 
 
 def cmd_explain(args: argparse.Namespace) -> int:
@@ -232,7 +236,7 @@ def _report_line(record: dict[str, Any], args: argparse.Namespace) -> None:
         return
     first = next(iter(record["methods"].values()))
     what = f"{first['name']} (class {first['class']})" if first["name"] else f"class {first['class']}"
-    prob = "" if first["probability"] is None else f", p = {first['probability']:.2f}"
+    prob = "" if first["probability"] is None else f", p = {_p(first['probability'])}"
     costs = "; ".join(f"{label} {m['forward_passes']:g} fwd + {m['backward_passes']:g} bwd, "
                       f"{1000 * m['seconds']:.0f} ms" for label, m in record["methods"].items())
     where = record.get("grid") or first["figure"]

@@ -11,7 +11,8 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["Column", "column_info", "metric_sentence", "protocol_words", "GROUP_ORDER", "GROUP_QUESTION"]
+__all__ = ["Column", "column_info", "metric_title", "metric_sentence", "protocol_words", "GROUP_ORDER",
+           "GROUP_QUESTION"]
 
 #: Groups in table order, and the question each answers.
 GROUP_ORDER = ("Faithfulness", "Localisation", "Segmentation", "Other", "Cost")
@@ -91,6 +92,22 @@ def column_info(key: str, higher_is_better: bool) -> Column:
     settings = rest[:-1].replace(",", ", ") if rest.endswith("]") else ""
     name, group, position = _OUTPUTS.get((metric, output), (output.replace("_", " "), "Other", 99))
     return Column(key, metric, settings, output, name, group, position, higher_is_better)
+
+
+_TITLES = {
+    "insertion_deletion": "Deletion and insertion",
+    "pos_neg_perturbation": "Positive and negative perturbation",
+    "faithfulness_violation": "Faithfulness violation",
+    "pointing_game": "Pointing game and relevance in object",
+    "segmentation": "Attribution as segmentation",
+}
+
+
+def metric_title(label: str) -> str:
+    """``'insertion_deletion[preset=aha]'`` → ``'Deletion and insertion (preset=aha)'``."""
+    metric, _, rest = label.partition("[")
+    title = _TITLES.get(metric, metric.replace("_", " ").capitalize())
+    return title + (f" ({rest[:-1].replace(',', ', ')})" if rest.endswith("]") else "")
 
 
 def metric_sentence(metric: str) -> str:

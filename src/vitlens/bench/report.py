@@ -15,7 +15,15 @@ from typing import Any
 
 import numpy as np
 
-from .naming import GROUP_ORDER, GROUP_QUESTION, Column, column_info, metric_sentence, protocol_words
+from .naming import (
+    GROUP_ORDER,
+    GROUP_QUESTION,
+    Column,
+    column_info,
+    metric_sentence,
+    metric_title,
+    protocol_words,
+)
 from .report_figures import plot_curves, plot_examples, t95
 from .report_html import render_page
 from .store import read_rows
@@ -199,7 +207,7 @@ def write_report(run_dir: str | Path, config: Any = None) -> dict[str, Path]:
     page = render_page(
         rows=rows, cols=cols, headline=headline, best=best_values(rows, cols), cost_keys=COST_KEYS, cfg=cfg,
         model_description=description, accuracy=accuracy(run_dir), groups=(GROUP_ORDER, GROUP_QUESTION),
-        metric_notes=[(m, metric_sentence(column_info(m + "/x", True).metric), protocol_words(p))
+        metric_notes=[(metric_title(m), metric_sentence(column_info(m + "/x", True).metric), protocol_words(p))
                       for m, p in protocols],
         images={"curves": curves, "examples": examples},
     )
