@@ -75,3 +75,33 @@ def test_models_without_names_number_folders_and_say_so(tmp_path: Path, capsys) 
     assert match_folders(["b", "a"], model) == {"a": 0, "b": 1}
     assert "no class names" in capsys.readouterr().err
     assert match_folders(["3", "0"], model) == {"3": 3, "0": 0}
+
+
+def test_bench_on_own_folder_with_class_map(tmp_path: Path, capsys) -> None:
+    """`vitlens bench --data folder:root=DIR --class-map FILE` on a 1000-class timm ViT: labels are ImageNet
+    indices, and with no masks the default metric is insertion/deletion."""
+    import json
+    import sqlite3
+
+    from vitlens.cli import main
+
+    root = _folder(tmp_path / "mine", {"espresso": 2, "kitty": 2})
+    (tmp_path / "map.txt").write_text("kitty: tabby cat\n")
+    out = tmp_path / "run"
+    code = main(["bench", "--model", "timm:vit_tiny_patch16_224", "--model-option", "pretrained=False",
+                 "--model-option", "img_size=32", "--model-option", "patch_size=8",
+                 "--data", f"folder:root='{root}'", "--class-map", str(tmp_path / "map.txt"),
+                 "--methods", "random", "--batch", "4", "--quiet", "--out", str(out)])
+    assert code == 0
+    config = json.loads((out / "config.json").read_text())
+    assert config["metrics"] == [["insertion_deletion", {"preset": "aha"}]]
+    con = sqlite3.connect(out / "results.sqlite")
+    try:
+        labels = sorted(v for (v,) in con.execute("SELECT label FROM predictions"))
+    finally:
+        con.close()
+    assert labels == [281, 281, 967, 967]
+    assert "Accuracy on these images" in (out / "report.html").read_text()
+    capsys.readouterr()
+    assert main(["bench", "--data", "scenes", "--class-map", "x.txt", "--out", str(tmp_path / "no")]) != 0
+    assert "--class-map is for --data folder" in capsys.readouterr().err
