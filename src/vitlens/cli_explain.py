@@ -136,11 +136,8 @@ def _caption(cls: int, prob: float | None, names: list[str] | None) -> str:
 
 
 def cmd_explain(args: argparse.Namespace) -> int:
-    import numpy as np
-
     import vitlens
     from vitlens import images as vimages
-    from vitlens import viz
     from vitlens.cli import _parse_options
     from vitlens.data.classes import model_class_names
     from vitlens.errors import InputError

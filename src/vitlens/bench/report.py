@@ -179,10 +179,8 @@ def _write_csv(table: list[dict[str, Any]], path: Path) -> None:
 
 def _model_facts(model: str | None) -> tuple[str, list[str] | None]:
     """A bundled model's description and class names (other models: nothing known offline)."""
-    try:
-        from ..models.zoo import BUNDLED
-    except ImportError:  # pragma: no cover - zoo always ships
-        return "", None
+    from ..models.zoo import BUNDLED
+
     spec = BUNDLED.get(str(model))
     if spec is None:
         return "", None

@@ -462,26 +462,19 @@ class ADE20K(_Loader):
 class ImageFolder(_Loader):
     """Every image under ``root`` (recursive; extensions :data:`IMAGE_EXTENSIONS`, hidden files skipped).
 
-    Images inside a first-level subfolder (a class folder) are labelled by it: with ``class_to_index`` (folder name →
-    the model's class index, e.g. from :func:`vitlens.data.classes.match_folders`) by that index, otherwise by the
-    folder's position among the sorted class folders (``class_names`` = those folder names). Images directly in
-    ``root`` get label ``-1`` (unlabelled; ``unlabelled`` lists them). With no subfolders, ``class_names`` is
-    ``None``. EXIF orientation is applied. ``id`` is the path relative to ``root``.
-
-    With a model, use ``ImageFolder.for_model(root, model, class_map=None)``, which matches the folder names to the
-    model's class names.
+    Images in a first-level subfolder (a class folder) are labelled ``class_to_index[folder]`` (e.g. from
+    :func:`vitlens.data.classes.match_folders`; :meth:`for_model` does that), else by the folder's position among the
+    sorted class folders (``class_names``). Images directly in ``root`` get ``-1`` (listed in ``unlabelled``). No
+    subfolders: ``class_names`` is ``None``. EXIF orientation is applied. ``id`` is the path relative to ``root``.
     """
 
     @classmethod
     def for_model(cls, root: str | Path, model: Any, class_map: Any = None) -> "ImageFolder":
-        """An :class:`ImageFolder` whose labels are the model's class indices (folder names matched to its class
-        names, or mapped by ``class_map``: a ``{folder: class}`` dict or a class map file)."""
+        """Labels are the model's class indices: folder names matched to its class names, or ``class_map``."""
         from .classes import match_folders
 
         plain = cls(root)
-        if not plain.class_names:
-            return plain
-        return cls(root, class_to_index=match_folders(plain.class_names, model, class_map))
+        return cls(root, match_folders(plain.class_names, model, class_map)) if plain.class_names else plain
 
     def __init__(self, root: str | Path, class_to_index: Mapping[str, int] | None = None) -> None:
         self.root = _existing_dir(root, "image folder")

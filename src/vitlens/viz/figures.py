@@ -72,8 +72,7 @@ def _add_colorbar(fig: Figure, axes: Any, cmap: Colormap, scale: Scale, units: s
     bar.set_ticks(ticks, labels=labels, fontsize=fontsize - 1)
     label = colorbar_label(scale.mode, units)
     if location == "right":  # wrap to the bar's height so the label is never cut
-        height_in = axes[0].get_figure().get_figheight() if isinstance(axes, list) else fig.get_figheight()
-        label = textwrap.fill(label, max(20, int(height_in * 10)))
+        label = textwrap.fill(label, max(20, int(fig.get_figheight() * 10)))
     else:
         label = textwrap.fill(label, 34)
     bar.set_label(label, fontsize=fontsize)
