@@ -66,7 +66,7 @@ def test_run_writes_tables_plots_and_report(reference_run):
     summary = json.loads((reference_run / "summary.json").read_text())
     assert {s["method"] for s in summary} == {"gradskip", "random", "gradskip[skip=fixed]"}
     assert all(s["pointing_game[tolerance=2]/pointing_game"]["n"] == 24 for s in summary)
-    assert "<table>" in (reference_run / "report.html").read_text()
+    assert "<table class='ranking'" in (reference_run / "report.html").read_text()
 
 
 def test_resume_after_kill_9(tmp_path, reference_run):

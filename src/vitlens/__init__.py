@@ -9,8 +9,9 @@
 torch.Size([4, 64, 64])
 """
 
-from . import data, targets
+from . import data, metrics, targets, viz
 from .api import explain, methods
+from .catalog import describe_methods, list_models
 from .errors import (
     ImageLoadError,
     InputError,
@@ -29,6 +30,8 @@ from ._version import __version__
 __all__ = [
     "explain",
     "methods",
+    "describe_methods",
+    "list_models",
     "load_model",
     "load_images",
     "get_adapter",
@@ -39,7 +42,9 @@ __all__ = [
     "Contrast",
     "SegmentationTarget",
     "data",
+    "metrics",
     "targets",
+    "viz",
     "VitlensError",
     "InputError",
     "TargetError",

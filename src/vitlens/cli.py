@@ -1,4 +1,4 @@
-"""The ``vitlens`` command line: ``demo``, ``explain``, ``methods``."""
+"""The ``vitlens`` command line: ``demo``, ``explain``, ``bench``, ``train-aha``, ``methods``, ``models``."""
 
 from __future__ import annotations
 
@@ -29,68 +29,34 @@ def _parse_options(pairs: Sequence[str]) -> dict[str, Any]:
     return out
 
 
-def _label_names(model: Any) -> list[str] | None:
-    cfg = getattr(model, "pretrained_cfg", None) or {}
-    names = cfg.get("label_names") if isinstance(cfg, dict) else None
-    if names:
-        return list(names)
-    id2label = getattr(getattr(model, "config", None), "id2label", None)
-    if id2label:
-        return [id2label[i] for i in sorted(id2label)]
-    return None
-
-
 def cmd_methods(args: argparse.Namespace) -> int:
     import vitlens
 
-    for name in vitlens.methods():
-        print(name)
+    infos = vitlens.describe_methods()
+    if args.names:
+        print("\n".join(i.name for i in infos))
+        return 0
+    width = max(len(i.name) for i in infos)
+    cost_width = max(len(i.cost) for i in infos)
+    print(f"{'method':<{width}}  {'cost per image (defaults)':<{cost_width}}  what")
+    for i in infos:
+        print(f"{i.name:<{width}}  {i.cost:<{cost_width}}  {i.description}")
     return 0
 
 
-def cmd_explain(args: argparse.Namespace) -> int:
-    import numpy as np
-
+def cmd_models(args: argparse.Namespace) -> int:
     import vitlens
-    from vitlens import images as vimages
-    from vitlens import viz
 
-    model = vitlens.load_model(args.model)
-    cfg = vimages.data_config(model)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    options = _parse_options(args.option)
-    names = _label_names(model)
-    paths = [Path(p) for p in args.images]
-    from tqdm.auto import tqdm
-
-    for start in tqdm(range(0, len(paths), args.batch), desc=f"explain ({args.method})", unit="batch",
-                      disable=len(paths) <= args.batch):
-        chunk = paths[start:start + args.batch]
-        x = vitlens.load_images([str(p) for p in chunk], cfg)
-        target = None if args.target is None else args.target
-        exp = vitlens.explain(model, x, method=args.method, target=target, **options)
-        pixels = vimages.denormalize(x, cfg)
-        for i, path in enumerate(chunk):
-            stem = out / f"{path.stem}_{args.method}"
-            viz.save_overlay(f"{stem}.png", pixels[i], exp.maps[i])
-            arrays = {"map": exp.maps[i].numpy()}
-            if exp.token_maps is not None:
-                arrays["token_map"] = exp.token_maps[i].numpy()
-            np.savez_compressed(f"{stem}.npz", **arrays)
-            cls = int(exp.targets[i])
-            record = exp.provenance()
-            record.update({
-                "image": str(path), "model": args.model, "target_class": cls,
-                "target_name": names[cls] if names and cls < len(names) else None,
-                "score": float(exp.scores[i]),
-                "remainder": None if exp.remainder is None else float(exp.remainder[i]),
-                "targets": [cls], "scores": [float(exp.scores[i])],
-                "files": {"overlay": f"{stem.name}.png", "maps": f"{stem.name}.npz"},
-            })
-            Path(f"{stem}.json").write_text(json.dumps(record, indent=2))
-            label = record["target_name"] or cls
-            print(f"{path}: class {label} (score {float(exp.scores[i]):.4g}) -> {stem}.png")
+    infos = vitlens.list_models()
+    width = max(len(i.name) for i in infos)
+    for kind, title in (("bundled", "bundled (weights shipped, offline)"), ("packaged", "packaged weights"),
+                        ("family", "families (load your own)")):
+        rows = [i for i in infos if i.kind == kind]
+        if rows:
+            print(f"{title}:")
+            for i in rows:
+                size = f" [input {i.input_size[1]}x{i.input_size[2]} px]" if i.input_size else ""
+                print(f"  {i.name:<{width}}  {i.description}{size}")
     return 0
 
 
@@ -123,9 +89,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
     model_kwargs = _parse_options(args.model_option)
     torch.manual_seed(args.seed)  # random-weight models (pretrained=False) are the same in every process and rerun
     model = vitlens.load_model(args.model, **model_kwargs)
+    data = _with_class_map(args.data, args.class_map)
     config = BenchConfig(
         model=args.model + ("" if not model_kwargs else " " + json.dumps(model_kwargs, sort_keys=True)),
-        data=args.data, methods=split_specs(args.methods), metrics=split_specs(args.metrics),
+        data=data, methods=split_specs(args.methods), metrics=split_specs(args.metrics or _default_metrics(data)),
         n=args.n, batch_size=args.batch, target=args.target, seed=args.seed, show=args.show,
     )
     run_dir = run_benchmark(config, args.out, model=model, progress=not args.quiet)
@@ -134,6 +101,23 @@ def cmd_bench(args: argparse.Namespace) -> int:
         print(summary.read_text())
         print(f"report: {Path(run_dir) / 'report.html'}")
     return 0
+
+
+def _default_metrics(data: str) -> str:
+    """The pointing game where the data has ground-truth regions, insertion/deletion (needs none) elsewhere."""
+    name, _, settings = data.partition(":")
+    has_regions = name in ("scenes", "ade20k") or (name == "imagenet" and "boxes" in settings)
+    return "pointing_game:tolerance=4" if has_regions else "insertion_deletion:preset='aha'"
+
+
+def _with_class_map(data: str, class_map: str | None) -> str:
+    if class_map is None:
+        return data
+    from vitlens.errors import InputError
+
+    if not data.startswith("folder:"):
+        raise InputError(f"--class-map is for --data folder:root=DIR, not {data!r}")
+    return f"{data};class_map={str(Path(class_map))!r}"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -155,15 +139,9 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--out", default="vitlens-demo", help="run directory (rerun to resume)")
     d.set_defaults(func=cmd_demo)
 
-    e = sub.add_parser("explain", help="explain images and save overlays, maps and provenance")
-    e.add_argument("images", nargs="+", help="image files")
-    e.add_argument("--model", default="shapes-vit", help="bundled name, timm:<arch> or hf:<dir>")
-    e.add_argument("--method", default="gradskip")
-    e.add_argument("--target", type=int, default=None, help="class index (default: the predicted class)")
-    e.add_argument("--option", action="append", default=[], metavar="KEY=VALUE", help="method option, repeatable")
-    e.add_argument("--batch", type=int, default=16)
-    e.add_argument("--out", default="vitlens-out")
-    e.set_defaults(func=cmd_explain)
+    from vitlens.cli_explain import add_explain_parser
+
+    add_explain_parser(sub, Formatter)
 
     b = sub.add_parser("bench", help="methods x metrics over a data set; resumable; works under torchrun")
     b.add_argument("--model", default="shapes-vit", help="bundled name, timm:<arch> or hf:<dir>")
@@ -172,7 +150,12 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--data", default="scenes", help="data source spec, e.g. scenes or scenes:seed=7")
     b.add_argument("--methods", nargs="+", default=["gradskip,inputxgradient,random"],
                    help="method specs: name or name:key=value;key=value, comma- or space-separated")
-    b.add_argument("--metrics", nargs="+", default=["pointing_game:tolerance=4"], help="metric specs, same syntax")
+    b.add_argument("--metrics", nargs="+", default=None,
+                   help="metric specs, same syntax (default: pointing_game:tolerance=4 for data with masks or boxes "
+                        "- scenes, imagenet with boxes, ade20k - else insertion_deletion:preset='aha')")
+    b.add_argument("--class-map", default=None, metavar="FILE",
+                   help="for --data folder:root=DIR: map class folders to the model's classes ('folder: class' "
+                        "per line, or JSON); folders not listed are matched to the model's class names")
     b.add_argument("--num-images", "--n", dest="n", type=int, default=None,
                    help="number of images (default: the whole source); under torchrun write --num-images")
     b.add_argument("--batch", type=int, default=25, help="images per unit of work")
@@ -187,9 +170,30 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_train_aha_parser(sub)
 
-    m = sub.add_parser("methods", help="list the registered methods")
+    m = sub.add_parser("methods", help="the registered methods, what they do and what they cost")
+    m.add_argument("--names", action="store_true", help="names only, one per line")
     m.set_defaults(func=cmd_methods)
+
+    models = sub.add_parser("models", help="the bundled models and the supported model families")
+    models.set_defaults(func=cmd_models)
+    _show_defaults(p)
     return p
+
+
+class Formatter(argparse.ArgumentDefaultsHelpFormatter):
+    """``--help`` shows every option's default."""
+
+
+def _show_defaults(parser: argparse.ArgumentParser) -> None:
+    """Every (sub)parser formats its help with :class:`Formatter`; options without a help text still show their
+    default."""
+    parser.formatter_class = Formatter
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for child in action.choices.values():
+                _show_defaults(child)
+        elif action.help is None and action.default not in (None, False, argparse.SUPPRESS):
+            action.help = "default: %(default)s"
 
 
 def main(argv: Sequence[str] | None = None) -> int:

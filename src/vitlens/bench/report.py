@@ -1,10 +1,13 @@
-"""Summary tables (Markdown + CSV), curve plots and an HTML report for a benchmark run directory."""
+"""Summary tables (Markdown + CSV + JSON) and the HTML report of a benchmark run directory.
+
+The report answers "which method is best, on what, at what cost": one table ranked by the headline metric, columns
+under plain names grouped by what they measure, the best value per column marked, cost beside quality; a sentence per
+metric with its protocol in words; the model and its accuracy on the data; curves with 95% bands and AUCs; a gallery.
+"""
 
 from __future__ import annotations
 
-import base64
 import csv
-import html
 import json
 import math
 from pathlib import Path
@@ -12,9 +15,20 @@ from typing import Any
 
 import numpy as np
 
+from .naming import (
+    GROUP_ORDER,
+    GROUP_QUESTION,
+    Column,
+    column_info,
+    metric_sentence,
+    metric_title,
+    protocol_words,
+)
+from .report_figures import plot_curves, plot_examples, t95
+from .report_html import render_page
 from .store import read_rows
 
-__all__ = ["summarise", "write_report"]
+__all__ = ["summarise", "write_report", "ranked", "accuracy"]
 
 
 def _ci95(values: np.ndarray) -> float:
@@ -22,10 +36,7 @@ def _ci95(values: np.ndarray) -> float:
     n = values.size
     if n < 2:
         return float("nan")
-    t = {2: 12.706, 3: 4.303, 4: 3.182, 5: 2.776, 6: 2.571, 7: 2.447, 8: 2.365, 9: 2.306, 10: 2.262,
-         15: 2.145, 20: 2.093, 25: 2.064, 30: 2.045}
-    q = 1.96 if n > 30 else t[min(k for k in t if k >= n)]
-    return float(q * values.std(ddof=1) / math.sqrt(n))
+    return float(t95(n) * values.std(ddof=1) / math.sqrt(n))
 
 
 def summarise(run_dir: str | Path) -> list[dict[str, Any]]:
@@ -59,27 +70,96 @@ def summarise(run_dir: str | Path) -> list[dict[str, Any]]:
     return table
 
 
+COST_KEYS = (("forward_passes", "forward passes"), ("backward_passes", "backward passes"),
+             ("ms_per_image", "ms per image"))
+
+#: Headline metrics in order of preference: the table is ranked by the first one the run has.
+_HEADLINE = ("ins_minus_del", "neg_minus_pos", "miou", "pointing_game", "insertion", "deletion")
+
+
+def columns_of(table: list[dict[str, Any]]) -> list[Column]:
+    """The quality columns of a summary, grouped (faithfulness, localisation, ...) and in a fixed order."""
+    keys: dict[str, bool] = {}
+    for row in table:
+        for k, v in row.items():
+            if isinstance(v, dict):
+                keys.setdefault(k, bool(v["higher_is_better"]))
+    cols = [column_info(k, hib) for k, hib in keys.items()]
+    return sorted(cols, key=lambda c: (GROUP_ORDER.index(c.group), c.metric, c.settings, c.position, c.name))
+
+
+def _mean(row: dict[str, Any], key: str) -> float:
+    v = row.get(key)
+    if isinstance(v, dict):
+        return float(v["mean"])
+    return float("nan") if v is None else float(v)
+
+
+def ranked(table: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], Column | None]:
+    """The rows ranked by the headline column (best first; methods without it last), and that column."""
+    cols = columns_of(table)
+    headline = next((c for h in _HEADLINE for c in cols if c.output == h), cols[0] if cols else None)
+    if headline is None:
+        return list(table), None
+
+    def key(row: dict[str, Any]) -> tuple[int, float]:
+        v = _mean(row, headline.key)
+        return (1, 0.0) if math.isnan(v) else (0, -v if headline.higher_is_better else v)
+
+    return sorted(table, key=key), headline
+
+
+def best_values(table: list[dict[str, Any]], cols: list[Column]) -> dict[str, float]:
+    """Column key → its best mean (highest or lowest by the column's direction; cost: lowest)."""
+    best: dict[str, float] = {}
+    for c in cols:
+        vals = [v for v in (_mean(r, c.key) for r in table) if not math.isnan(v)]
+        if vals:
+            best[c.key] = max(vals) if c.higher_is_better else min(vals)
+    for key, _ in COST_KEYS:
+        vals = [v for v in (_mean(r, key) for r in table) if not math.isnan(v)]
+        if vals and min(vals) < max(vals):  # a tie across all methods marks nothing
+            best[key] = min(vals)
+    return best
+
+
+def accuracy(run_dir: str | Path) -> dict[str, Any]:
+    """The model's top-1 accuracy on the run's labelled images, and its mean top-1 probability."""
+    preds = read_rows(Path(run_dir) / "results.sqlite", "SELECT predicted, probability, label FROM predictions")
+    labelled = [(p, lab) for p, _, lab in preds if lab is not None]
+    out: dict[str, Any] = {"n": len(preds), "labelled": len(labelled),
+                           "mean_probability": float(np.mean([q for _, q, _ in preds])) if preds else None}
+    if labelled:
+        correct = sum(int(p == lab) for p, lab in labelled)
+        out.update(correct=correct, accuracy=correct / len(labelled))
+    return out
+
+
+def _fmt(v: dict[str, Any] | None) -> str:
+    if v is None:
+        return "—"
+    ci = v["ci95"]
+    return f"{v['mean']:.3f}" + ("" if math.isnan(ci) else f" ± {ci:.3f}")
+
+
 def _markdown(table: list[dict[str, Any]]) -> str:
-    keys = sorted({k for row in table for k, v in row.items() if isinstance(v, dict)})
-    head = ["method"] + [f"{k} {'↑' if table_dir(table, k) else '↓'}" for k in keys]
-    head += ["fwd passes", "bwd passes", "ms/image (median)"]
+    rows, headline = ranked(table)
+    cols = columns_of(table)
+    best = best_values(rows, cols)
+    head = ["rank", "method"] + [c.title + (f" ({c.settings})" if c.settings else "") for c in cols]
+    head += ["fwd/bwd passes", "ms per image"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for row in table:
-        cells = [row["method"]]
-        for k in keys:
-            v = row.get(k)
-            cells.append("—" if v is None else f"{v['mean']:.4f} ± {v['ci95']:.4f}")
-        cells += [f"{row.get('forward_passes', float('nan')):g}", f"{row.get('backward_passes', float('nan')):g}",
-                  f"{row.get('ms_per_image', float('nan')):.2f}"]
+    for k, row in enumerate(rows, start=1):
+        cells = [str(k), row["method"]]
+        for c in cols:
+            text = _fmt(row.get(c.key))
+            cells.append(f"**{text}**" if best.get(c.key) == _mean(row, c.key) else text)
+        cells += [f"{_mean(row, 'forward_passes'):g}/{_mean(row, 'backward_passes'):g}",
+                  f"{_mean(row, 'ms_per_image'):.1f}"]
         lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
-
-
-def table_dir(table: list[dict[str, Any]], key: str) -> bool:
-    for row in table:
-        if key in row:
-            return bool(row[key]["higher_is_better"])
-    return True
+    note = (f"Ranked by {headline.title}; " if headline else "") + "mean ± 95% confidence interval over images; " \
+        "best per column in bold; ↑ higher is better, ↓ lower is better."
+    return "\n".join(lines) + "\n\n" + note
 
 
 def _write_csv(table: list[dict[str, Any]], path: Path) -> None:
@@ -97,100 +177,37 @@ def _write_csv(table: list[dict[str, Any]], path: Path) -> None:
             w.writerow(vals)
 
 
-def _plot_curves(run_dir: Path) -> Path | None:
-    rows = read_rows(run_dir / "results.sqlite", "SELECT method, metric, output, x, y FROM curves")
-    if not rows:
-        return None
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
+def _model_facts(model: str | None) -> tuple[str, list[str] | None]:
+    """A bundled model's description and class names (other models: nothing known offline)."""
+    from ..models.zoo import BUNDLED
 
-    groups: dict[tuple[str, str], dict[str, list]] = {}
-    xs: dict[tuple[str, str], list[float]] = {}
-    for method, metric, out, x, y in rows:
-        groups.setdefault((metric, out), {}).setdefault(method, []).append(json.loads(y))
-        xs[(metric, out)] = json.loads(x)
-    fig = Figure(figsize=(4.2 * len(groups), 3.4))
-    FigureCanvasAgg(fig)
-    for k, ((metric, out), by_method) in enumerate(sorted(groups.items())):
-        ax = fig.add_subplot(1, len(groups), k + 1)
-        for method, curves in by_method.items():
-            mean = np.asarray(curves, dtype=float).mean(0)
-            ax.plot(xs[(metric, out)], mean, label=method)
-        ax.set_title(f"{out} ({metric})", fontsize=9)
-        ax.set_xlabel("fraction of features")
-        ax.set_ylabel("score")
-        ax.legend(fontsize=7)
-    fig.tight_layout()
-    path = run_dir / "curves.png"
-    fig.savefig(path, dpi=110)
-    return path
-
-
-def _examples(run_dir: Path, methods: list[str]) -> Path | None:
-    ex = run_dir / "examples"
-    images = sorted(ex.glob("image__*.npy"), key=lambda p: int(p.stem.split("__")[1])) if ex.exists() else []
-    if not images:
-        return None
-    from ..viz import save_grid
-
-    from .specs import safe_label as _safe
-
-    idx = [int(p.stem.split("__")[1]) for p in images]
-    pix = [np.load(p) for p in images]
-    maps = {}
-    for m in methods:
-        files = [ex / f"{_safe(m)}__{i}.npy" for i in idx]
-        if all(f.exists() for f in files):
-            maps[m] = [np.load(f) for f in files]
-    path = run_dir / "examples.png"
-    save_grid(str(path), pix, maps, row_labels=[f"#{i}" for i in idx])
-    return path
-
-
-def _img_tag(path: Path | None) -> str:
-    if path is None:
-        return "<p>(none)</p>"
-    data = base64.b64encode(path.read_bytes()).decode()
-    return f'<img src="data:image/png;base64,{data}" style="max-width:100%">'
+    spec = BUNDLED.get(str(model))
+    if spec is None:
+        return "", None
+    return spec.description, list(spec.class_names) or None
 
 
 def write_report(run_dir: str | Path, config: Any = None) -> dict[str, Path]:
     """Write ``summary.md``, ``summary.csv``, ``summary.json``, ``curves.png``, ``examples.png``, ``report.html``."""
     run_dir = Path(run_dir)
     table = summarise(run_dir)
-    md = _markdown(table)
-    (run_dir / "summary.md").write_text(md + "\n\nMean ± 95% confidence interval over images.\n")
+    (run_dir / "summary.md").write_text(_markdown(table) + "\n")
     _write_csv(table, run_dir / "summary.csv")
     (run_dir / "summary.json").write_text(json.dumps(table, indent=2))
-    curves = _plot_curves(run_dir)
-    examples = _examples(run_dir, [r["method"] for r in table])
+    rows, headline = ranked(table)
+    order = [r["method"] for r in rows]
     cfg = json.loads((run_dir / "config.json").read_text()) if (run_dir / "config.json").exists() else {}
+    description, class_names = _model_facts(cfg.get("model"))
+    curves = plot_curves(run_dir, order)
+    examples = plot_examples(run_dir, order, class_names, str(cfg.get("target", "predicted")))
     protocols = read_rows(run_dir / "results.sqlite", "SELECT DISTINCT metric, protocol FROM results")
-    html_table = _html_table(md)
-    page = f"""<!doctype html><html><head><meta charset="utf-8"><title>vitlens benchmark</title>
-<style>body{{font-family:sans-serif;max-width:1200px;margin:2em auto}}table{{border-collapse:collapse}}
-td,th{{border:1px solid #ccc;padding:4px 8px;font-size:13px}}code{{font-size:12px}}</style></head><body>
-<h1>vitlens benchmark</h1>
-<p>Model <code>{html.escape(str(cfg.get('model')))}</code>, data <code>{html.escape(str(cfg.get('data')))}</code>,
-n = {html.escape(str(cfg.get('n')))}, target: {html.escape(str(cfg.get('target')))}.</p>
-<h2>Quality and cost</h2>{html_table}<p>Mean ± 95% confidence interval over images; ↑ higher is better.</p>
-<h2>Curves</h2>{_img_tag(curves)}
-<h2>Examples</h2>{_img_tag(examples)}
-<h2>Protocols</h2><ul>{''.join(f'<li><b>{html.escape(m)}</b>: <code>{html.escape(p)}</code></li>' for m, p in protocols)}</ul>
-<h2>Configuration</h2><pre>{html.escape(json.dumps(cfg, indent=2))}</pre>
-</body></html>"""
-    (run_dir / "report.html").write_text(page)
+    cols = columns_of(table)
+    page = render_page(
+        rows=rows, cols=cols, headline=headline, best=best_values(rows, cols), cost_keys=COST_KEYS, cfg=cfg,
+        model_description=description, accuracy=accuracy(run_dir), groups=(GROUP_ORDER, GROUP_QUESTION),
+        metric_notes=[(metric_title(m), metric_sentence(column_info(m + "/x", True).metric), protocol_words(p))
+                      for m, p in protocols],
+        images={"curves": curves, "examples": examples},
+    )
+    (run_dir / "report.html").write_text(page, encoding="utf-8")
     return {"summary": run_dir / "summary.md", "report": run_dir / "report.html"}
-
-
-def _html_table(md: str) -> str:
-    lines = [ln for ln in md.splitlines() if ln.startswith("|")]
-    out = ["<table>"]
-    for k, ln in enumerate(lines):
-        if k == 1:
-            continue
-        cells = [c.strip() for c in ln.strip("|").split("|")]
-        tag = "th" if k == 0 else "td"
-        out.append("<tr>" + "".join(f"<{tag}>{html.escape(c)}</{tag}>" for c in cells) + "</tr>")
-    out.append("</table>")
-    return "".join(out)

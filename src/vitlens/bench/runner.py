@@ -112,7 +112,8 @@ def run_benchmark(config: BenchConfig, out: str | Path, model: nn.Module | None 
     written = 0
     try:
         for label, method, idx in units:
-            _run_unit(store, source, net, label, method, metrics, idx, config, run_dir, device)
+            _run_unit(store, source, net, label, method, metrics, idx, config, run_dir, device,
+                      predict=label == methods[0][0])
             written += 1
             bar.update(1)
             if stop_after_units is not None and written >= stop_after_units:
@@ -130,7 +131,7 @@ def run_benchmark(config: BenchConfig, out: str | Path, model: nn.Module | None 
 
 def _run_unit(store: ResultStore, source: Any, model: nn.Module, label: str, method: Any,
               metrics: Sequence[tuple[str, Any]], idx: list[int], config: BenchConfig, run_dir: Path,
-              device: torch.device) -> None:
+              device: torch.device, predict: bool = False) -> None:
     batch = source.batch(idx)
     x = batch["x"].to(device)
     target = None if config.target == "predicted" else batch["labels"].to(device)
@@ -167,4 +168,17 @@ def _run_unit(store: ResultStore, source: Any, model: nn.Module, label: str, met
             pix = ex_dir / f"image__{idx[j]}.npy"
             if not pix.exists():
                 np.save(pix, batch["pixels"][j].cpu().numpy())
-    store.write_unit(rows, costs, curves)
+    store.write_unit(rows, costs, curves, _predictions(model, x, batch.get("labels"), idx) if predict else ())
+
+
+def _predictions(model: nn.Module, x: Tensor, labels: Tensor | None, idx: list[int]) -> list[tuple]:
+    """The model's own answer per image (for the report's accuracy and captions); none for non-classifiers."""
+    from ..models.base import _logits_of
+
+    with torch.no_grad():
+        logits = _logits_of(model(x))
+    if logits.ndim != 2:
+        return []
+    prob, pred = logits.float().softmax(-1).max(-1)
+    lab = [None] * len(idx) if labels is None else [int(v) if int(v) >= 0 else None for v in labels.tolist()]
+    return [(i, int(p), float(q), lab[j]) for j, (i, p, q) in enumerate(zip(idx, pred.tolist(), prob.tolist()))]

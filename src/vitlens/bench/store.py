@@ -45,6 +45,12 @@ CREATE TABLE IF NOT EXISTS curves (
     y TEXT NOT NULL,
     PRIMARY KEY (image, method, metric, output)
 );
+CREATE TABLE IF NOT EXISTS predictions (
+    image INTEGER PRIMARY KEY,
+    predicted INTEGER NOT NULL,
+    probability REAL NOT NULL,
+    label INTEGER
+);
 """
 
 
@@ -83,10 +89,13 @@ class ResultStore:
                 con.close()
         return done
 
-    def write_unit(self, rows: Iterable[tuple], costs: Iterable[tuple], curves: Iterable[tuple] = ()) -> None:
+    def write_unit(self, rows: Iterable[tuple], costs: Iterable[tuple], curves: Iterable[tuple] = (),
+                   predictions: Iterable[tuple] = ()) -> None:
         """Write one unit atomically. ``rows``: (image, image_id, method, metric, output, value, higher, protocol),
-        ``costs``: (image, method, fwd, bwd, seconds), ``curves``: (image, method, metric, output, x_json, y_json)."""
+        ``costs``: (image, method, fwd, bwd, seconds), ``curves``: (image, method, metric, output, x_json, y_json),
+        ``predictions``: (image, predicted class, its probability, label or None) — the model's own answer."""
         with self.con:  # one transaction
+            self.con.executemany("INSERT OR REPLACE INTO predictions VALUES (?,?,?,?)", list(predictions))
             self.con.executemany("INSERT OR REPLACE INTO results VALUES (?,?,?,?,?,?,?,?)", list(rows))
             self.con.executemany("INSERT OR REPLACE INTO curves VALUES (?,?,?,?,?,?)", list(curves))
             self.con.executemany("INSERT OR REPLACE INTO costs VALUES (?,?,?,?,?)", list(costs))
@@ -99,7 +108,7 @@ class ResultStore:
             for shard in sorted(self.shard_dir.glob("rank-*.sqlite")):
                 con.execute("ATTACH DATABASE ? AS shard", (str(shard),))
                 with con:
-                    for table in ("results", "costs", "curves"):
+                    for table in ("results", "costs", "curves", "predictions"):
                         con.execute(f"INSERT OR IGNORE INTO {table} SELECT * FROM shard.{table}")
                 con.execute("DETACH DATABASE shard")
         finally:

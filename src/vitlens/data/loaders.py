@@ -463,12 +463,21 @@ class ADE20K(_Loader):
 class ImageFolder(_Loader):
     """Every image under ``root`` (recursive; extensions :data:`IMAGE_EXTENSIONS`, hidden files skipped).
 
-    Images inside a first-level subfolder get the index of that subfolder among the sorted first-level subfolders
-    that contain images (``class_names`` = those folder names); images directly in ``root`` get label ``-1``. With no
-    subfolders, ``class_names`` is ``None``. EXIF orientation is applied. ``id`` is the path relative to ``root``.
+    Images in a first-level subfolder (a class folder) are labelled ``class_to_index[folder]`` (e.g. from
+    :func:`vitlens.data.classes.match_folders`; :meth:`for_model` does that), else by the folder's position among the
+    sorted class folders (``class_names``). Images directly in ``root`` get ``-1`` (listed in ``unlabelled``). No
+    subfolders: ``class_names`` is ``None``. EXIF orientation is applied. ``id`` is the path relative to ``root``.
     """
 
-    def __init__(self, root: str | Path) -> None:
+    @classmethod
+    def for_model(cls, root: str | Path, model: Any, class_map: Any = None) -> "ImageFolder":
+        """Labels are the model's class indices: folder names matched to its class names, or ``class_map``."""
+        from .classes import match_folders
+
+        plain = cls(root)
+        return cls(root, match_folders(plain.class_names, model, class_map)) if plain.class_names else plain
+
+    def __init__(self, root: str | Path, class_to_index: Mapping[str, int] | None = None) -> None:
         self.root = _existing_dir(root, "image folder")
         files = _images_under(self.root, recursive=True)
         if not files:
@@ -477,9 +486,13 @@ class ImageFolder(_Loader):
             )
         rel = [f.relative_to(self.root) for f in files]
         classes = sorted({r.parts[0] for r in rel if len(r.parts) > 1})
-        index = {c: k for k, c in enumerate(classes)}
-        self.samples = [(f, index[r.parts[0]] if len(r.parts) > 1 else -1) for f, r in zip(files, rel)]
+        index = {c: k for k, c in enumerate(classes)} if class_to_index is None else dict(class_to_index)
+        missing = [c for c in classes if c not in index]
+        if missing:
+            raise InputError(f"class folder(s) {_example(missing)} in '{self.root}' have no class index")
+        self.samples = [(f, int(index[r.parts[0]]) if len(r.parts) > 1 else -1) for f, r in zip(files, rel)]
         self.class_names = classes or None
+        self.unlabelled = [r.as_posix() for r in rel if len(r.parts) == 1] if classes else []
         self._n = len(self.samples)
 
     def __getitem__(self, index: int) -> dict[str, Any]:

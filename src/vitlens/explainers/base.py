@@ -143,6 +143,20 @@ class Explanation:
     def __len__(self) -> int:
         return int(self.maps.shape[0])
 
+    def __repr__(self) -> str:
+        """One line: method, options that differ from its defaults, shapes, targets (first few), cost."""
+        targets = self.targets.tolist()
+        shown = ", ".join(str(t) for t in targets[:6]) + (", …" if len(targets) > 6 else "")
+        tokens = "None" if self.token_maps is None else tuple(self.token_maps.shape)
+        from .registry import _METHODS
+
+        defaults = getattr(_METHODS.get(self.method), "defaults", {})
+        options = "".join(f", {k}={v!r}" for k, v in self.options.items()  # only what differs from the defaults
+                          if k not in defaults or not _same(defaults[k], v))
+        return (f"Explanation(method={self.method!r}{options}, maps={tuple(self.maps.shape)}, token_maps={tokens}, "
+                f"targets=[{shown}], cost={self.cost.forward_passes:g} fwd + {self.cost.backward_passes:g} bwd "
+                f"per image in {self.cost.seconds:.3g} s)")
+
     def provenance(self) -> dict[str, Any]:
         """JSON-friendly record of how these maps were made (versions, method, options, target, cost)."""
         import platform
@@ -162,6 +176,13 @@ class Explanation:
             with contextlib.suppress(ImportError):
                 info[mod] = __import__(mod).__version__
         return info
+
+
+def _same(a: Any, b: Any) -> bool:
+    try:
+        return bool(a == b)
+    except Exception:  # tensors and other values without a plain truth value
+        return a is b
 
 
 def _jsonable(obj: Any) -> Any:

@@ -1,0 +1,135 @@
+"""The report's pictures: perturbation curves (mean, 95% band, AUC in the legend) and the per-image gallery."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .naming import column_info
+from .store import read_rows
+
+__all__ = ["plot_curves", "plot_examples", "curve_auc"]
+
+_T95 = {2: 12.706, 3: 4.303, 4: 3.182, 5: 2.776, 6: 2.571, 7: 2.447, 8: 2.365, 9: 2.306, 10: 2.262,
+        15: 2.145, 20: 2.093, 25: 2.064, 30: 2.045}
+
+
+def t95(n: int) -> float:
+    """Two-sided 95% Student-t quantile for ``n`` samples (``n - 1`` degrees of freedom; normal beyond 30);
+    conservative between tabulated values."""
+    if n < 2:
+        return float("nan")
+    return 1.96 if n > 30 else _T95[min(k for k in _T95 if k >= n)]
+
+
+def curve_auc(x: np.ndarray, y: np.ndarray) -> float:
+    """Trapezoidal area under ``y(x)``."""
+    x, y = np.asarray(x, float), np.asarray(y, float)
+    return float(np.sum((x[1:] - x[:-1]) * (y[1:] + y[:-1]) / 2.0))
+
+
+_CURVE_TEXT = {  # output -> (title, x label, which way is better)
+    "deletion": ("Deletion: most relevant pixels removed first", "fraction of pixels removed", "lower area is better"),
+    "insertion": ("Insertion: most relevant pixels put back first", "fraction of pixels inserted",
+                  "higher area is better"),
+    "positive": ("Positive perturbation: most relevant tokens removed first", "fraction of tokens removed",
+                 "lower area is better"),
+    "negative": ("Negative perturbation: least relevant tokens removed first", "fraction of tokens removed",
+                 "higher area is better"),
+}
+
+
+def _score_label(run_dir: Path, metric: str) -> str:
+    rows = read_rows(run_dir / "results.sqlite", "SELECT protocol FROM results WHERE metric = ? LIMIT 1", (metric,))
+    score = json.loads(rows[0][0]).get("score") if rows else None
+    return {"probability": "class probability", "logit": "class logit"}.get(str(score), "class score")
+
+
+def plot_curves(run_dir: Path, order: list[str]) -> Path | None:
+    """``curves.png``: one panel per curve kind; per method the mean curve over images with its 95% confidence band
+    (Student t), the area under the mean curve in the legend. Methods in ``order`` (the table's ranking)."""
+    rows = read_rows(run_dir / "results.sqlite", "SELECT method, metric, output, x, y FROM curves")
+    rows = [r for r in rows if r[2] in _CURVE_TEXT]
+    if not rows:
+        return None
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    groups: dict[tuple[str, str], dict[str, list]] = {}
+    xs: dict[tuple[str, str], list[float]] = {}
+    for method, metric, out, x, y in rows:
+        groups.setdefault((metric, out), {}).setdefault(method, []).append(json.loads(y))
+        xs[(metric, out)] = json.loads(x)
+    keys = sorted(groups, key=lambda k: (k[0], list(_CURVE_TEXT).index(k[1])))
+    ncols = min(2, len(keys))
+    nrows = math.ceil(len(keys) / ncols)
+    fig = Figure(figsize=(5.6 * ncols, 4.6 * nrows), layout="constrained")
+    FigureCanvasAgg(fig)
+    colours = {m: f"C{k % 10}" for k, m in enumerate(order)}
+    for k, key in enumerate(keys):
+        ax = fig.add_subplot(nrows, ncols, k + 1)
+        x = np.asarray(xs[key], float)
+        for method in [m for m in order if m in groups[key]] + [m for m in groups[key] if m not in order]:
+            arr = np.asarray(groups[key][method], dtype=float)
+            mean = arr.mean(0)
+            label = f"{method} (AUC {curve_auc(x, mean):.3f})"
+            line = ax.plot(x, mean, label=label, color=colours.get(method), lw=1.6)[0]
+            if arr.shape[0] > 1:
+                half = t95(arr.shape[0]) * arr.std(0, ddof=1) / math.sqrt(arr.shape[0])
+                ax.fill_between(x, mean - half, mean + half, color=line.get_color(), alpha=0.15, lw=0)
+        title, xlabel, better = _CURVE_TEXT[key[1]]
+        settings = column_info(f"{key[0]}/{key[1]}", True).settings
+        ax.set_title(f"{title}\n({better}{'; ' + settings if settings else ''})", fontsize=10)
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(f"{_score_label(run_dir, key[0])} (mean, 95% band)")
+        ax.set_xlim(float(x[0]), float(x[-1]))
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncols=2, frameon=False)
+    path = run_dir / "curves.png"
+    fig.savefig(path, dpi=100)
+    return path
+
+
+def _caption(pred: tuple | None, target: str, names: list[str] | None) -> str:
+    if pred is None:
+        return ""
+    _, predicted, prob, label = pred
+
+    def name(c: int) -> str:
+        return names[c] if names and 0 <= c < len(names) else f"class {c}"
+
+    text = f"predicted: {name(int(predicted))}, p = {float(prob):.2f}"
+    if label is not None:
+        text += f"; true: {name(int(label))}" + (" ✓" if int(label) == int(predicted) else " ✗")
+    if target == "label" and label is not None:
+        text += f"; explained: {name(int(label))}"
+    return text
+
+
+def plot_examples(run_dir: Path, methods: list[str], class_names: list[str] | None, target: str = "predicted",
+                  ) -> Path | None:
+    """``examples.png``: the shown images × methods (in ``methods`` order), captions with the model's answer."""
+    from ..viz import save_grid
+    from .specs import safe_label as _safe
+
+    ex = run_dir / "examples"
+    images = sorted(ex.glob("image__*.npy"), key=lambda p: int(p.stem.split("__")[1])) if ex.exists() else []
+    if not images:
+        return None
+    idx = [int(p.stem.split("__")[1]) for p in images]
+    pix = [np.load(p) for p in images]
+    maps: dict[str, Any] = {}
+    for m in methods:
+        files = [ex / f"{_safe(m)}__{i}.npy" for i in idx]
+        if all(f.exists() for f in files):
+            maps[m] = [np.load(f) for f in files]
+    preds = {int(r[0]): r for r in read_rows(run_dir / "results.sqlite", "SELECT * FROM predictions")}
+    captions = [_caption(preds.get(i), target, class_names) for i in idx]
+    path = run_dir / "examples.png"
+    save_grid(str(path), pix, maps, row_labels=[f"image {i}" for i in idx],
+              captions=captions if any(captions) else None, col_size=1.9)
+    return path

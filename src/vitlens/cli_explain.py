@@ -1,0 +1,240 @@
+"""``vitlens explain``: explain one's own images with one's own model and several methods.
+
+Per input image and method: a figure on the original image (uncropped, at its own resolution, the parts the model
+never saw left uncoloured) and one on the model's input view, each with a colour bar and a caption (class name,
+probability); the maps (.npz: pixel map and token map) and a provenance JSON. With several methods, one
+comparison grid per image. Output names follow the input's path relative to the inputs' common folder, so two inputs
+never share an output name. One summary line per image (class, probability, cost), or --json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+__all__ = ["add_explain_parser", "cmd_explain", "output_bases"]
+
+
+def add_explain_parser(sub: Any, formatter: type[argparse.HelpFormatter]) -> argparse.ArgumentParser:
+    e = sub.add_parser("explain", formatter_class=formatter,
+                       help="explain images with one or more methods; figures, maps and provenance per image",
+                       description=__doc__.split("\n\n")[1].replace("\n", " "))
+    e.add_argument("images", nargs="+", help="image files, or folders (every image under them)")
+    e.add_argument("--model", default="shapes-vit",
+                   help="bundled name (vitlens models), efficientnet_lite0, timm:<arch> or hf:<dir>")
+    e.add_argument("--model-option", action="append", default=[], metavar="KEY=VALUE",
+                   help="argument for load_model, repeatable (e.g. pretrained=False, num_classes=10)")
+    e.add_argument("--methods", "--method", dest="methods", default="gradskip",
+                   help="method specs, comma-separated: name or name:key=value;key=value (vitlens methods)")
+    e.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
+                   help="option for every method, repeatable (per-method options: --methods 'gradskip:alpha=0.3')")
+    e.add_argument("--target", type=int, default=None, help="class index to explain (None: the predicted class)")
+    e.add_argument("--device", default="cpu", help="torch device: cpu, cuda, cuda:1, mps, or auto")
+    e.add_argument("--batch", type=int, default=16, help="images per batch")
+    e.add_argument("--normalize", default="auto", choices=["auto", "signed", "abs", "minmax"],
+                   help="colour scaling: auto = signed maps on a diverging scale centred at 0, others min to max")
+    e.add_argument("--clip", type=float, default=99.5,
+                   help="percentile where the colour scale ends (100 = the maximum)")
+    e.add_argument("--out", default="vitlens-out", help="output folder")
+    e.add_argument("--json", action="store_true", help="print one JSON record per image instead of a summary line")
+    e.add_argument("--quiet", action="store_true", help="print nothing but errors")
+    e.set_defaults(func=cmd_explain)
+    return e
+
+
+def _expand(paths: Sequence[str]) -> list[Path]:
+    from vitlens.data.loaders import IMAGE_EXTENSIONS
+    from vitlens.errors import InputError
+
+    out: list[Path] = []
+    for p in map(Path, paths):
+        if p.is_dir():
+            found = sorted(f for f in p.rglob("*") if f.suffix.lower() in IMAGE_EXTENSIONS
+                           and not any(part.startswith(".") for part in f.relative_to(p).parts))
+            if not found:
+                raise InputError(f"folder '{p}' contains no images")
+            out += found
+        else:
+            out.append(p)
+    return out
+
+
+def output_bases(paths: Sequence[Path]) -> list[str]:
+    """Output name (without suffix) per input: its path relative to the inputs' common folder, the extension kept
+    (``cats/a.jpg`` → ``cats/a_jpg``), made unique when the same file is given twice."""
+    resolved = [p.resolve() for p in paths]
+    common = Path(os.path.commonpath([str(r.parent) for r in resolved])) if resolved else Path(".")
+    seen: dict[str, int] = {}
+    out = []
+    for r in resolved:
+        rel = r.relative_to(common)
+        base = (rel.parent / f"{rel.stem}_{rel.suffix.lstrip('.').lower() or 'img'}").as_posix()
+        count = seen.get(base, 0)
+        seen[base] = count + 1
+        out.append(base if count == 0 else f"{base}-{count + 1}")
+    return out
+
+
+def _device(name: str) -> Any:
+    import torch
+
+    from vitlens.errors import InputError
+
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise InputError(f"--device {name!r} is not a torch device (cpu, cuda, cuda:1, mps, auto)") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise InputError(f"--device {name}: CUDA is not available on this machine")
+    return device
+
+
+def _specs(args: argparse.Namespace) -> list[tuple[str, str, dict[str, Any]]]:
+    """(label, name, options) per method; ``--option`` pairs apply to every method."""
+    from vitlens.bench.runner import spec_label, split_specs
+    from vitlens.cli import _parse_options
+
+    common = _parse_options(args.option)
+    out = []
+    for name, opts in split_specs(args.methods):
+        merged = {**common, **opts}
+        out.append((spec_label(name, merged), name, merged))
+    labels = [label for label, _, _ in out]
+    if len(set(labels)) != len(labels):
+        from vitlens.errors import InputError
+
+        raise InputError(f"--methods lists the same method twice: {args.methods}")
+    return out
+
+
+def _probabilities(model: Any, x: Any) -> Any:
+    """Softmax of the model's logits ``(B, K)``, or ``None`` for models whose output is not ``(B, K)``."""
+    import torch
+
+    from vitlens.models.base import _logits_of
+
+    with torch.no_grad():
+        logits = _logits_of(model(x))
+    return logits.float().softmax(-1).cpu() if logits.ndim == 2 else None
+
+
+def _p(prob: float) -> str:
+    return f"{prob:.2f}" if prob >= 0.01 else f"{prob:.1e}"
+
+
+def _caption(cls: int, prob: float | None, names: list[str] | None) -> str:
+    name = names[cls] if names and 0 <= cls < len(names) else None
+    text = f"{name} (class {cls})" if name else f"class {cls}"
+    return text + ("" if prob is None else f", p = {_p(prob)}")
+
+
+def cmd_explain(args: argparse.Namespace) -> int:
+    import vitlens
+    from vitlens import images as vimages
+    from vitlens.cli import _parse_options
+    from vitlens.data.classes import model_class_names
+    from vitlens.errors import InputError
+
+    if args.batch < 1:
+        raise InputError(f"--batch must be >= 1, got {args.batch}")
+    specs = _specs(args)
+    methods = [(label, vitlens.explainers.get_method(name, **opts)) for label, name, opts in specs]
+    paths = _expand(args.images)
+    bases = output_bases(paths)
+    device = _device(args.device)
+    model_kwargs = _parse_options(args.model_option)
+    model = vitlens.load_model(args.model, **model_kwargs).to(device)
+    cfg = vimages.data_config(model)
+    names = model_class_names(model)
+    out = Path(args.out)
+    style = {"normalize": args.normalize, "clip": None if args.clip >= 100 else args.clip}
+    for start in range(0, len(paths), args.batch):
+        chunk = list(range(start, min(start + args.batch, len(paths))))
+        x = vitlens.load_images([str(paths[i]) for i in chunk], cfg).to(device)
+        probs = _probabilities(model, x)
+        pixels = vimages.denormalize(x.cpu(), cfg)
+        results = {}
+        for label, method in methods:
+            t0 = time.perf_counter()
+            results[label] = (method.explain(model, x, target=args.target), time.perf_counter() - t0)
+        for j, i in enumerate(chunk):
+            record = _write_image(paths[i], out / bases[i], pixels[j], results, j, probs, names, cfg, style, args)
+            _report_line(record, args)
+    return 0
+
+
+def _write_image(path: Path, base: Path, view: Any, results: dict[str, Any], j: int, probs: Any,
+                 names: list[str] | None, cfg: Any, style: dict[str, Any], args: argparse.Namespace) -> dict:
+    import numpy as np
+    from PIL import ImageOps
+
+    from vitlens import viz
+    from vitlens.images import _open_file
+
+    original = np.asarray(ImageOps.exif_transpose(_open_file(path, str(path))).convert("RGB"))
+    base.parent.mkdir(parents=True, exist_ok=True)
+    record: dict[str, Any] = {"image": str(path), "model": args.model, "methods": {}}
+    grid_maps: dict[str, Any] = {}
+    for label, (exp, seconds) in results.items():
+        cls = int(exp.targets[j])
+        prob = None if probs is None or cls >= probs.shape[1] else float(probs[j, cls])
+        caption = _caption(cls, prob, names)
+        stem = f"{base.name}.{_safe(label)}"
+        meta = {"method": label, "model": args.model, "image": str(path), "target_class": str(cls)}
+        on_original = viz.map_to_original(exp.maps[j].cpu().numpy(), original.shape[:2], cfg)
+        viz.save_figure(base.parent / f"{stem}.png", original, on_original, title=label,
+                        caption=f"{caption} — on the original image (uncoloured: cropped away before the model)",
+                        metadata=meta, **style)
+        viz.save_figure(base.parent / f"{stem}.view.png", view, exp.maps[j].cpu(), title=label,
+                        caption=f"{caption} — on the model's input view", metadata=meta, **style)
+        arrays = {"map": exp.maps[j].cpu().numpy()}
+        if exp.token_maps is not None:
+            arrays["token_map"] = exp.token_maps[j].cpu().numpy()
+        np.savez_compressed(base.parent / f"{stem}.npz", **arrays)
+        info = exp.provenance()
+        info.update({"image": str(path), "model": args.model, "target_class": cls,
+                     "target_name": names[cls] if names and cls < len(names) else None, "probability": prob,
+                     "score": float(exp.scores[j]), "targets": [cls], "scores": [float(exp.scores[j])],
+                     "remainder": None if exp.remainder is None else float(exp.remainder[j]),
+                     "seconds_per_image": seconds / len(exp),
+                     "files": {"figure": f"{stem}.png", "view": f"{stem}.view.png", "maps": f"{stem}.npz"}})
+        (base.parent / f"{stem}.json").write_text(json.dumps(info, indent=2))
+        record["methods"][label] = {"class": cls, "name": info["target_name"], "probability": prob,
+                                    "forward_passes": exp.cost.forward_passes,
+                                    "backward_passes": exp.cost.backward_passes,
+                                    "seconds": seconds / len(exp), "figure": str(base.parent / f"{stem}.png")}
+        grid_maps[label] = [exp.maps[j].cpu()]
+    if len(results) > 1:
+        first = next(iter(record["methods"].values()))
+        grid = base.parent / f"{base.name}.grid.png"
+        viz.save_grid(grid, [view], grid_maps, captions=[_caption(first["class"], first["probability"], names)],
+                      row_labels=[path.name], col_size=2.2, metadata={"model": args.model, "image": str(path)},
+                      **style)
+        record["grid"] = str(grid)
+    return record
+
+
+def _safe(label: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_=" else "_" for c in label).strip("_")
+
+
+def _report_line(record: dict[str, Any], args: argparse.Namespace) -> None:
+    if args.quiet:
+        return
+    if args.json:
+        print(json.dumps(record), flush=True)
+        return
+    first = next(iter(record["methods"].values()))
+    what = f"{first['name']} (class {first['class']})" if first["name"] else f"class {first['class']}"
+    prob = "" if first["probability"] is None else f", p = {_p(first['probability'])}"
+    costs = "; ".join(f"{label} {m['forward_passes']:g} fwd + {m['backward_passes']:g} bwd, "
+                      f"{1000 * m['seconds']:.0f} ms" for label, m in record["methods"].items())
+    where = record.get("grid") or first["figure"]
+    print(f"{record['image']}: {what}{prob} | {costs} -> {where}", file=sys.stdout, flush=True)

@@ -1,0 +1,287 @@
+"""Figures of attribution maps: one explanation with its colour bar and caption, and method comparison grids.
+
+Figures are drawn with :class:`matplotlib.figure.Figure` on an explicit ``FigureCanvasAgg``, so importing or using
+this module never changes matplotlib's global backend or pyplot state. Small inputs (a 64-px scene, a 28-px digit)
+are enlarged by an integer factor (nearest neighbour) before the map is blended, so the map is drawn smoothly at the
+resolution of the figure and every input pixel stays visible as a square.
+"""
+
+from __future__ import annotations
+
+import textwrap
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.cm import ScalarMappable
+from matplotlib.colors import Colormap, Normalize
+from matplotlib.figure import Figure
+
+from vitlens.errors import InputError
+
+from .pixels import (
+    ImageLike,
+    MapLike,
+    MapNormalization,
+    Scale,
+    _map_array,
+    _prepare_path,
+    is_signed,
+    overlay_with_scale,
+    to_uint8,
+    upsample_image,
+)
+
+__all__ = ["save_figure", "save_grid", "colorbar_label", "split_label"]
+
+
+def colorbar_label(mode: str, units: str = "relevance") -> str:
+    """What the colours mean, in words, for a scaling mode (see :func:`vitlens.viz.scale_map`)."""
+    if mode == "signed":
+        return f"{units}: blue against the class, red for it (white = 0)"
+    if mode == "abs":
+        return f"|{units}| (sign ignored)"
+    if mode == "minmax":
+        return f"{units}, lowest to highest"
+    return units
+
+
+def _ticks(scale: Scale, relative: bool) -> tuple[list[float], list[str]]:
+    """Tick positions on the ``[0, 1]`` colour scale and their labels (map values, or words when maps differ)."""
+    if scale.mode == "signed":
+        if relative:
+            return [0.0, 0.5, 1.0], ["−max", "0", "+max"]
+        return [0.0, 0.5, 1.0], [f"{scale.vmin:.3g}", "0", f"+{scale.vmax:.3g}"]
+    if relative:
+        return [0.0, 1.0], ["0" if scale.mode == "abs" else "min", "max"]
+    return [0.0, 1.0], [f"{scale.vmin:.3g}", f"{scale.vmax:.3g}"]
+
+
+def _add_colorbar(fig: Figure, axes: Any, cmap: Colormap, scale: Scale, units: str, relative: bool,
+                  location: str = "right", fontsize: float = 8) -> None:
+    """A colour bar beside ``axes`` (``location='right'``) or drawn into the axes ``axes`` (``'bottom'``)."""
+    mappable = ScalarMappable(norm=Normalize(0.0, 1.0), cmap=cmap)
+    if location == "right":
+        bar = fig.colorbar(mappable, ax=axes, location="right", fraction=0.05, aspect=25)
+    else:
+        bar = fig.colorbar(mappable, cax=axes, orientation="horizontal")
+    ticks, labels = _ticks(scale, relative)
+    bar.set_ticks(ticks, labels=labels, fontsize=fontsize - 1)
+    label = colorbar_label(scale.mode, units)
+    if location == "right":  # wrap to the bar's height so the label is never cut
+        label = textwrap.fill(label, max(20, int(fig.get_figheight() * 10)))
+    else:
+        label = textwrap.fill(label, 34)
+    bar.set_label(label, fontsize=fontsize)
+
+
+def split_label(label: str) -> tuple[str, str]:
+    """``'gradskip[alpha=0,skip=fixed]'`` → ``('gradskip', 'alpha=0, skip=fixed')``; a plain name: ``(name, '')``."""
+    name, sep, rest = str(label).partition("[")
+    if sep and rest.endswith("]"):
+        return name, rest[:-1].replace(",", ", ")
+    return str(label), ""
+
+
+def _clean_axes(ax: Any) -> None:
+    ax.set_xticks([])
+    ax.set_yticks([])
+    for spine in ax.spines.values():
+        spine.set_visible(False)
+
+
+def save_figure(
+    path: str | Path,
+    image: ImageLike,
+    heatmap: MapLike,
+    *,
+    title: str | None = None,
+    caption: str | None = None,
+    show_image: bool = True,
+    alpha: float = 0.5,
+    cmap: str | Colormap | None = None,
+    normalize: MapNormalization = "auto",
+    clip: float | None = 99.5,
+    units: str = "relevance",
+    min_side: int = 320,
+    panel_size: float = 3.6,
+    dpi: int = 100,
+    metadata: Mapping[str, str] | None = None,
+) -> Path:
+    """Write one explanation as a figure: the image, the overlay, a colour bar saying what the colours mean, and a
+    caption (e.g. ``"tiger cat, p = 0.93 (true: tiger cat)"``).
+
+    Args:
+        path: output file (``.png``); parent folders are created.
+        image: the picture (see :data:`vitlens.viz.ImageLike`) at any resolution, e.g. the original photo with
+            :func:`vitlens.viz.map_to_original` applied to the map.
+        heatmap: ``(h, w)`` map, resized to the image; NaN where the model saw nothing (left uncoloured).
+        title: drawn above the overlay (e.g. the method and its settings).
+        caption: drawn under the panels, wrapped.
+        show_image: also show the plain image left of the overlay.
+        alpha, cmap, normalize, clip: as in :func:`vitlens.viz.overlay`; by default the colour scale ends at the
+            99.5th percentile (a few extreme pixels, common in gradient maps, would wash out the rest; ``None``:
+            the maximum).
+        units: what the map's values are, for the colour bar's label.
+        min_side: images whose shorter side is smaller are enlarged (integer factor, nearest) before blending.
+        panel_size: width of each panel in inches (height follows the aspect ratio).
+        dpi: resolution of the written raster.
+        metadata: provenance stored in the file (PNG text chunks).
+
+    Returns:
+        The path written.
+    """
+    pixels = upsample_image(image, min_side)
+    arr = _map_array(heatmap, allow_nan=True)
+    blended, scale, colormap = overlay_with_scale(pixels, arr, alpha, cmap, normalize, clip)
+    h, w = blended.shape[:2]
+    panels = [("image", pixels), (title or "explanation", blended)] if show_image else [(title or "", blended)]
+    width = panel_size * len(panels) + 1.1
+    height = panel_size * h / w + (0.5 if caption else 0.15) + (0.35 if title else 0.0)
+    fig = Figure(figsize=(width, height), dpi=dpi, layout="constrained")
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(1, len(panels), squeeze=False)[0]
+    for ax, (name, cell) in zip(axes, panels):
+        ax.imshow(cell, interpolation="antialiased")
+        _clean_axes(ax)
+        if name:
+            ax.set_title(name, fontsize=10)
+    _add_colorbar(fig, list(axes), colormap, scale, units, relative=False)
+    if caption:
+        fig.supxlabel(textwrap.fill(caption, int(12 * width)), fontsize=10)
+    path = _prepare_path(path)
+    fig.savefig(path, dpi=dpi, metadata=dict(metadata) if metadata else None)
+    return path
+
+
+def _image_list(images: ImageLike | Sequence[ImageLike]) -> list[ImageLike]:
+    if isinstance(images, (torch.Tensor, np.ndarray)):
+        if images.ndim == 4:
+            return list(images)
+        return [images]
+    from PIL import Image
+
+    if isinstance(images, Image.Image):
+        return [images]
+    return list(images)
+
+
+def _map_list(maps: MapLike | Sequence[MapLike], name: str, count: int) -> list[MapLike]:
+    if isinstance(maps, (torch.Tensor, np.ndarray)):
+        maps_list: list[MapLike] = list(maps) if maps.ndim == 3 else [maps]
+    else:
+        maps_list = list(maps)
+    if len(maps_list) != count:
+        raise InputError(f"heatmaps[{name!r}] has {len(maps_list)} map(s) for {count} image(s)")
+    return maps_list
+
+
+def _check_grid(rows: int, columns: Mapping[str, list], titles: Sequence[str] | None,
+                row_labels: Sequence[str] | None, captions: Sequence[str] | None, col_size: float) -> list[str]:
+    column_titles = ["image", *columns] if titles is None else [str(t) for t in titles]
+    if len(column_titles) != 1 + len(columns):
+        raise InputError(f"titles has {len(column_titles)} entries for {1 + len(columns)} columns (image + methods)")
+    for name, given in (("row_labels", row_labels), ("captions", captions)):
+        if given is not None and len(given) != rows:
+            raise InputError(f"{name} has {len(given)} entries for {rows} image(s)")
+    if not col_size > 0:
+        raise InputError(f"col_size must be > 0 inches, got {col_size!r}")
+    return column_titles
+
+
+def _column_title(title: str, width_chars: int) -> str:
+    name, settings = split_label(title)
+    text = textwrap.fill(name, width_chars)
+    return text + ("\n" + textwrap.fill(settings, width_chars + 4) if settings else "")
+
+
+def save_grid(
+    path: str | Path,
+    images: ImageLike | Sequence[ImageLike],
+    heatmaps: Mapping[str, MapLike | Sequence[MapLike]],
+    titles: Sequence[str] | None = None,
+    row_labels: Sequence[str] | None = None,
+    col_size: float = 2.0,
+    *,
+    captions: Sequence[str] | None = None,
+    colorbar: bool = True,
+    alpha: float = 0.5,
+    cmap: str | Colormap | None = None,
+    normalize: MapNormalization = "auto",
+    clip: float | None = 99.5,
+    units: str = "relevance",
+    dpi: int = 100,
+    metadata: Mapping[str, str] | None = None,
+) -> Path:
+    """Write a comparison grid: one row per image; the image, then one overlay column per method.
+
+    Args:
+        path: output file (``.png``; matplotlib picks the format from the suffix). Parent folders are created.
+        images: ``(B, 3, H, W)`` tensor, ``(B, H, W, 3)`` array, or a list of B images (see :data:`ImageLike`).
+        heatmaps: method label → its B maps, as a ``(B, h, w)`` tensor/array or a list; column order is dict order.
+            A label with settings (``'gradskip[alpha=0]'``) is titled by name with its settings underneath.
+        titles: column titles, ``1 + len(heatmaps)`` of them; default ``['image', *heatmaps]``.
+        row_labels: one label per image, drawn left of each row (wrapped, never cut); default none.
+        captions: one caption per image, drawn under the image (e.g. class, probability, true label).
+        col_size: edge of each cell in inches.
+        colorbar: draw one colour bar under each method column saying what its colours mean. Each map is scaled on
+            its own; ``normalize='auto'`` scales a whole column as signed when any of its maps is signed.
+        alpha, cmap, normalize, clip: passed to :func:`vitlens.viz.overlay` (``clip``: see :func:`save_figure`).
+        units: what the maps' values are, for the colour bars.
+        dpi: resolution of the written raster.
+        metadata: provenance stored in the file (PNG text chunks).
+
+    Returns:
+        The path written.
+    """
+    image_list = _image_list(images)
+    if not image_list:
+        raise InputError("save_grid got no images")
+    rows = len(image_list)
+    columns = {name: _map_list(maps, name, rows) for name, maps in heatmaps.items()}
+    column_titles = _check_grid(rows, columns, titles, row_labels, captions, col_size)
+    modes = {name: normalize if normalize != "auto" else
+             ("signed" if any(is_signed(m) for m in maps) else "minmax") for name, maps in columns.items()}
+
+    ncols = 1 + len(columns)
+    chars = max(8, int(col_size * 11))
+    heads = [_column_title(t, chars) for t in column_titles]
+    extra = (0.6 if colorbar and columns else 0.0) + (0.45 if captions is not None else 0.0)
+    extra += 0.17 * max(h.count("\n") + 1 for h in heads)
+    fig = Figure(figsize=(col_size * ncols + (0.4 if row_labels else 0), col_size * rows + 0.3 + extra),
+                 dpi=dpi, layout="constrained")
+    FigureCanvasAgg(fig)
+    with_bars = bool(colorbar and columns)
+    grid = fig.add_gridspec(rows + with_bars, ncols, height_ratios=[1.0] * rows + [0.06] * with_bars)
+    axes = np.array([[fig.add_subplot(grid[r, c]) for c in range(ncols)] for r in range(rows)], dtype=object)
+    cell_px = max(1, int(col_size * dpi))
+    scales: dict[str, tuple[Scale, Colormap]] = {}
+    for r, image in enumerate(image_list):
+        pixels = upsample_image(to_uint8(image), cell_px)
+        cells = [pixels]
+        for name, maps in columns.items():
+            blended, scale, colormap = overlay_with_scale(pixels, maps[r], alpha, cmap, modes[name], clip)
+            scales.setdefault(name, (scale, colormap))
+            cells.append(blended)
+        for c, cell in enumerate(cells):
+            ax = axes[r, c]
+            ax.imshow(cell, interpolation="antialiased")
+            _clean_axes(ax)
+            if r == 0:
+                ax.set_title(heads[c], fontsize=9)
+            if c == 0 and row_labels is not None:
+                ax.set_ylabel(textwrap.fill(str(row_labels[r]), chars), fontsize=8)
+            if c == 0 and captions is not None:
+                ax.set_xlabel(textwrap.fill(str(captions[r]), chars + 10), fontsize=7.5)
+    if with_bars:
+        fig.add_subplot(grid[rows, 0]).set_axis_off()
+        for c, name in enumerate(columns, start=1):
+            scale, colormap = scales[name]
+            _add_colorbar(fig, fig.add_subplot(grid[rows, c]), colormap, scale, units, relative=True,
+                          location="bottom", fontsize=7.5)
+    path = _prepare_path(path)
+    fig.savefig(path, dpi=dpi, metadata=dict(metadata) if metadata else None)
+    return path

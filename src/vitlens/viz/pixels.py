@@ -1,0 +1,352 @@
+"""Pixels of attribution maps: scaling a map for display, colouring it and blending it over an image.
+
+Everything here returns or writes plain ``(H, W, 3)`` uint8 RGB pixels (figures with colour bars and captions are in
+:mod:`vitlens.viz.figures`).
+
+Images are pixels in ``[0, 1]`` (or uint8), not model-normalised input: use :func:`vitlens.images.denormalize` first.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import matplotlib
+import numpy as np
+import torch
+import torch.nn.functional as F
+from matplotlib.colors import Colormap
+from PIL import Image
+from PIL.PngImagePlugin import PngInfo
+
+from vitlens.errors import InputError
+from vitlens.images import _to_rgb
+
+__all__ = [
+    "ImageLike",
+    "MapLike",
+    "MapNormalization",
+    "Scale",
+    "to_uint8",
+    "is_signed",
+    "scale_map",
+    "normalize_map",
+    "default_cmap",
+    "upsample_image",
+    "overlay",
+    "overlay_with_scale",
+    "map_to_original",
+    "save_overlay",
+]
+
+ImageLike = torch.Tensor | np.ndarray | Image.Image
+"""An image: tensor ``(3, H, W)`` / ``(1, H, W)`` or array ``(H, W, 3)`` / ``(H, W)`` (also ``(H, W, 4)``: alpha is
+composited onto white), float in ``[0, 1]`` or uint8; or a PIL image."""
+
+MapLike = torch.Tensor | np.ndarray
+"""A heatmap ``(H, W)`` of any real values (leading singleton dimensions such as ``(1, H, W)`` are dropped)."""
+
+MapNormalization = Literal["auto", "signed", "minmax", "abs", "none"]
+
+# Float images may overshoot [0, 1] by interpolation round-off; beyond this they are taken to be normalised input.
+_RANGE_TOLERANCE = 1e-3
+
+
+def _as_numpy(x: Any) -> np.ndarray:
+    if isinstance(x, torch.Tensor):
+        return x.detach().cpu().numpy()
+    return np.asarray(x)
+
+
+def to_uint8(image: ImageLike) -> np.ndarray:
+    """Convert an image to ``(H, W, 3)`` uint8 RGB.
+
+    Layout: tensors are read as channels-first ``(C, H, W)`` when their first dimension is 1 or 3, otherwise as
+    channels-last; arrays as channels-last ``(H, W, C)`` when their last dimension is 1, 3 or 4, otherwise as
+    channels-first. A leading batch dimension of size 1 is dropped. Floats are scaled by 255 and rounded.
+
+    Raises:
+        InputError: wrong rank or channel count, unsupported dtype, non-finite values, or float values outside
+            ``[0, 1]`` (normalised model input: call :func:`vitlens.images.denormalize` first).
+    """
+    if isinstance(image, Image.Image):
+        return np.array(_to_rgb(image), dtype=np.uint8)
+    is_tensor = isinstance(image, torch.Tensor)
+    arr = _as_numpy(image)
+    shape = arr.shape
+    if arr.ndim == 4 and arr.shape[0] == 1:
+        arr = arr[0]
+    if arr.ndim == 2:
+        arr = arr[..., None]
+    elif arr.ndim == 3:
+        channels_first = arr.shape[0] in (1, 3) if is_tensor else arr.shape[-1] not in (1, 3, 4)
+        if channels_first:
+            arr = np.moveaxis(arr, 0, -1)
+    if arr.ndim != 3 or arr.shape[-1] not in (1, 3, 4) or arr.size == 0:
+        raise InputError(f"image of shape {shape} is not an image; expected (3, H, W), (H, W, 3) or (H, W)")
+    if arr.dtype == np.uint8:
+        pixels = arr.astype(np.float64) / 255.0
+    elif np.issubdtype(arr.dtype, np.floating):
+        pixels = arr.astype(np.float64)
+        if not np.all(np.isfinite(pixels)):
+            raise InputError("image contains NaN or infinite values")
+        lo, hi = float(pixels.min()), float(pixels.max())
+        if lo < -_RANGE_TOLERANCE or hi > 1.0 + _RANGE_TOLERANCE:
+            raise InputError(
+                f"float image values must lie in [0, 1], got [{lo:.4g}, {hi:.4g}]; "
+                "for model input call vitlens.images.denormalize first"
+            )
+        pixels = np.clip(pixels, 0.0, 1.0)
+    else:
+        raise InputError(f"image dtype {arr.dtype} not supported; use uint8 or float in [0, 1]")
+    if pixels.shape[-1] == 4:  # straight alpha onto white
+        alpha = pixels[..., 3:4]
+        pixels = pixels[..., :3] * alpha + (1.0 - alpha)
+    elif pixels.shape[-1] == 1:
+        pixels = np.repeat(pixels, 3, axis=-1)
+    return np.rint(pixels * 255.0).astype(np.uint8)
+
+
+def _map_array(heatmap: MapLike, allow_nan: bool = False) -> np.ndarray:
+    """Validated ``(H, W)`` float64 heatmap."""
+    arr = _as_numpy(heatmap)
+    shape = arr.shape
+    while arr.ndim > 2 and arr.shape[0] == 1:
+        arr = arr[0]
+    if arr.ndim != 2 or arr.size == 0:
+        raise InputError(f"heatmap of shape {shape} is not a map; expected (H, W)")
+    if not (np.issubdtype(arr.dtype, np.floating) or np.issubdtype(arr.dtype, np.integer) or arr.dtype == bool):
+        raise InputError(f"heatmap dtype {arr.dtype} not supported; expected real numbers")
+    arr = arr.astype(np.float64)
+    if np.isinf(arr).any() or (not allow_nan and np.isnan(arr).any()):
+        raise InputError("heatmap contains NaN or infinite values")
+    if np.isnan(arr).all():
+        raise InputError("heatmap is NaN everywhere")
+    return arr
+
+
+def _resize_map(heatmap: np.ndarray, size_hw: tuple[int, int]) -> np.ndarray:
+    """Bilinear resize (half-pixel centres; antialiased when shrinking) of an ``(h, w)`` map to ``size_hw``."""
+    if heatmap.shape == size_hw:
+        return heatmap
+    shrinking = size_hw[0] < heatmap.shape[0] or size_hw[1] < heatmap.shape[1]
+    t = torch.from_numpy(np.ascontiguousarray(heatmap))[None, None]
+    out = F.interpolate(t, size=size_hw, mode="bilinear", align_corners=False, antialias=shrinking)
+    return out[0, 0].numpy()
+
+
+@dataclass(frozen=True)
+class Scale:
+    """How a map was scaled for display: ``mode`` (``'signed'``, ``'abs'``, ``'minmax'`` or ``'none'``) and the map
+    values ``vmin``/``vmax`` that got the two ends of the colour map (``vmin = -vmax`` for ``'signed'``)."""
+
+    mode: str
+    vmin: float
+    vmax: float
+
+
+def is_signed(heatmap: MapLike, share: float = 0.05) -> bool:
+    """Whether a map carries real evidence of both signs: its negative part holds at least ``share`` of ``Σ|h|``."""
+    arr = _map_array(heatmap)
+    total = float(np.abs(arr).sum())
+    return total > 0 and float(-arr[arr < 0].sum()) >= share * total
+
+
+def _resolve_mode(arr: np.ndarray, normalize: str) -> str:
+    if normalize == "auto":
+        return "signed" if is_signed(arr) else "minmax"
+    if normalize not in ("signed", "abs", "minmax", "none"):
+        raise InputError(f"normalize must be 'auto', 'signed', 'abs', 'minmax' or 'none', got {normalize!r}")
+    return normalize
+
+
+def scale_map(heatmap: MapLike, normalize: MapNormalization = "auto", clip: float | None = None
+              ) -> tuple[np.ndarray, Scale]:
+    """Scale a heatmap ``(H, W)`` to ``[0, 1]`` for a colour map; returns ``(values, scale)``.
+
+    Modes: ``'signed'``: ``0.5 + h / (2 s)`` with ``s = max|h|`` (0 lands on the middle of a diverging colour map);
+    ``'abs'``: ``|h| / s`` (magnitude only); ``'minmax'``: ``(h - min) / (max - min)``; ``'none'``: clipped to
+    ``[0, 1]``; ``'auto'``: ``'signed'`` when :func:`is_signed`, else ``'minmax'``.
+    ``clip`` (a percentile in ``(0, 100]``, e.g. 99) replaces the maximum (and, for ``'minmax'``, the minimum by the
+    ``100 - clip`` percentile) so that a few extreme pixels do not wash out the rest; values beyond saturate.
+    A constant map gives a constant result, never NaN.
+    """
+    arr = _map_array(heatmap)
+    mode = _resolve_mode(arr, normalize)
+    if clip is not None and not 0.0 < float(clip) <= 100.0:
+        raise InputError(f"clip must be a percentile in (0, 100], got {clip!r}")
+    q = 100.0 if clip is None else float(clip)
+    if mode in ("signed", "abs"):
+        top = float(np.percentile(np.abs(arr), q))
+        if mode == "signed":
+            values = 0.5 + 0.5 * np.clip(arr / top, -1.0, 1.0) if top > 0 else np.full_like(arr, 0.5)
+            return values, Scale("signed", -top, top)
+        values = np.clip(np.abs(arr) / top, 0.0, 1.0) if top > 0 else np.zeros_like(arr)
+        return values, Scale("abs", 0.0, top)
+    if mode == "minmax":
+        lo, hi = float(np.percentile(arr, 100.0 - q)), float(np.percentile(arr, q))
+        values = np.clip((arr - lo) / (hi - lo), 0.0, 1.0) if hi > lo else np.zeros_like(arr)
+        return values, Scale("minmax", lo, hi)
+    return np.clip(arr, 0.0, 1.0), Scale("none", 0.0, 1.0)
+
+
+def normalize_map(heatmap: MapLike, normalize: MapNormalization = "minmax", clip: float | None = None) -> np.ndarray:
+    """Scale a heatmap ``(H, W)`` to ``[0, 1]`` for display; returns ``(H, W)`` float64 (see :func:`scale_map`).
+
+    ``'minmax'``: ``(h - min) / (max - min)``; ``'abs'``: ``|h| / max|h|`` (signed maps, magnitude only);
+    ``'signed'``: zero at 0.5; ``'none'``: values clipped to ``[0, 1]`` (maps already on that scale). A constant map
+    gives all zeros (0.5 for ``'signed'``), never NaN.
+    """
+    return scale_map(heatmap, normalize, clip)[0]
+
+
+def default_cmap(mode: str) -> str:
+    """The colour map used when none is given: diverging ``'RdBu_r'`` (blue < 0 < red, white at 0) for signed maps,
+    ``'turbo'`` otherwise."""
+    return "RdBu_r" if mode == "signed" else "turbo"
+
+
+def _colormap(cmap: str | Colormap) -> Colormap:
+    if isinstance(cmap, Colormap):
+        return cmap
+    try:
+        return matplotlib.colormaps[cmap]
+    except KeyError:
+        raise InputError(f"unknown matplotlib colormap {cmap!r}") from None
+
+
+def upsample_image(image: ImageLike, min_side: int) -> np.ndarray:
+    """``(H, W, 3)`` uint8, enlarged by the smallest integer factor that makes its shorter side ``>= min_side``
+    (nearest neighbour: every input pixel stays a visible square, nothing is invented)."""
+    pixels = to_uint8(image)
+    factor = max(1, math.ceil(int(min_side) / min(pixels.shape[:2])))
+    return pixels if factor == 1 else np.repeat(np.repeat(pixels, factor, axis=0), factor, axis=1)
+
+
+def overlay_with_scale(
+    image: ImageLike,
+    heatmap: MapLike,
+    alpha: float = 0.5,
+    cmap: str | Colormap | None = None,
+    normalize: MapNormalization = "auto",
+    clip: float | None = None,
+) -> tuple[np.ndarray, Scale, Colormap]:
+    """:func:`overlay` that also returns the :class:`Scale` and colour map it used (for a colour bar)."""
+    if not 0.0 <= float(alpha) <= 1.0:
+        raise InputError(f"alpha must lie in [0, 1], got {alpha!r}")
+    pixels = to_uint8(image)
+    arr = _map_array(heatmap, allow_nan=True)
+    valid = None
+    if np.isnan(arr).any():  # areas the model did not see (map_to_original): the image shows through
+        valid = ~np.isnan(_resize_map(np.where(np.isnan(arr), np.nan, 0.0), pixels.shape[:2]))
+        arr = np.nan_to_num(arr, nan=0.0)
+    mode = _resolve_mode(arr, normalize)
+    colormap = _colormap(cmap if cmap is not None else default_cmap(mode))
+    scaled, scale = scale_map(_resize_map(arr, pixels.shape[:2]), mode, clip)
+    colours = colormap(scaled)[..., :3] * 255.0
+    weight = np.full(scaled.shape, float(alpha))
+    if mode == "signed":  # opacity grows with |h| (full colour at ±max for alpha 0.5): 0 leaves the image as it is
+        weight = min(1.0, 2.0 * float(alpha)) * np.abs(2.0 * scaled - 1.0)
+    if valid is not None:
+        weight = np.where(valid, weight, 0.0)
+    weight = weight[..., None]
+    blended = (1.0 - weight) * pixels.astype(np.float64) + weight * colours
+    return np.clip(np.rint(blended), 0, 255).astype(np.uint8), scale, colormap
+
+
+def overlay(
+    image: ImageLike,
+    heatmap: MapLike,
+    alpha: float = 0.5,
+    cmap: str | Colormap | None = None,
+    normalize: MapNormalization = "auto",
+    clip: float | None = None,
+) -> np.ndarray:
+    """Blend a colour-mapped heatmap over an image.
+
+    Args:
+        image: the picture (see :data:`ImageLike`), pixels in ``[0, 1]`` or uint8.
+        heatmap: ``(h, w)`` real values; resized bilinearly to the image's ``(H, W)`` if the sizes differ. NaN
+            marks pixels without a value (outside what the model saw, see :func:`map_to_original`): left uncoloured.
+        alpha: heatmap opacity in ``[0, 1]``; 0 returns the image unchanged, 1 the coloured map alone.
+        cmap: matplotlib colormap name or object; default :func:`default_cmap` of the scaling mode.
+        normalize: how the map is scaled to ``[0, 1]`` (see :func:`scale_map`); ``'auto'`` picks ``'signed'`` for
+            maps with real negative evidence, else ``'minmax'``.
+        clip: percentile clipping of the scale (see :func:`scale_map`).
+
+    Returns:
+        ``(H, W, 3)`` uint8 RGB: ``round((1 - a) * image + a * 255 * cmap(map))`` with ``a = alpha``; for signed
+        scaling ``a = min(1, 2 alpha) * |h| / max|h|``, so zero relevance leaves the image as it is and the strongest
+        evidence of either sign is drawn in full colour.
+    """
+    return overlay_with_scale(image, heatmap, alpha, cmap, normalize, clip)[0]
+
+
+def map_to_original(heatmap: MapLike, original_hw: tuple[int, int], config: Any) -> np.ndarray:
+    """Place a map of the model's input view ``(H, W)`` on the original image ``(h, w)`` it was cut from.
+
+    Inverts the geometry of :func:`vitlens.images.preprocess` (resize, then centre crop or pad) for ``config`` (a
+    model or anything :func:`vitlens.images.data_config` accepts). Pixels of the original that the model never saw
+    (cropped away) are NaN; :func:`overlay` leaves them uncoloured. Returns ``(h, w)`` float64.
+    """
+    from vitlens.images import _resize_shape, data_config
+
+    cfg = data_config(config)
+    arr = np.nan_to_num(_map_array(heatmap, allow_nan=True), nan=0.0)
+    h, w = (int(v) for v in original_hw)
+    out_h, out_w = cfg.size_hw
+    if arr.shape != (out_h, out_w):
+        arr = _resize_map(arr, (out_h, out_w))
+    new_h, new_w = _resize_shape(h, w, cfg)
+    # Offsets of the view in the resized image (negative where the view was padded), as in images._crop_or_pad.
+    pad_top = (out_h - new_h) // 2 if out_h > new_h else 0
+    pad_left = (out_w - new_w) // 2 if out_w > new_w else 0
+    top = int(round((max(new_h, out_h) - out_h) / 2.0)) - pad_top
+    left = int(round((max(new_w, out_w) - out_w) / 2.0)) - pad_left
+    sy, sx = h / new_h, w / new_w
+    y0, y1, x0, x1 = top * sy, (top + out_h) * sy, left * sx, (left + out_w) * sx
+    box_h, box_w = max(1, int(round(y1 - y0))), max(1, int(round(x1 - x0)))
+    placed = _resize_map(arr, (box_h, box_w))
+    canvas = np.full((h, w), np.nan)
+    r0, c0 = int(round(y0)), int(round(x0))
+    rs, cs = max(0, r0), max(0, c0)
+    re_, ce = min(h, r0 + box_h), min(w, c0 + box_w)
+    if re_ > rs and ce > cs:
+        canvas[rs:re_, cs:ce] = placed[rs - r0:re_ - r0, cs - c0:ce - c0]
+    return canvas
+
+
+def _prepare_path(path: str | Path) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def save_overlay(
+    path: str | Path,
+    image: ImageLike,
+    heatmap: MapLike,
+    *,
+    metadata: Mapping[str, str] | None = None,
+    **overlay_kwargs: Any,
+) -> Path:
+    """Write :func:`overlay` ``(image, heatmap, **overlay_kwargs)`` as an image file (format from the suffix).
+
+    ``metadata`` (provenance: method, model, settings) is stored as PNG text chunks; it requires a ``.png`` path.
+    Parent folders are created. Returns the path written.
+    """
+    pixels = overlay(image, heatmap, **overlay_kwargs)
+    path = _prepare_path(path)
+    if metadata:
+        if path.suffix.lower() != ".png":
+            raise InputError(f"metadata can only be stored in a PNG file, got '{path.name}'")
+        info = PngInfo()
+        for key, value in metadata.items():
+            info.add_text(str(key), str(value))
+        Image.fromarray(pixels).save(path, pnginfo=info)
+    else:
+        Image.fromarray(pixels).save(path)
+    return path
