@@ -48,7 +48,7 @@ def list_models() -> list[ModelInfo]:
     """The bundled models (trained by this project, loaded offline) followed by the supported model families."""
     from .models.zoo import BUNDLED
 
-    bundled = [ModelInfo(spec.name, "bundled", spec.description, tuple(spec.input_size), len(spec.class_names))
+    bundled = [ModelInfo(spec.name, "bundled", spec.description, (int(spec.input_size[0]), int(spec.input_size[1]), int(spec.input_size[2])), len(spec.class_names))
                for spec in sorted(BUNDLED.values(), key=lambda s: s.name)]
     return bundled + list(_FAMILIES)
 

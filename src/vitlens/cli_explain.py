@@ -176,9 +176,9 @@ def _write_image(path: Path, base: Path, view: Any, results: dict[str, Any], j: 
     from PIL import ImageOps
 
     from vitlens import viz
-    from vitlens.images import _open_file
+    from vitlens.images import open_image_file
 
-    original = np.asarray(ImageOps.exif_transpose(_open_file(path, str(path))).convert("RGB"))
+    original = np.asarray(ImageOps.exif_transpose(open_image_file(path, str(path))).convert("RGB"))
     base.parent.mkdir(parents=True, exist_ok=True)
     record: dict[str, Any] = {"image": str(path), "model": args.model, "methods": {}}
     grid_maps: dict[str, Any] = {}

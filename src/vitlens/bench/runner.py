@@ -20,7 +20,7 @@ from typing import Any, Sequence
 
 import numpy as np
 import torch
-from torch import nn
+from torch import Tensor, nn
 
 from ..errors import InputError
 from ..explainers import get_method

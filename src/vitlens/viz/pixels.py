@@ -23,7 +23,7 @@ from PIL import Image
 from PIL.PngImagePlugin import PngInfo
 
 from vitlens.errors import InputError
-from vitlens.images import _to_rgb
+from vitlens.images import to_rgb as _to_rgb
 
 __all__ = [
     "ImageLike",
@@ -155,12 +155,12 @@ def is_signed(heatmap: MapLike, share: float = 0.05) -> bool:
     return total > 0 and float(-arr[arr < 0].sum()) >= share * total
 
 
-def _resolve_mode(arr: np.ndarray, normalize: str) -> str:
+def _resolve_mode(arr: np.ndarray, normalize: str) -> MapNormalization:
     if normalize == "auto":
         return "signed" if is_signed(arr) else "minmax"
     if normalize not in ("signed", "abs", "minmax", "none"):
         raise InputError(f"normalize must be 'auto', 'signed', 'abs', 'minmax' or 'none', got {normalize!r}")
-    return normalize
+    return normalize  # type: ignore[return-value]  # checked against the literals just above
 
 
 def scale_map(heatmap: MapLike, normalize: MapNormalization = "auto", clip: float | None = None
@@ -292,7 +292,7 @@ def map_to_original(heatmap: MapLike, original_hw: tuple[int, int], config: Any)
     model or anything :func:`vitlens.images.data_config` accepts). Pixels of the original that the model never saw
     (cropped away) are NaN; :func:`overlay` leaves them uncoloured. Returns ``(h, w)`` float64.
     """
-    from vitlens.images import _resize_shape, data_config
+    from vitlens.images import data_config, resize_shape
 
     cfg = data_config(config)
     arr = np.nan_to_num(_map_array(heatmap, allow_nan=True), nan=0.0)
@@ -300,7 +300,7 @@ def map_to_original(heatmap: MapLike, original_hw: tuple[int, int], config: Any)
     out_h, out_w = cfg.size_hw
     if arr.shape != (out_h, out_w):
         arr = _resize_map(arr, (out_h, out_w))
-    new_h, new_w = _resize_shape(h, w, cfg)
+    new_h, new_w = resize_shape(h, w, cfg)
     # Offsets of the view in the resized image (negative where the view was padded), as in images._crop_or_pad.
     pad_top = (out_h - new_h) // 2 if out_h > new_h else 0
     pad_left = (out_w - new_w) // 2 if out_w > new_w else 0
