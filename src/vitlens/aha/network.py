@@ -40,6 +40,7 @@ __all__ = [
     "evenly_spaced",
     "load_explainer",
     "model_digest",
+    "pool_maps",
     "save_explainer",
 ]
 
@@ -298,8 +299,10 @@ class AHANet(nn.Module):
 
     def __init__(self, target: nn.Module, backbone: str | nn.Module | None = None, depths: Sequence[int] | None = None,
                  n_levels: int = 4, width: int = 32, embed_dim: int | None = None, head_width: int | None = None,
-                 num_classes: int | None = None, seed: int | None = None) -> None:
+                 num_classes: int | None = None, seed: int | None = None, output_pool: str = "none") -> None:
         super().__init__()
+        if output_pool not in OUTPUT_POOLS:
+            raise InputError(f"output_pool must be one of {', '.join(OUTPUT_POOLS)}, got {output_pool!r}")
         self.backbone_spec = "target" if backbone is None or backbone is target else (
             backbone if isinstance(backbone, str) else f"module:{type(backbone).__name__}")
         if isinstance(backbone, str):
@@ -325,7 +328,7 @@ class AHANet(nn.Module):
         self.num_classes = k
         self.arch = {"backbone": self.backbone_spec, "depths": list(self.backbone.depths),
                      "channels": list(self.backbone.channels), "width": int(width), "embed_dim": embed_dim,
-                     "head_width": head_width, "num_classes": k}
+                     "head_width": head_width, "num_classes": k, "output_pool": output_pool}
         rng = torch.random.fork_rng(devices=[]) if seed is not None else contextlib.nullcontext()
         with rng:
             if seed is not None:
@@ -365,10 +368,51 @@ class AHANet(nn.Module):
             y = F.interpolate(y, size=dst.size_hw, mode="bilinear", align_corners=False)
         return y
 
+    @property
+    def output_pool(self) -> str:
+        """``"none"``: the decoder's pixel map; ``"tokens"``: its average over each of the target's patches (nearest
+        upsampled back), i.e. one score per token. Chosen per explainer on held-out data (docs/methods/aha.md §1)."""
+        return str(self.arch.get("output_pool", "none"))
+
+    @output_pool.setter
+    def output_pool(self, value: str) -> None:
+        if value not in OUTPUT_POOLS:
+            raise InputError(f"output_pool must be one of {', '.join(OUTPUT_POOLS)}, got {value!r}")
+        self.arch["output_pool"] = value
+
+    def finish(self, maps: Tensor, pool: str | None = None) -> Tensor:
+        """Apply the output pooling (``pool`` or :attr:`output_pool`) to decoder maps ``(B, H, W)``."""
+        return pool_maps(maps, self.target_adapter, self.output_pool if pool is None else pool)
+
     def forward(self, x: Tensor, classes: Tensor, features: Sequence[Tensor] | None = None) -> Tensor:
         if features is None:
             features, _ = self.features(x)
-        return self.decoder(features, classes.to(x.device).long(), tuple(x.shape[-2:]))
+        return self.finish(self.decoder(features, classes.to(x.device).long(), tuple(x.shape[-2:])))
+
+
+#: output poolings of :class:`AHANet`
+OUTPUT_POOLS: tuple[str, ...] = ("none", "tokens")
+
+
+def pool_maps(maps: Tensor, adapter: Any, pool: str) -> Tensor:
+    """``pool="tokens"``: the average of ``maps`` ``(B, H, W)`` over each ``patch_size`` cell of the target, spread
+    back over the cell's pixels (edge cells average the pixels they have); ``"none"``: ``maps`` unchanged.
+
+    A ViT reads its input token by token: deleting 5 % of the pixels scattered over many patches barely changes
+    it, deleting whole patches does. Pixel-level deletion/insertion therefore rewards maps that are constant per
+    patch, which is what this pooling gives a map learned at pixel level.
+    """
+    if pool == "none":
+        return maps
+    if pool != "tokens":
+        raise InputError(f"output_pool must be one of {', '.join(OUTPUT_POOLS)}, got {pool!r}")
+    ps = adapter.patch_size
+    if ps is None:
+        raise InputError(f"output_pool='tokens' needs a model with patches; {type(adapter.model).__name__} has none")
+    ph, pw = (int(ps[0]), int(ps[1])) if isinstance(ps, (tuple, list)) else (int(ps), int(ps))
+    h, w = maps.shape[-2:]
+    pooled = F.avg_pool2d(maps[:, None], (ph, pw), stride=(ph, pw), ceil_mode=True, count_include_pad=False)
+    return pooled.repeat_interleave(ph, dim=2).repeat_interleave(pw, dim=3)[:, 0, :h, :w].contiguous()
 
 
 def build_explainer(target: nn.Module, **arch: Any) -> AHANet:

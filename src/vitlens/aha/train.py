@@ -60,7 +60,7 @@ from torch import Tensor, nn
 from ..errors import InputError
 from ..models import get_adapter
 from .evaluation import PROTOCOL, deletion_insertion
-from .network import AHANet, model_digest, save_explainer
+from .network import OUTPUT_POOLS, AHANet, model_digest, save_explainer
 from .soft_metrics import (REFERENCES, RegionGrid, aha_loss, curve_fractions, default_grid_range, reference,
                            soft_curves)
 from .sorter import gumbel_noise
@@ -115,6 +115,8 @@ class AHATrainConfig:
     amp: str = "auto"
     grad_checkpointing: str = "auto"
     recipe: str = "tracked"
+    pool: str = "none"
+    choose_pool: bool = True
 
     @classmethod
     def preset(cls, recipe: str = "tracked", **overrides: Any) -> "AHATrainConfig":
@@ -135,6 +137,8 @@ class AHATrainConfig:
         bad = [r for r in self.references if r not in REFERENCES]
         if bad or not self.references:
             raise InputError(f"references must be a non-empty subset of {REFERENCES}, got {self.references}")
+        if self.pool not in OUTPUT_POOLS:
+            raise InputError(f"pool must be one of {', '.join(OUTPUT_POOLS)}, got {self.pool!r}")
         if self.recipe not in RECIPES:
             raise InputError(f"unknown AHA recipe {self.recipe!r}; choose one of {', '.join(RECIPES)}")
         if self.amp not in ("auto", "bf16", "off") or self.grad_checkpointing not in ("auto", "on", "off"):
@@ -451,26 +455,43 @@ def _model_name(model: Any) -> str:
 
 
 def validate(net: AHANet, data: torch.utils.data.Dataset, dist_info: _Dist, batch: int = 50,
-             chunk: int = 512) -> dict[str, float]:
+             chunk: int = 512, pools: Sequence[str] | None = None) -> dict[str, float]:
     """Hard deletion/insertion (:func:`~vitlens.aha.evaluation.deletion_insertion`) of the explainer's maps for the
-    predicted class on ``data`` (sharded over processes), averaged over images."""
+    predicted class on ``data`` (sharded over processes), averaged over images.
+
+    ``pools``: the output poolings to measure (default: the net's own); the first gives ``deletion``/``insertion``/
+    ``difference``, every other ``P`` gives ``deletion_P`` etc. (e.g. ``difference_tokens``).
+    """
+    pools = list(pools or [net.output_pool])
     idx = list(range(dist_info.rank, len(data), dist_info.world))
     device = next(net.decoder.parameters()).device
-    sums = torch.zeros(4, dtype=torch.float64)
+    sums = torch.zeros(len(pools), 4, dtype=torch.float64)
     for s in range(0, len(idx), batch):
         items = [data[i] for i in idx[s:s + batch]]
         x = torch.stack([it[0] for it in items]).to(device)
         with torch.no_grad():
             feats, logits = net.features(x)
             cls = logits.argmax(-1)
-            maps = net.decoder(feats, cls, tuple(x.shape[-2:]))
-        r = deletion_insertion(net.target, x, maps, cls, chunk=chunk)
-        sums += torch.tensor([float(r["deletion"].sum()), float(r["insertion"].sum()),
-                              float(r["difference"].sum()), len(items)], dtype=torch.float64)
+            raw = net.decoder(feats, cls, tuple(x.shape[-2:]))
+        for k, pool in enumerate(pools):
+            r = deletion_insertion(net.target, x, net.finish(raw, pool), cls, chunk=chunk)
+            sums[k] += torch.tensor([float(r["deletion"].sum()), float(r["insertion"].sum()),
+                                     float(r["difference"].sum()), len(items)], dtype=torch.float64)
     sums = _all_reduce_sum(sums.to(device), dist_info).cpu()
-    n = max(1.0, float(sums[3]))
-    return {"deletion": float(sums[0] / n), "insertion": float(sums[1] / n), "difference": float(sums[2] / n),
-            "n": int(sums[3])}
+    out: dict[str, Any] = {}
+    for k, pool in enumerate(pools):
+        n = max(1.0, float(sums[k, 3]))
+        sfx = "" if k == 0 else f"_{pool}"
+        out.update({f"deletion{sfx}": float(sums[k, 0] / n), f"insertion{sfx}": float(sums[k, 1] / n),
+                    f"difference{sfx}": float(sums[k, 2] / n)})
+    out["n"] = int(sums[0, 3])
+    return out
+
+
+def _best_pool(v: dict[str, Any], pools: Sequence[str]) -> str:
+    """The output pooling with the highest held-out insertion − deletion in validation record ``v``."""
+    scores = {p: v["difference" if k == 0 else f"difference_{p}"] for k, p in enumerate(pools)}
+    return max(scores, key=lambda p: scores[p])
 
 
 def soft_validate(net: AHANet, data: torch.utils.data.Dataset, cfg: AHATrainConfig, tau: float, n: int = 50,
@@ -491,7 +512,7 @@ def soft_validate(net: AHANet, data: torch.utils.data.Dataset, cfg: AHATrainConf
         with torch.no_grad():
             feats, logits = net.features(x)
             cls = logits.argmax(-1)
-            maps = net.decoder(feats, cls, hw)
+            maps = net.finish(net.decoder(feats, cls, hw), cfg.pool)
             ref = torch.zeros_like(x)
             p0 = logits.float().softmax(-1).gather(1, cls[:, None])[:, 0]
             p1 = target_probs(adapter, ref, cls)
@@ -544,7 +565,7 @@ def training_loss(net: AHANet, decoder: nn.Module, x: Tensor, labels: Tensor, in
         return t.repeat_interleave(k, dim=0)
 
     cls = classes.reshape(-1)
-    maps = decoder([rep(f) for f in feats], cls, hw)
+    maps = net.finish(decoder([rep(f) for f in feats], cls, hw), cfg.pool)
     noise = None
     if cfg.noise_scale:
         noise = torch.cat([image_noise(cfg, step, i, k, grid.d) for i in indices]).to(x.device)
@@ -664,9 +685,12 @@ def train_aha(model: nn.Module, data: Any = "scenes", out_dir: str | os.PathLike
     t_start = time.perf_counter()
     finished = False
 
+    pools = [cfg.pool] + ([p for p in OUTPUT_POOLS if p != cfg.pool]
+                          if cfg.choose_pool and adapter.patch_size is not None else [])
+
     def run_validation() -> dict[str, float]:
         """Hard validation (and the soft objective on the same images); appended to the learning curve."""
-        v = {"step": step, **validate(net, val_set, dist_info, chunk=cfg.chunk)}
+        v = {"step": step, "pool": cfg.pool, **validate(net, val_set, dist_info, chunk=cfg.chunk, pools=pools)}
         if dist_info.rank == 0 and cfg.val_every:
             v["soft_difference"] = soft_validate(net, val_set, cfg, temperature(max(0, step - 1), cfg))
         v["images_seen"] = step * cfg.batch_size
@@ -726,6 +750,8 @@ def train_aha(model: nn.Module, data: Any = "scenes", out_dir: str | os.PathLike
             finished = step >= cfg.steps
             if finished and len(val_set):
                 validation = run_validation()
+                net.output_pool = _best_pool(validation, pools)
+                validation["output_pool"] = net.output_pool
     finally:
         if pbar is not None:
             pbar.close()
@@ -787,6 +813,7 @@ def _versions() -> dict[str, str]:
 def _model_card(meta: dict[str, Any], net: AHANet) -> str:
     t = meta["train"]
     v = meta.get("validation") or {}
+    sfx = "" if v.get("output_pool", t.get("pool", "none")) == t.get("pool", "none") else f"_{v['output_pool']}"
     n_params = sum(p.numel() for p in net.decoder.parameters())
     lines = [
         f"# {meta['name']}",
@@ -818,10 +845,14 @@ def _model_card(meta: dict[str, Any], net: AHANet) -> str:
         f"Protocol: {meta['validation_protocol']['n_points']} points, mean reference, predicted class, softmax "
         "probability, trapezoidal AUC.",
         "",
+        f"Output pooling chosen on these images: `{v.get('output_pool', 'none')}` (docs/methods/aha.md §1)"
+        + (f"; pixel map {v['difference']:.4f}, token-pooled {v['difference_tokens']:.4f} insertion − deletion."
+           if "difference_tokens" in v else "."),
+        "",
         "| images | deletion ↓ | insertion ↑ | insertion − deletion ↑ |",
         "|---|---|---|---|",
-        f"| {v.get('n', 0)} | {v.get('deletion', float('nan')):.4f} | {v.get('insertion', float('nan')):.4f} | "
-        f"{v.get('difference', float('nan')):.4f} |",
+        f"| {v.get('n', 0)} | {v.get('deletion' + sfx, float('nan')):.4f} | "
+        f"{v.get('insertion' + sfx, float('nan')):.4f} | {v.get('difference' + sfx, float('nan')):.4f} |",
         "",
         *_curve_lines(meta.get("learning_curve") or []),
         "## Notes",
@@ -842,13 +873,16 @@ def _curve_lines(curve: list[dict[str, Any]]) -> list[str]:
     """The learning curve as a Markdown table (empty without ``--val-every``)."""
     if not curve:
         return []
+    tok = "difference_tokens" in curve[-1]
     lines = ["## Learning curve (held-out, hard metric as above; soft: the training objective on 50 of the same images)",
-             "", "| step | images seen | wall time (s) | deletion ↓ | insertion ↑ | insertion − deletion ↑ | soft ins − del |",
-             "|---|---|---|---|---|---|---|"]
+             "", "| step | images seen | wall time (s) | deletion ↓ | insertion ↑ | insertion − deletion ↑ | "
+             + ("ins − del, token-pooled ↑ | " if tok else "") + "soft ins − del |",
+             "|---|---|---|---|---|---|" + ("---|" if tok else "") + "---|"]
     for v in curve:
         soft = v.get("soft_difference")
+        extra = f"{v.get('difference_tokens', float('nan')):.4f} | " if tok else ""
         lines.append(f"| {v['step']} | {v.get('images_seen', 0):,} | {v.get('seconds', 0):.0f} | {v['deletion']:.4f} | "
-                     f"{v['insertion']:.4f} | {v['difference']:.4f} | {'' if soft is None else f'{soft:.4f}'} |")
+                     f"{v['insertion']:.4f} | {v['difference']:.4f} | {extra}{'' if soft is None else f'{soft:.4f}'} |")
     return lines + [""]
 
 
@@ -901,6 +935,10 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--w-peak", type=float, default=d.w_peak)
     p.add_argument("--width", type=int, default=d.width, help="decoder width")
     p.add_argument("--backbone", default=None, help="timm model name (default: the target itself)")
+    p.add_argument("--pool", choices=list(OUTPUT_POOLS), default="none",
+                   help="output pooling applied in training ('tokens': one score per patch)")
+    p.add_argument("--no-choose-pool", action="store_true",
+                   help="keep --pool as the explainer's output pooling instead of choosing it on the validation set")
     p.add_argument("--n-train", type=int, default=None)
     p.add_argument("--n-val", type=int, default=d.n_val)
     p.add_argument("--val-every", type=int, default=d.val_every)
@@ -942,7 +980,7 @@ def cmd_train_aha(args: argparse.Namespace) -> int:
         steps=args.steps, batch_size=args.batch_size, weight_decay=args.weight_decay,
         grid_range=tuple(args.grid_range) if args.grid_range else None,
         grid_offset=not args.no_grid_offset, n_iters=args.n_iters, w_peak=args.w_peak,
-        width=args.width, backbone=args.backbone,
+        width=args.width, backbone=args.backbone, pool=args.pool, choose_pool=not args.no_choose_pool,
         n_train=args.n_train, n_val=args.n_val, val_every=args.val_every, ckpt_every=args.ckpt_every,
         chunk=args.chunk, amp=args.amp, grad_checkpointing=args.grad_checkpointing, seed=args.seed,
     )
