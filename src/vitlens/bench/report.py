@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from ..atomic import atomic_path, write_text
 from .store import read_rows
 
 __all__ = ["summarise", "write_report"]
@@ -84,7 +85,7 @@ def table_dir(table: list[dict[str, Any]], key: str) -> bool:
 
 def _write_csv(table: list[dict[str, Any]], path: Path) -> None:
     keys = sorted({k for row in table for k, v in row.items() if isinstance(v, dict)})
-    with path.open("w", newline="") as f:
+    with atomic_path(path) as tmp, tmp.open("w", newline="") as f:
         w = csv.writer(f)
         w.writerow(["method"] + [f"{k}/{s}" for k in keys for s in ("mean", "ci95", "n")]
                    + ["forward_passes", "backward_passes", "ms_per_image"])
@@ -122,7 +123,8 @@ def _plot_curves(run_dir: Path) -> Path | None:
         ax.legend(fontsize=7)
     fig.tight_layout()
     path = run_dir / "curves.png"
-    fig.savefig(path, dpi=110)
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, dpi=110)
     return path
 
 
@@ -143,7 +145,8 @@ def _examples(run_dir: Path, methods: list[str]) -> Path | None:
         if all(f.exists() for f in files):
             maps[m] = [np.load(f) for f in files]
     path = run_dir / "examples.png"
-    save_grid(str(path), pix, maps, row_labels=[f"#{i}" for i in idx])
+    with atomic_path(path) as tmp:
+        save_grid(str(tmp), pix, maps, row_labels=[f"#{i}" for i in idx])
     return path
 
 
@@ -159,9 +162,9 @@ def write_report(run_dir: str | Path, config: Any = None) -> dict[str, Path]:
     run_dir = Path(run_dir)
     table = summarise(run_dir)
     md = _markdown(table)
-    (run_dir / "summary.md").write_text(md + "\n\nMean ± 95% confidence interval over images.\n")
+    write_text(run_dir / "summary.md", md + "\n\nMean ± 95% confidence interval over images.\n")
     _write_csv(table, run_dir / "summary.csv")
-    (run_dir / "summary.json").write_text(json.dumps(table, indent=2))
+    write_text(run_dir / "summary.json", json.dumps(table, indent=2))
     curves = _plot_curves(run_dir)
     examples = _examples(run_dir, [r["method"] for r in table])
     cfg = json.loads((run_dir / "config.json").read_text()) if (run_dir / "config.json").exists() else {}
@@ -179,7 +182,7 @@ n = {html.escape(str(cfg.get('n')))}, target: {html.escape(str(cfg.get('target')
 <h2>Protocols</h2><ul>{''.join(f'<li><b>{html.escape(m)}</b>: <code>{html.escape(p)}</code></li>' for m, p in protocols)}</ul>
 <h2>Configuration</h2><pre>{html.escape(json.dumps(cfg, indent=2))}</pre>
 </body></html>"""
-    (run_dir / "report.html").write_text(page)
+    write_text(run_dir / "report.html", page)
     return {"summary": run_dir / "summary.md", "report": run_dir / "report.html"}
 
 
