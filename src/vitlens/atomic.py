@@ -36,9 +36,11 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
         if not tmp.exists():
             raise FileNotFoundError(f"nothing was written to the temporary file for {target}")
         os.replace(tmp, target)
-    except BaseException:
+    except BaseException as e:
         with contextlib.suppress(OSError):
             tmp.unlink()
+        if isinstance(e, OSError) and e.errno is not None and e.filename in (str(tmp), tmp):
+            raise type(e)(e.errno, e.strerror, str(target)) from None  # name the file the user asked for
         raise
 
 
