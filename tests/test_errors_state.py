@@ -356,6 +356,19 @@ def test_train_aha_never_replaces_a_run(tmp_path, existing):
     assert res.finished and res.weights.is_file()
 
 
+def test_train_aha_resume_without_checkpoint_keeps_the_weights(tmp_path):
+    from vitlens.aha.train import train_aha
+
+    out = tmp_path / "aha"
+    _trained(out)
+    (out / "checkpoint.pt").unlink()
+    before = snapshot(out)
+    with pytest.raises(InputError, match=r"--resume: .* has no checkpoint.pt to continue .*--overwrite") as err:
+        train_aha(tiny_target(), tiny_data(), out, steps=2, resume=True, progress=False, **FAST)
+    one_line(str(err.value))
+    assert snapshot(out) == before
+
+
 def test_train_aha_cli_refusal_and_name(tmp_path, capsys):
     out = tmp_path / "aha"
     _trained(out, ckpt_every=1)

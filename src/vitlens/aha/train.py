@@ -429,8 +429,11 @@ def _check_run_folder(out: Path, name: str, resume: bool, overwrite: bool) -> No
         raise InputError(f"--out {out} is a file, not a folder")
     mine = [out / "checkpoint.pt", *(out / f"{name}{ext}" for ext in (".safetensors", ".json", ".md"))]
     found = [p.name for p in mine if p.exists()]
-    if not found or resume:
+    if not found or (resume and mine[0].exists()):
         return
+    if resume and not overwrite:
+        raise InputError(f"--resume: {out} has no checkpoint.pt to continue (it holds {', '.join(found)}); "
+                         "pass --overwrite to train a new run there")
     if not overwrite:
         raise InputError(f"{out} already holds a run ({', '.join(found)}); pass --resume to continue it, or "
                          "--overwrite to replace it")
