@@ -220,7 +220,7 @@ def test_damaged_config_names_the_file_and_the_way_out(tmp_path, capsys, content
 def _trained(out: Path, **kw):
     from vitlens.aha.train import train_aha
 
-    return train_aha(tiny_target(), tiny_data(), out, steps=2, progress=False, **{**FAST, **kw})
+    return train_aha(tiny_target(), tiny_data(), out, progress=False, **{"steps": 2, **FAST, **kw})
 
 
 CKPT_DAMAGE = {
@@ -377,6 +377,36 @@ def test_train_aha_cli_refusal_and_name(tmp_path, capsys):
     err = one_line(capsys.readouterr().err)
     assert rc == 2 and "already holds a run" in err and "--resume" in err and "--overwrite" in err
     assert snapshot(out) == before
+    rc = main(["train-aha", "--model", "shapes-vit", "--name", "aha", "--out", str(out), "--resume", "--overwrite"])
+    assert rc == 2 and "pass one of them" in one_line(capsys.readouterr().err)
+    assert snapshot(out) == before
     with pytest.raises(InputError, match="--name must be a plain file name"):
         _trained(tmp_path / "other", name="../x")
     assert not (tmp_path / "x.safetensors").exists() and not (tmp_path / "other").exists()
+
+
+def test_full_disk_during_a_checkpoint_keeps_the_previous_one(tmp_path, monkeypatch):
+    """ENOSPC half-way through a checkpoint save: the error propagates, the previous checkpoint is intact, no
+    temporary is left, and --resume continues from that checkpoint to the uninterrupted result."""
+    from vitlens.aha.train import train_aha
+
+    full = _trained(tmp_path / "full", steps=4)
+    out = tmp_path / "aha"
+    _trained(out, steps=4, stop_after=2)
+    before = (out / "checkpoint.pt").read_bytes()
+    real_save = torch.save
+
+    def disk_full(obj, path, *a, **k):
+        Path(path).write_bytes(b"PK\x03\x04half")
+        raise OSError(errno.ENOSPC, "No space left on device", str(path))
+
+    monkeypatch.setattr(torch, "save", disk_full)
+    with pytest.raises(OSError, match="No space left") as err:
+        train_aha(tiny_target(), tiny_data(), out, steps=4, resume=True, progress=False, **FAST)
+    assert err.value.filename == str(out / "checkpoint.pt")  # the file meant, not the temporary
+    assert (out / "checkpoint.pt").read_bytes() == before
+    assert sorted(p.name for p in out.iterdir()) == ["checkpoint.pt"]
+    monkeypatch.setattr(torch, "save", real_save)
+    rest = train_aha(tiny_target(), tiny_data(), out, steps=4, resume=True, progress=False, **FAST)
+    for (k, a), b in zip(full.net.state_dict().items(), rest.net.state_dict().values()):
+        assert torch.equal(a, b), k

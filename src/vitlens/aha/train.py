@@ -26,9 +26,9 @@ over its images and DDP averages gradients over ranks, which equals the global m
 
 Checkpoints (``checkpoint.pt`` in the output folder, every ``ckpt_every`` steps, at the end, and on Ctrl-C after the
 last whole step; written atomically): decoder weights, optimiser, scheduler, step, RNG states (torch, numpy, python;
-CUDA when used), config, history. ``resume=True`` continues from it. A folder that already holds a run is never
-silently replaced: without ``resume`` it is refused unless ``overwrite=True``. Outputs: ``<name>.safetensors`` + ``<name>.json`` (metadata: config, command, seed, time,
-validation) + ``<name>.md`` (model card).
+CUDA when used), config, history. ``resume=True`` continues from it; a folder holding an earlier run is otherwise
+refused unless ``overwrite=True`` (:mod:`vitlens.run_folders`). Outputs: ``<name>.safetensors`` + ``<name>.json``
+(metadata: config, command, seed, time, validation) + ``<name>.md`` (model card).
 
 Validation (every ``val_every`` steps and at the end): :func:`vitlens.aha.evaluation.deletion_insertion` on held-out
 images with the explainer's maps for the predicted class (the authors' protocol: hard pixel ranking, 21 points,
@@ -405,42 +405,6 @@ def _atomic_save(obj: Any, path: Path) -> None:
     save_torch(obj, path)
 
 
-def _load_checkpoint(path: Path) -> dict[str, Any]:
-    """``torch.load`` of a checkpoint; a truncated or foreign file is a one-line error naming it."""
-    from ..errors import DamagedFileError
-
-    try:
-        ck = torch.load(path, map_location="cpu", weights_only=False)
-        if not isinstance(ck, dict) or not {"decoder", "optimizer", "scheduler", "step", "rng", "config"} <= set(ck):
-            raise ValueError("not a train-aha checkpoint")
-        return ck
-    except (Exception, MemoryError) as e:  # UnpicklingError, EOFError, RuntimeError (zip), MemoryError, ...
-        why = (str(e).splitlines() or ["unreadable"])[0][:120]
-        raise DamagedFileError(f"checkpoint {path} is damaged ({type(e).__name__}: {why}); delete it to restart, "
-                               "or rerun with --overwrite") from None
-
-
-def _check_run_folder(out: Path, name: str, resume: bool, overwrite: bool) -> None:
-    """Refuse to replace an earlier run in ``out`` unless resuming it or told to overwrite it."""
-    from ..options import check_file_name
-
-    check_file_name("--name", name)
-    if out.exists() and not out.is_dir():
-        raise InputError(f"--out {out} is a file, not a folder")
-    mine = [out / "checkpoint.pt", *(out / f"{name}{ext}" for ext in (".safetensors", ".json", ".md"))]
-    found = [p.name for p in mine if p.exists()]
-    if not found or (resume and mine[0].exists()):
-        return
-    if resume and not overwrite:
-        raise InputError(f"--resume: {out} has no checkpoint.pt to continue (it holds {', '.join(found)}); "
-                         "pass --overwrite to train a new run there")
-    if not overwrite:
-        raise InputError(f"{out} already holds a run ({', '.join(found)}); pass --resume to continue it, or "
-                         "--overwrite to replace it")
-    for p in mine:
-        p.unlink(missing_ok=True)
-
-
 # --------------------------------------------------------------------------------------------------------------------
 # The training loop
 # --------------------------------------------------------------------------------------------------------------------
@@ -565,7 +529,12 @@ def train_aha(model: nn.Module, data: Any = "scenes", out_dir: str | os.PathLike
         cfg.depths = tuple(int(v) for v in cfg.depths)
     cfg.check()
     if out_dir is not None and int(os.environ.get("RANK", "0")) == 0:
-        _check_run_folder(Path(out_dir), name, resume, overwrite)
+        from ..options import check_file_name
+        from ..run_folders import guard_run_folder
+
+        check_file_name("--name", name)
+        guard_run_folder(Path(out_dir), Path(out_dir) / "checkpoint.pt",
+                         [Path(out_dir) / f"{name}{e}" for e in (".safetensors", ".json", ".md")], resume, overwrite)
     if threads:
         torch.set_num_threads(int(threads))
     dev = torch.device(device) if device is not None else next(
@@ -594,7 +563,9 @@ def train_aha(model: nn.Module, data: Any = "scenes", out_dir: str | os.PathLike
     validation: dict[str, float] | None = None
     elapsed0 = 0.0
     if resume and ckpt_path is not None and ckpt_path.is_file():
-        ck = _load_checkpoint(ckpt_path)
+        from ..run_folders import load_checkpoint
+
+        ck = load_checkpoint(ckpt_path, ("decoder", "optimizer", "scheduler", "step", "rng", "config"))
         saved = dict(ck["config"])
         mine = cfg.to_dict()
         diff = sorted(k for k in mine if k not in _RESUMABLE_CHANGES and saved.get(k) != mine[k])
@@ -691,7 +662,9 @@ def train_aha(model: nn.Module, data: Any = "scenes", out_dir: str | os.PathLike
             if finished and len(val_set):
                 validation = {"step": step, **validate(net, val_set, dist_info, chunk=cfg.chunk)}
     except KeyboardInterrupt:  # keep the whole steps done: a checkpoint if the state is between two steps
-        if _between_steps(opt, sched, history, step):
+        from ..run_folders import optimizer_at_step
+
+        if optimizer_at_step(opt, sched, history, step):
             save_checkpoint(elapsed0 + time.perf_counter() - t_start)
         raise
     finally:
@@ -731,12 +704,6 @@ def train_aha(model: nn.Module, data: Any = "scenes", out_dir: str | os.PathLike
             dist.destroy_process_group()
     return TrainResult(net=net, history=history, validation=validation, weights=weights, step=step,
                        seconds=seconds, finished=finished)
-
-
-def _between_steps(opt: torch.optim.Optimizer, sched: Any, history: list, step: int) -> bool:
-    """Whether optimiser, scheduler and history all stand at ``step`` (not interrupted inside a step)."""
-    counts = {int(st["step"]) for st in opt.state.values() if "step" in st}
-    return counts <= {step} and int(sched.last_epoch) == step and len(history) == step
 
 
 def _mean_std(model: nn.Module) -> tuple[tuple[float, ...], tuple[float, ...]]:
