@@ -6,7 +6,6 @@ Benchmarks run in-process on a tiny random ViT (seconds); train-aha on the tiny 
 from __future__ import annotations
 
 import errno
-import json
 import os
 import sqlite3
 from pathlib import Path

@@ -783,15 +783,6 @@ def _model_card(meta: dict[str, Any], net: AHANet) -> str:
 # --------------------------------------------------------------------------------------------------------------------
 
 
-def _parse_value(raw: str) -> Any:
-    import ast
-
-    try:
-        return ast.literal_eval(raw)
-    except (ValueError, SyntaxError):
-        return raw
-
-
 def _add_arguments(p: argparse.ArgumentParser) -> None:
     from ..options import nonnegative_float, nonnegative_int, positive_float, positive_int
 
