@@ -174,3 +174,38 @@ def test_train_aha_killed_at_several_points_equals_uninterrupted(tmp_path, train
     m_got = json.loads((out / "aha.json").read_text())
     assert m_got["loss_history"] == m_want["loss_history"] and len(m_got["loss_history"]) == 12
     assert m_got["validation"] == m_want["validation"]
+
+
+@pytest.mark.parametrize("command,argv,expect", [
+    ("bench", ["bench", "--out", "runs/b", "--overwrite", "--n", "5"],
+     "vitlens: interrupted; finished results are kept in runs/b; resume with: "),
+    ("train-aha", ["train-aha", "--model", "m", "--out", "runs/a", "--overwrite"],
+     "vitlens: interrupted; finished results are kept in runs/a; resume with: "),
+    ("explain", ["explain", "x.png", "--out", "o"], "vitlens: interrupted; the files written so far are in o"),
+    ("methods", ["methods"], "vitlens: interrupted"),
+])
+def test_ctrl_c_message_and_resume_command(monkeypatch, capsys, command, argv, expect):
+    """In-process: the command raises KeyboardInterrupt; the resume command drops --overwrite (that would start
+    over) and adds --resume for train-aha."""
+    import vitlens.cli as cli
+
+    parser = cli.build_parser()
+
+    def interrupted(args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "build_parser", lambda: _with_func(parser, interrupted))
+    assert cli.main(argv) == 130
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(expect) and len(err.splitlines()) == 1, err
+    assert "--overwrite" not in err
+    assert ("--resume" in err) == (command == "train-aha")
+    if command == "bench":
+        assert err.endswith("bench --out runs/b --n 5")
+
+
+def _with_func(parser, func):
+    for action in parser._subparsers._group_actions:
+        for sub in action.choices.values():
+            sub.set_defaults(func=func)
+    return parser

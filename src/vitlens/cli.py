@@ -226,10 +226,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(args.func(args) or 0)
     except KeyboardInterrupt:
         out = getattr(args, "out", None)
-        kept = f"finished results are kept in {out}; " if out and args.command in ("bench", "demo", "train-aha") \
-            else ""
-        resume = f"resume with: {_resume_command(argv, args.command)}" if kept else "nothing was written"
-        print(f"vitlens: interrupted; {kept}{resume}", file=sys.stderr)
+        if out and args.command in ("bench", "demo", "train-aha"):
+            note = f"; finished results are kept in {out}; resume with: {_resume_command(argv, args.command)}"
+        elif out:
+            note = f"; the files written so far are in {out}"
+        else:
+            note = ""
+        print(f"vitlens: interrupted{note}", file=sys.stderr)
         return 130
     except (DamagedFileError, WeightsUnavailableError) as e:
         print(f"vitlens: error: {e}", file=sys.stderr)
