@@ -1,13 +1,21 @@
-"""The ``vitlens`` command line: ``demo``, ``explain``, ``bench``, ``train-aha``, ``methods``, ``models``."""
+"""The ``vitlens`` command line: ``demo``, ``explain``, ``bench``, ``train-aha``, ``methods``, ``models``.
+
+Exit codes: 0 success; 2 usage error (a bad option, value, file or run directory: one line naming it); 1 runtime
+failure (a damaged file, a full disk, missing weights: one line naming the file and what to do); 130 interrupted
+(Ctrl-C: one line, finished results kept, and the command that resumes the run).
+"""
 
 from __future__ import annotations
 
 import argparse
-import ast
 import json
+import os
+import shlex
 import sys
 from pathlib import Path
 from typing import Any, Sequence
+
+from .options import nonnegative_int, positive_int
 
 __all__ = ["main"]
 
@@ -15,18 +23,11 @@ DEMO_METHODS = "gradskip,attnlrp,gae,rollout,inputxgradient,random"
 DEMO_METRICS = "insertion_deletion:preset='aha',pointing_game:tolerance=4"
 
 
-def _parse_options(pairs: Sequence[str]) -> dict[str, Any]:
+def _parse_options(pairs: Sequence[str], flag: str = "--option") -> dict[str, Any]:
     """``["alpha=0.3", "skip=fixed", "head_subset=('top', 0.25)"]`` → options dict (Python literals, else strings)."""
-    out: dict[str, Any] = {}
-    for pair in pairs:
-        key, sep, raw = pair.partition("=")
-        if not sep or not key:
-            raise SystemExit(f"vitlens: error: --option expects KEY=VALUE, got {pair!r}")
-        try:
-            out[key] = ast.literal_eval(raw)
-        except (ValueError, SyntaxError):
-            out[key] = raw
-    return out
+    from .options import parse_key_values
+
+    return parse_key_values(pairs, flag)
 
 
 def cmd_methods(args: argparse.Namespace) -> int:
@@ -74,28 +75,30 @@ def cmd_demo(args: argparse.Namespace) -> int:
                          metrics=split_specs(args.metrics), n=args.n, batch_size=args.batch, show=args.show)
     print(f"vitlens demo: {args.model} on {args.n} fresh synthetic scenes (seed {args.seed}); methods "
           f"{', '.join(m for m, _ in config.methods)}; nothing is downloaded")
-    run_dir = run_benchmark(config, args.out, model=model, progress=not args.quiet)
+    run_dir = run_benchmark(config, args.out, model=model, progress=not args.quiet, overwrite=args.overwrite)
     print((Path(run_dir) / "summary.md").read_text())
     print(f"report: {Path(run_dir) / 'report.html'}  (overlays: {Path(run_dir) / 'examples.png'})")
     return 0
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    import vitlens
-    from vitlens.bench import BenchConfig, run_benchmark, split_specs
-
     import torch
 
-    model_kwargs = _parse_options(args.model_option)
+    import vitlens  # noqa: F401
+    from vitlens.bench import BenchConfig, run_benchmark, split_specs
+
+    from .options import load_model_with_options
+
+    model_kwargs = _parse_options(args.model_option, "--model-option")
     torch.manual_seed(args.seed)  # random-weight models (pretrained=False) are the same in every process and rerun
-    model = vitlens.load_model(args.model, **model_kwargs)
+    model = load_model_with_options(args.model, model_kwargs)
     data = _with_class_map(args.data, args.class_map)
     config = BenchConfig(
         model=args.model + ("" if not model_kwargs else " " + json.dumps(model_kwargs, sort_keys=True)),
         data=data, methods=split_specs(args.methods), metrics=split_specs(args.metrics or _default_metrics(data)),
         n=args.n, batch_size=args.batch, target=args.target, seed=args.seed, show=args.show,
     )
-    run_dir = run_benchmark(config, args.out, model=model, progress=not args.quiet)
+    run_dir = run_benchmark(config, args.out, model=model, progress=not args.quiet, overwrite=args.overwrite)
     summary = Path(run_dir) / "summary.md"
     if summary.exists() and int(__import__("os").environ.get("RANK", "0")) == 0:
         print(summary.read_text())
@@ -129,14 +132,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     d = sub.add_parser("demo", help="offline demo: a small benchmark of the bundled model with an HTML report")
     d.add_argument("--model", default="shapes-vit")
-    d.add_argument("--n", type=int, default=100, help="number of fresh scenes")
+    d.add_argument("--n", type=positive_int, default=100, help="number of fresh scenes")
     d.add_argument("--seed", type=int, default=2026, help="scene seed (the training data used other seeds)")
     d.add_argument("--methods", default=DEMO_METHODS, help="method specs (see vitlens bench)")
     d.add_argument("--metrics", default=DEMO_METRICS, help="metric specs (see vitlens bench)")
-    d.add_argument("--batch", type=int, default=25)
-    d.add_argument("--show", type=int, default=6, help="scenes shown in the overlay grid")
+    d.add_argument("--batch", type=positive_int, default=25)
+    d.add_argument("--show", type=nonnegative_int, default=6, help="scenes shown in the overlay grid")
     d.add_argument("--quiet", action="store_true")
     d.add_argument("--out", default="vitlens-demo", help="run directory (rerun to resume)")
+    d.add_argument("--overwrite", action="store_true", help="replace a demo run of other settings in --out")
     d.set_defaults(func=cmd_demo)
 
     from vitlens.cli_explain import add_explain_parser
@@ -156,14 +160,16 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--class-map", default=None, metavar="FILE",
                    help="for --data folder:root=DIR: map class folders to the model's classes ('folder: class' "
                         "per line, or JSON); folders not listed are matched to the model's class names")
-    b.add_argument("--num-images", "--n", dest="n", type=int, default=None,
+    b.add_argument("--num-images", "--n", dest="n", type=positive_int, default=None,
                    help="number of images (default: the whole source); under torchrun write --num-images")
-    b.add_argument("--batch", type=int, default=25, help="images per unit of work")
+    b.add_argument("--batch", type=positive_int, default=25, help="images per unit of work")
     b.add_argument("--target", choices=["predicted", "label"], default="predicted")
     b.add_argument("--seed", type=int, default=0)
-    b.add_argument("--show", type=int, default=6, help="images shown as examples in the report")
+    b.add_argument("--show", type=nonnegative_int, default=6, help="images shown as examples in the report")
     b.add_argument("--quiet", action="store_true", help="no progress bar")
     b.add_argument("--out", required=True, help="run directory (rerun the same command to resume)")
+    b.add_argument("--overwrite", action="store_true",
+                   help="replace a run of another configuration in --out (default: refuse it)")
     b.set_defaults(func=cmd_bench)
 
     from vitlens.aha.train import add_train_aha_parser
@@ -196,16 +202,55 @@ def _show_defaults(parser: argparse.ArgumentParser) -> None:
             action.help = "default: %(default)s"
 
 
+def _resume_command(argv: Sequence[str], command: str) -> str:
+    """The command that continues an interrupted run: the same one (bench, demo), with ``--resume`` for train-aha;
+    never with ``--overwrite`` (that would start over)."""
+    args = [a for a in argv if a != "--overwrite"]
+    if command == "train-aha" and "--resume" not in args:
+        args.append("--resume")
+    prog = "vitlens" if Path(sys.argv[0]).name == "vitlens" else "python -m vitlens.cli"
+    return " ".join([prog, *(shlex.quote(a) for a in args)])
+
+
+def _quiet_third_party() -> None:
+    """HuggingFace hub / transformers progress bars and advisory logs stay out of vitlens' output."""
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    _quiet_third_party()
+    argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
     args = parser.parse_args(argv)
-    from vitlens.errors import VitlensError
+    from vitlens.errors import DamagedFileError, VitlensError, WeightsUnavailableError
 
     try:
         return int(args.func(args) or 0)
+    except KeyboardInterrupt:
+        out = getattr(args, "out", None)
+        if out and args.command in ("bench", "demo", "train-aha"):
+            note = f"; finished results are kept in {out}; resume with: {_resume_command(argv, args.command)}"
+        elif out:
+            note = f"; the files written so far are in {out}"
+        else:
+            note = ""
+        print(f"vitlens: interrupted{note}", file=sys.stderr)
+        return 130
+    except (DamagedFileError, WeightsUnavailableError) as e:
+        print(f"vitlens: error: {e}", file=sys.stderr)
+        return 1
     except VitlensError as e:
         print(f"vitlens: error: {e}", file=sys.stderr)
         return 2
+    except OSError as e:  # full disk, read-only mount, a folder that is a file...
+        if isinstance(e, FileExistsError) and e.filename:
+            print(f"vitlens: error: {e.filename} exists and is not a directory; choose another --out", file=sys.stderr)
+            return 2
+        where = f" {e.filename}" if e.filename else ""
+        print(f"vitlens: error: cannot write or read{where}: {e.strerror or e}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":  # pragma: no cover

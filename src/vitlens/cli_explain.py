@@ -17,6 +17,8 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
+from .options import load_model_with_options, nonnegative_int, positive_int
+
 __all__ = ["add_explain_parser", "cmd_explain", "output_bases"]
 
 
@@ -33,9 +35,9 @@ def add_explain_parser(sub: Any, formatter: type[argparse.HelpFormatter]) -> arg
                    help="method specs, comma-separated: name or name:key=value;key=value (vitlens methods)")
     e.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
                    help="option for every method, repeatable (per-method options: --methods 'gradskip:alpha=0.3')")
-    e.add_argument("--target", type=int, default=None, help="class index to explain (None: the predicted class)")
+    e.add_argument("--target", type=nonnegative_int, default=None, help="class index to explain (None: the predicted class)")
     e.add_argument("--device", default="cpu", help="torch device: cpu, cuda, cuda:1, mps, or auto")
-    e.add_argument("--batch", type=int, default=16, help="images per batch")
+    e.add_argument("--batch", type=positive_int, default=16, help="images per batch (>= 1)")
     e.add_argument("--normalize", default="auto", choices=["auto", "signed", "abs", "minmax"],
                    help="colour scaling: auto = signed maps on a diverging scale centred at 0, others min to max")
     e.add_argument("--clip", type=float, default=99.5,
@@ -150,7 +152,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
     bases = output_bases(paths)
     device = _device(args.device)
     model_kwargs = _parse_options(args.model_option)
-    model = vitlens.load_model(args.model, **model_kwargs).to(device)
+    model = load_model_with_options(args.model, model_kwargs).to(device)
     cfg = vimages.data_config(model)
     names = model_class_names(model)
     out = Path(args.out)

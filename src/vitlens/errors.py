@@ -13,6 +13,7 @@ __all__ = [
     "UnsupportedModelError",
     "WeightsUnavailableError",
     "ImageLoadError",
+    "DamagedFileError",
 ]
 
 
@@ -38,3 +39,8 @@ class WeightsUnavailableError(VitlensError, RuntimeError):
 
 class ImageLoadError(VitlensError, ValueError):
     """An image file or object cannot be read as an image."""
+
+
+class DamagedFileError(VitlensError, RuntimeError):
+    """A file vitlens wrote earlier (result store, shard, run configuration, checkpoint) cannot be read back; the
+    message names the file and what to do."""

@@ -24,10 +24,11 @@ on CPU), wraps the decoder in :class:`torch.nn.parallel.DistributedDataParallel`
 local batches of ``b/N`` images together are exactly the single-process batch of ``b``; each rank averages its loss
 over its images and DDP averages gradients over ranks, which equals the global mean).
 
-Checkpoints (``checkpoint.pt`` in the output folder, every ``ckpt_every`` steps and at the end): decoder weights,
-optimiser, scheduler, step, RNG states (torch, numpy, python; CUDA when used), config, history. ``resume=True``
-continues from it. Outputs: ``<name>.safetensors`` + ``<name>.json`` (metadata: config, command, seed, time,
-validation) + ``<name>.md`` (model card).
+Checkpoints (``checkpoint.pt`` in the output folder, every ``ckpt_every`` steps, at the end, and on Ctrl-C after the
+last whole step; written atomically): decoder weights, optimiser, scheduler, step, RNG states (torch, numpy, python;
+CUDA when used), config, history. ``resume=True`` continues from it; a folder holding an earlier run is otherwise
+refused unless ``overwrite=True`` (:mod:`vitlens.run_folders`). Outputs: ``<name>.safetensors`` + ``<name>.json``
+(metadata: config, command, seed, time, validation) + ``<name>.md`` (model card).
 
 Validation (every ``val_every`` steps and at the end): :func:`vitlens.aha.evaluation.deletion_insertion` on held-out
 images with the explainer's maps for the predicted class (the authors' protocol: hard pixel ranking, 21 points,
@@ -437,9 +438,9 @@ def _set_rng_state(state: dict[str, Any]) -> None:
 
 
 def _atomic_save(obj: Any, path: Path) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    torch.save(obj, tmp)
-    os.replace(tmp, path)
+    from ..atomic import save_torch
+
+    save_torch(obj, path)
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -580,7 +581,8 @@ def train_aha(model: nn.Module, data: Any = "scenes", out_dir: str | os.PathLike
               config: AHATrainConfig | None = None, name: str = "aha", resume: bool = False,
               stop_after: int | None = None, progress: bool = True, device: str | torch.device | None = None,
               threads: int | None = None, command: str | None = None, card: bool = True,
-              on_step: Callable[[int, dict[str, float]], None] | None = None, **overrides: Any) -> TrainResult:
+              on_step: Callable[[int, dict[str, float]], None] | None = None, overwrite: bool = False,
+              **overrides: Any) -> TrainResult:
     """Train an AHA explainer for the frozen ``model``.
 
     Args:
@@ -598,6 +600,8 @@ def train_aha(model: nn.Module, data: Any = "scenes", out_dir: str | os.PathLike
         command: the command line recorded in the metadata.
         card: write the Markdown model card next to the weights.
         on_step: callback ``(step, record)`` after every step (record: loss and its parts).
+        overwrite: replace an earlier run in ``out_dir`` (without it, and without ``resume``, such a folder is
+            refused with an error naming both).
 
     Returns:
         :class:`TrainResult`.
@@ -609,6 +613,13 @@ def train_aha(model: nn.Module, data: Any = "scenes", out_dir: str | os.PathLike
     if cfg.depths is not None:
         cfg.depths = tuple(int(v) for v in cfg.depths)
     cfg.check()
+    if out_dir is not None and int(os.environ.get("RANK", "0")) == 0:
+        from ..options import check_file_name
+        from ..run_folders import guard_run_folder
+
+        check_file_name("--name", name)
+        guard_run_folder(Path(out_dir), Path(out_dir) / "checkpoint.pt",
+                         [Path(out_dir) / f"{name}{e}" for e in (".safetensors", ".json", ".md")], resume, overwrite)
     if threads:
         torch.set_num_threads(int(threads))
     dev = torch.device(device) if device is not None else next(
@@ -638,7 +649,9 @@ def train_aha(model: nn.Module, data: Any = "scenes", out_dir: str | os.PathLike
     val_history: list[dict[str, float]] = []
     elapsed0 = 0.0
     if resume and ckpt_path is not None and ckpt_path.is_file():
-        ck = torch.load(ckpt_path, map_location="cpu", weights_only=False)
+        from ..run_folders import load_checkpoint
+
+        ck = load_checkpoint(ckpt_path, ("decoder", "optimizer", "scheduler", "step", "rng", "config"))
         saved = dict(ck["config"])
         mine = cfg.to_dict()
         diff = sorted(k for k in mine if k not in _RESUMABLE_CHANGES and saved.get(k) != mine[k])
@@ -752,6 +765,12 @@ def train_aha(model: nn.Module, data: Any = "scenes", out_dir: str | os.PathLike
                 validation = run_validation()
                 net.output_pool = _best_pool(validation, pools)
                 validation["output_pool"] = net.output_pool
+    except KeyboardInterrupt:  # keep the whole steps done: a checkpoint if the state is between two steps
+        from ..run_folders import optimizer_at_step
+
+        if optimizer_at_step(opt, sched, history, step):
+            save_checkpoint(elapsed0 + time.perf_counter() - t_start)
+        raise
     finally:
         if pbar is not None:
             pbar.close()
@@ -779,7 +798,9 @@ def train_aha(model: nn.Module, data: Any = "scenes", out_dir: str | os.PathLike
         }
         weights, jpath = save_explainer(net, out / f"{name}.safetensors", meta)
         if card:
-            (out / f"{name}.md").write_text(_model_card(meta, net), encoding="utf-8")
+            from ..atomic import write_text
+
+            write_text(out / f"{name}.md", _model_card(meta, net))
     if dist_info.active:
         import torch.distributed as dist
 
@@ -891,16 +912,9 @@ def _curve_lines(curve: list[dict[str, Any]]) -> list[str]:
 # --------------------------------------------------------------------------------------------------------------------
 
 
-def _parse_value(raw: str) -> Any:
-    import ast
-
-    try:
-        return ast.literal_eval(raw)
-    except (ValueError, SyntaxError):
-        return raw
-
-
 def _add_arguments(p: argparse.ArgumentParser) -> None:
+    from ..options import nonnegative_float, nonnegative_int, positive_float, positive_int
+
     d = AHATrainConfig()
     p.add_argument("--model", required=True, help="bundled name (shapes-vit), timm:<arch> or hf:<dir>")
     p.add_argument("--model-option", action="append", default=[], metavar="KEY=VALUE",
@@ -909,64 +923,64 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", required=True, help="output folder (checkpoint.pt, <name>.safetensors/.json/.md)")
     p.add_argument("--name", default=None, help="stem of the output files (default: <model>-aha)")
     p.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.pt")
+    p.add_argument("--overwrite", action="store_true", help="replace an earlier run in OUT (default: refuse it)")
     p.add_argument("--recipe", choices=sorted(RECIPES), default="tracked",
                    help="training recipe whose values the options below default to: 'tracked' (learns; default) or "
                         "'authors' (the AHA paper's: tau 1->0.3, Gumbel noise, 2 classes, mixed references, m=16)")
-    p.add_argument("--steps", type=int, default=d.steps)
-    p.add_argument("--batch-size", type=int, default=d.batch_size, help="global batch (all processes)")
-    p.add_argument("--lr", type=float, default=None, help=f"AdamW learning rate (tracked: {d.lr:g})")
-    p.add_argument("--weight-decay", type=float, default=d.weight_decay)
-    p.add_argument("--curve-points", dest="m", type=int, default=None,
+    p.add_argument("--steps", type=positive_int, default=d.steps)
+    p.add_argument("--batch-size", type=positive_int, default=d.batch_size, help="global batch (all processes)")
+    p.add_argument("--lr", type=positive_float, default=None, help=f"AdamW learning rate (tracked: {d.lr:g})")
+    p.add_argument("--weight-decay", type=nonnegative_float, default=d.weight_decay)
+    p.add_argument("--curve-points", dest="m", type=positive_int, default=None,
                    help=f"m: curve points incl. both endpoints (tracked: {d.m})")
     p.add_argument("--step-sampling", choices=["fixed", "random"], default=None,
                    help=f"curve fractions per step (tracked: {d.step_sampling})")
-    p.add_argument("--grid-range", type=int, nargs=2, default=None, metavar=("MIN", "MAX"))
+    p.add_argument("--grid-range", type=positive_int, nargs=2, default=None, metavar=("MIN", "MAX"))
     p.add_argument("--no-grid-offset", action="store_true")
     p.add_argument("--classes-per-image", type=int, choices=[1, 2], default=None,
                    help=f"1: the predicted class; 2: also the runner-up / true label (tracked: {d.classes_per_image})")
     p.add_argument("--references", default=None,
                    help=f"comma-separated deletion references drawn per step, of {','.join(REFERENCES)} "
                         f"(tracked: {','.join(d.references)})")
-    p.add_argument("--tau", type=float, nargs=2, default=None, metavar=("START", "END"),
+    p.add_argument("--tau", type=positive_float, nargs=2, default=None, metavar=("START", "END"),
                    help=f"sorter temperature, annealed linearly (tracked: {d.tau_start:g} {d.tau_end:g})")
-    p.add_argument("--n-iters", type=int, default=d.n_iters, help="Sinkhorn iterations")
-    p.add_argument("--noise-scale", type=float, default=None,
+    p.add_argument("--n-iters", type=positive_int, default=d.n_iters, help="Sinkhorn iterations")
+    p.add_argument("--noise-scale", type=nonnegative_float, default=None,
                    help=f"Gumbel noise multiplier, 0: none (tracked: {d.noise_scale:g})")
-    p.add_argument("--w-peak", type=float, default=d.w_peak)
-    p.add_argument("--width", type=int, default=d.width, help="decoder width")
+    p.add_argument("--w-peak", type=nonnegative_float, default=d.w_peak)
+    p.add_argument("--width", type=positive_int, default=d.width, help="decoder width")
     p.add_argument("--backbone", default=None, help="timm model name (default: the target itself)")
     p.add_argument("--pool", choices=list(OUTPUT_POOLS), default="none",
                    help="output pooling applied in training ('tokens': one score per patch)")
     p.add_argument("--no-choose-pool", action="store_true",
                    help="keep --pool as the explainer's output pooling instead of choosing it on the validation set")
-    p.add_argument("--n-train", type=int, default=None)
-    p.add_argument("--n-val", type=int, default=d.n_val)
-    p.add_argument("--val-every", type=int, default=d.val_every)
-    p.add_argument("--ckpt-every", type=int, default=d.ckpt_every)
-    p.add_argument("--chunk", type=int, default=d.chunk, help="images per target forward (memory knob)")
+    p.add_argument("--n-train", type=positive_int, default=None, help="training images (default: steps x batch)")
+    p.add_argument("--n-val", type=nonnegative_int, default=d.n_val)
+    p.add_argument("--val-every", type=nonnegative_int, default=d.val_every)
+    p.add_argument("--ckpt-every", type=nonnegative_int, default=d.ckpt_every)
+    p.add_argument("--chunk", type=positive_int, default=d.chunk, help="images per target forward (memory knob)")
     p.add_argument("--amp", choices=["auto", "bf16", "off"], default=d.amp)
     p.add_argument("--grad-checkpointing", choices=["auto", "on", "off"], default=d.grad_checkpointing)
     p.add_argument("--seed", type=int, default=d.seed)
-    p.add_argument("--threads", type=int, default=None, help="torch threads per process (default: cores/processes)")
+    p.add_argument("--threads", type=positive_int, default=None,
+                   help="torch threads per process (default: cores/processes)")
     p.add_argument("--device", default=None, help="cpu, cuda (default: cuda if available)")
     p.add_argument("--no-progress", action="store_true")
 
 
 def cmd_train_aha(args: argparse.Namespace) -> int:
     """Run ``train-aha`` from parsed arguments."""
-    import vitlens
+    from ..options import check_device, check_file_name, load_model_with_options, parse_key_values
 
     world = int(os.environ.get("WORLD_SIZE", "1"))
+    check_device(args.device)  # before anything is loaded or written
+    if args.name is not None:
+        check_file_name("--name", args.name)
     threads = args.threads or max(1, (os.cpu_count() or 1) // world)
     torch.set_num_threads(threads)
-    options = {}
-    for pair in args.model_option:
-        key, sep, raw = pair.partition("=")
-        if not sep:
-            raise SystemExit(f"--model-option expects KEY=VALUE, got {pair!r}")
-        options[key] = _parse_value(raw)
+    options = parse_key_values(args.model_option, "--model-option")
     torch.manual_seed(args.seed)  # random-weight models are identical in every process
-    model = vitlens.load_model(args.model, **options)
+    model = load_model_with_options(args.model, options)
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     if device == "cuda" and world > 1:
         device = f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}"
@@ -992,7 +1006,8 @@ def cmd_train_aha(args: argparse.Namespace) -> int:
     if world > 1:
         command = f"torchrun --nproc_per_node {world} " + command.replace("python ", "", 1)
     res = train_aha(model, args.data, args.out, config=cfg, name=name, resume=args.resume,
-                    progress=not args.no_progress, device=device, command=command)
+                    progress=not args.no_progress, device=device, command=command,
+                    overwrite=getattr(args, "overwrite", False))
     if int(os.environ.get("RANK", "0")) == 0 and res.finished:
         v = res.validation or {}
         print(f"train-aha: {res.step} steps in {res.seconds:.0f} s; validation deletion {v.get('deletion', 0):.4f} "

@@ -26,6 +26,7 @@ from .naming import (
 )
 from .report_figures import plot_curves, plot_examples, t95
 from .report_html import render_page
+from ..atomic import atomic_path, write_text
 from .store import read_rows
 
 __all__ = ["summarise", "write_report", "ranked", "accuracy"]
@@ -164,7 +165,7 @@ def _markdown(table: list[dict[str, Any]]) -> str:
 
 def _write_csv(table: list[dict[str, Any]], path: Path) -> None:
     keys = sorted({k for row in table for k, v in row.items() if isinstance(v, dict)})
-    with path.open("w", newline="") as f:
+    with atomic_path(path) as tmp, tmp.open("w", newline="") as f:
         w = csv.writer(f)
         w.writerow(["method"] + [f"{k}/{s}" for k in keys for s in ("mean", "ci95", "n")]
                    + ["forward_passes", "backward_passes", "ms_per_image"])
@@ -191,9 +192,9 @@ def write_report(run_dir: str | Path, config: Any = None) -> dict[str, Path]:
     """Write ``summary.md``, ``summary.csv``, ``summary.json``, ``curves.png``, ``examples.png``, ``report.html``."""
     run_dir = Path(run_dir)
     table = summarise(run_dir)
-    (run_dir / "summary.md").write_text(_markdown(table) + "\n")
+    write_text(run_dir / "summary.md", _markdown(table) + "\n")
     _write_csv(table, run_dir / "summary.csv")
-    (run_dir / "summary.json").write_text(json.dumps(table, indent=2))
+    write_text(run_dir / "summary.json", json.dumps(table, indent=2))
     rows, headline = ranked(table)
     order = [r["method"] for r in rows]
     cfg = json.loads((run_dir / "config.json").read_text()) if (run_dir / "config.json").exists() else {}
@@ -209,5 +210,5 @@ def write_report(run_dir: str | Path, config: Any = None) -> dict[str, Path]:
                       for m, p in protocols],
         images={"curves": curves, "examples": examples},
     )
-    (run_dir / "report.html").write_text(page, encoding="utf-8")
+    write_text(run_dir / "report.html", page)
     return {"summary": run_dir / "summary.md", "report": run_dir / "report.html"}

@@ -7,6 +7,11 @@ A *unit* is one method on one batch of images with all metrics; units are commit
 shard, and a rerun of the same command skips the units already stored (``kill -9`` loses at most the unit in
 flight). Under ``torchrun --nproc_per_node N`` images are sharded across processes (``image % N == rank``; gloo on
 CPU, nccl on GPU) and rank 0 merges the shards and writes the summary and the report.
+
+Nothing is written before the whole run is known to be valid (settings, method and metric options, data source,
+what each metric needs from the data); only then ``config.json``. A run directory is reused only by the same
+configuration (that is resuming); another configuration is refused unless ``overwrite=True`` (``--overwrite``),
+which removes only the files a benchmark writes.
 """
 
 from __future__ import annotations
@@ -22,10 +27,11 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from ..errors import InputError
+from ..atomic import atomic_path, write_text
+from ..errors import DamagedFileError, InputError
 from ..explainers import get_method
 from ..metrics import get_metric
-from ..runtime import atomic_write_text, init_distributed
+from ..runtime import init_distributed
 from .sources import open_source
 from .specs import parse_spec, safe_label, spec_label, split_specs
 from .store import ResultStore, dumps
@@ -48,6 +54,22 @@ class BenchConfig:
     show: int = 6
     extra: dict[str, Any] = field(default_factory=dict)
 
+    def check(self) -> None:
+        """Refuse settings that cannot make a valid run (one line naming the setting, the value, what is allowed)."""
+        from ..options import check_int
+
+        if self.n is not None:
+            check_int("n (number of images)", self.n, low=1, owner="the benchmark")
+        check_int("batch_size", self.batch_size, low=1, owner="the benchmark")
+        check_int("show", self.show, low=0, owner="the benchmark")
+        check_int("seed", self.seed, owner="the benchmark")
+        if self.target not in ("predicted", "label"):
+            raise InputError(f"target must be 'predicted' or 'label'; got {self.target!r}")
+        if not self.methods:
+            raise InputError("no method given: --methods needs at least one method name (see `vitlens methods`)")
+        if not self.metrics:
+            raise InputError("no metric given: --metrics needs at least one metric name")
+
     def to_json(self) -> dict[str, Any]:
         return json.loads(dumps({
             "model": self.model, "data": self.data, "n": self.n, "target": self.target, "seed": self.seed,
@@ -55,50 +77,116 @@ class BenchConfig:
         }))
 
 
-def _check_config(run_dir: Path, config: BenchConfig) -> None:
+#: what a benchmark writes in its run directory (``overwrite`` removes these, and nothing else)
+RUN_FILES = ("config.json", "results.sqlite", "results.sqlite.damaged", "summary.md", "summary.csv",
+             "summary.json", "curves.png", "examples.png", "report.html")
+RUN_DIRS = ("shards", "examples")
+
+
+def _read_config(path: Path) -> dict[str, Any]:
+    try:
+        have = json.loads(path.read_text())
+        if not isinstance(have, dict):
+            raise ValueError("not a JSON object")
+        return have
+    except (ValueError, UnicodeDecodeError) as e:
+        raise DamagedFileError(
+            f"{path} is damaged ({e}); restore it, or rerun with --overwrite to start this run directory over"
+        ) from None
+
+
+def _clear_run(run_dir: Path) -> None:
+    import shutil
+
+    for name in RUN_FILES:
+        (run_dir / name).unlink(missing_ok=True)
+    for name in RUN_DIRS:
+        if (run_dir / name).is_dir():
+            shutil.rmtree(run_dir / name)
+
+
+def _check_out_dir(run_dir: Path) -> None:
+    if run_dir.exists() and not run_dir.is_dir():
+        raise InputError(f"--out {run_dir} is a file, not a directory; choose a directory for the run")
+    probe = run_dir if run_dir.exists() else next((p for p in run_dir.parents if p.exists()), Path("."))
+    if not os.access(probe, os.W_OK | os.X_OK):
+        raise InputError(f"cannot write to {probe} (permission denied or read-only); choose another --out")
+
+
+def _check_config(run_dir: Path, config: BenchConfig, overwrite: bool = False, write: bool = True) -> None:
+    """Reuse ``run_dir`` if it holds this configuration, else refuse (or, with ``overwrite``, clear it); then
+    write ``config.json`` (atomically) if it is not there yet."""
     path = run_dir / "config.json"
     want = config.to_json()
-    if path.exists():
-        have = json.loads(path.read_text())
+    if path.exists() and not overwrite:
+        have = _read_config(path)
         diff = sorted(k for k in set(want) | set(have) if want.get(k) != have.get(k))
         if diff:
             raise InputError(
                 f"run directory {run_dir} was written by another configuration (differs in: {', '.join(diff)}); "
-                "use a new --out directory or the original settings"
+                "use a new --out directory, the original settings, or --overwrite to replace it"
             )
-    else:
+    elif not path.exists() and not overwrite:
+        leftovers = [n for n in RUN_FILES + RUN_DIRS if (run_dir / n).exists()]
+        if leftovers:
+            raise InputError(f"run directory {run_dir} holds benchmark files ({', '.join(leftovers)}) but no "
+                             "config.json; use a new --out directory, or --overwrite to replace them")
+    if not write:
+        return
+    if overwrite:
+        _clear_run(run_dir)
+    if not path.exists():
         run_dir.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(path, json.dumps(want, indent=2))
+        write_text(path, json.dumps(want, indent=2))
+
+
+def _check_data_needs(metrics: Sequence[tuple[str, Any]], source: Any) -> None:
+    """Each metric's ground-truth needs (masks, boxes) against what the source's first image has."""
+    if len(source) == 0:
+        raise InputError("the data source has no images")
+    probe = source.batch([0])
+    have = {k for k in ("masks", "boxes") if probe.get(k) is not None}
+    for label, metric in metrics:
+        need = set(getattr(metric, "needs", ())) & {"masks", "boxes"}
+        any_of = set(getattr(metric, "needs_any", ()))
+        if need - have or (any_of and not any_of & have):
+            what = ", ".join(sorted(need - have)) or " or ".join(sorted(any_of, reverse=True))
+            raise InputError(f"metric {label!r} needs {what}, which the data source does not provide")
 
 
 def run_benchmark(config: BenchConfig, out: str | Path, model: nn.Module | None = None,
-                  progress: bool = True, stop_after_units: int | None = None) -> Path:
+                  progress: bool = True, stop_after_units: int | None = None, overwrite: bool = False) -> Path:
     """Run (or resume) a benchmark into ``out``. Returns the run directory.
 
     ``model`` may be passed directly (otherwise ``config.model`` is loaded with :func:`vitlens.load_model`).
     ``stop_after_units`` stops early after that many new units (tests use it to simulate a crash).
+    ``overwrite``: replace a run of another configuration in ``out`` (default: refuse it).
     """
     from .. import load_model
     from .report import write_report
 
+    config.check()
     run_dir = Path(out)
+    _check_out_dir(run_dir)
     dist = init_distributed()
     rank, world = dist.rank, dist.world
     device = torch.device("cpu")
     if torch.cuda.is_available():
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
-    if rank == 0:
-        _check_config(run_dir, config)
-    if dist.active:
-        dist.barrier()
-        if rank != 0:
-            _check_config(run_dir, config)
+    _check_config(run_dir, config, overwrite, write=False)  # refuse early, before any work
     torch.manual_seed(config.seed)
     net = model if model is not None else load_model(config.model)
     net = net.to(device).eval()
     source = open_source(config.data, net, n=config.n, seed=config.seed)
     methods = [(spec_label(m, o), get_method(m, **o)) for m, o in config.methods]
     metrics = [(spec_label(m, o), get_metric(m, **o)) for m, o in config.metrics]
+    _check_data_needs(metrics, source)
+    if rank == 0:  # everything is valid: only now the run directory is written
+        _check_config(run_dir, config, overwrite)
+    if dist.active:
+        dist.barrier()
+        if rank != 0:
+            _check_config(run_dir, config)
     store = ResultStore(run_dir, rank)
     done = store.done_units()
     mine = [i for i in range(len(source)) if i % world == rank]
@@ -164,10 +252,12 @@ def _run_unit(store: ResultStore, source: Any, model: nn.Module, label: str, met
         ex_dir = run_dir / "examples"
         ex_dir.mkdir(exist_ok=True)
         for j in show:
-            np.save(ex_dir / f"{safe_label(label)}__{idx[j]}.npy", maps[j].cpu().numpy())
+            with atomic_path(ex_dir / f"{safe_label(label)}__{idx[j]}.npy") as tmp:
+                np.save(tmp, maps[j].cpu().numpy())
             pix = ex_dir / f"image__{idx[j]}.npy"
             if not pix.exists():
-                np.save(pix, batch["pixels"][j].cpu().numpy())
+                with atomic_path(pix) as tmp:
+                    np.save(tmp, batch["pixels"][j].cpu().numpy())
     store.write_unit(rows, costs, curves, _predictions(model, x, batch.get("labels"), idx) if predict else ())
 
 

@@ -125,11 +125,22 @@ def _folder_source(opts: dict[str, Any], model: nn.Module, n: int | None) -> "Lo
     return LoaderSource(dataset, model, n=n)
 
 
+#: settings without which a loader cannot find its files
+_REQUIRED = {"imagenet": ("root",), "bloodmnist": ("path",), "ade20k": ("root",), "folder": ("root",)}
+
+
 def open_source(spec: str, model: nn.Module, n: int | None = None, seed: int = 0) -> Any:
     """Open the data source named by ``spec`` for ``model`` (first ``n`` images)."""
+    from ..options import check_int, check_known
+
     name, opts = parse_spec(spec)
     if name == "scenes":
-        return SceneSource(model, n=n or 200, seed=int(opts.get("seed", 2026)), size=opts.get("size"))
+        check_known("setting", "data source 'scenes'", opts, ("seed", "size"))
+        seed = check_int("seed", opts.get("seed", 2026), owner="data source 'scenes'")
+        size = opts.get("size")
+        if size is not None:
+            size = check_int("size", size, low=8, owner="data source 'scenes'")
+        return SceneSource(model, n=200 if n is None else n, seed=seed, size=size)
     if name == "mnist5k":
         unknown = sorted(set(opts) - {"split"})
         if unknown:
@@ -163,6 +174,10 @@ def open_source(spec: str, model: nn.Module, n: int | None = None, seed: int = 0
         unknown = sorted(set(opts) - set(keys))
         if unknown:
             raise InputError(f"data source {name!r} has no setting {', '.join(unknown)}; settings: {', '.join(keys)}")
+        missing = [k for k in _REQUIRED.get(name, ()) if k not in opts]
+        if missing:
+            example = ";".join(f"{k}=DIR" if k != "path" else "path=FILE.npz" for k in missing)
+            raise InputError(f"data source {name!r} needs the setting {', '.join(missing)}, e.g. {name}:{example}")
         dataset = getattr(loaders, cls_name)(**{keys[k]: v for k, v in opts.items()})
         return LoaderSource(dataset, model, n=n)
     raise InputError(f"unknown data source {name!r}; available: scenes, mnist5k, photos, folder, {', '.join(_LOADERS)}")

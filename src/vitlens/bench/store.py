@@ -5,14 +5,22 @@ for one file and nothing depends on file locking over network filesystems. One *
 batch of images, with every metric — is committed in one transaction, so a killed run leaves only whole units.
 ``merge`` folds all shards into ``results.sqlite``; the primary key makes every row unique (no duplicates, whatever
 was resumed how often).
+
+Damaged files: a shard that SQLite cannot read stops the run with a one-line :class:`DamagedFileError` naming it
+(move it aside and rerun: its units are recomputed). ``results.sqlite`` only holds copies of shard rows, so a
+damaged one is renamed to ``results.sqlite.damaged`` (its bytes are kept) and rebuilt from the shards.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
+import warnings
 from pathlib import Path
 from typing import Any, Iterable
+
+from ..errors import DamagedFileError
 
 __all__ = ["ResultStore", "SCHEMA"]
 
@@ -54,10 +62,42 @@ CREATE TABLE IF NOT EXISTS predictions (
 """
 
 
+def _damaged(path: Path, err: Exception) -> DamagedFileError:
+    if path.name == "results.sqlite":
+        todo = "delete it and rerun the same command: it is rebuilt from shards/"
+    else:
+        todo = "move it aside and rerun the same command: the units it held are recomputed"
+    return DamagedFileError(f"{path} is damaged ({err}); {todo}")
+
+
 def _connect(path: Path) -> sqlite3.Connection:
     con = sqlite3.connect(str(path), timeout=60)
-    con.executescript(SCHEMA)
+    try:
+        con.executescript(SCHEMA)
+    except sqlite3.DatabaseError as e:
+        con.close()
+        if isinstance(e, sqlite3.OperationalError) and "locked" in str(e):
+            raise
+        raise _damaged(path, e) from None
     return con
+
+
+def _rebuild_if_damaged(run_dir: Path) -> None:
+    """A damaged ``results.sqlite`` is set aside (``.damaged``) so that ``merge`` rebuilds it from the shards."""
+    main = run_dir / "results.sqlite"
+    if not main.exists():
+        return
+    try:
+        con = _connect(main)
+        try:
+            con.execute("SELECT COUNT(*) FROM costs").fetchone()
+        finally:
+            con.close()
+    except (DamagedFileError, sqlite3.DatabaseError) as e:
+        aside = main.with_name("results.sqlite.damaged")
+        os.replace(main, aside)
+        warnings.warn(f"{main} was damaged ({e.__cause__ or e}); kept as {aside.name}, rebuilt from the shards",
+                      RuntimeWarning, stacklevel=3)
 
 
 class ResultStore:
@@ -68,6 +108,8 @@ class ResultStore:
         self.shard_dir = self.run_dir / "shards"
         self.shard_dir.mkdir(parents=True, exist_ok=True)
         self.path = self.shard_dir / f"rank-{rank}.sqlite"
+        if rank == 0:
+            _rebuild_if_damaged(self.run_dir)
         self.con = _connect(self.path)
 
     def close(self) -> None:
@@ -85,6 +127,8 @@ class ResultStore:
             con = _connect(path)
             try:
                 done.update((m, int(i)) for i, m in con.execute("SELECT image, method FROM costs"))
+            except sqlite3.DatabaseError as e:
+                raise _damaged(path, e) from None
             finally:
                 con.close()
         return done
@@ -103,14 +147,22 @@ class ResultStore:
     def merge(self) -> Path:
         """Fold every shard into ``results.sqlite`` (rows already there are kept, never duplicated)."""
         main = self.run_dir / "results.sqlite"
+        _rebuild_if_damaged(self.run_dir)
         con = _connect(main)
         try:
             for shard in sorted(self.shard_dir.glob("rank-*.sqlite")):
-                con.execute("ATTACH DATABASE ? AS shard", (str(shard),))
-                with con:
-                    for table in ("results", "costs", "curves", "predictions"):
-                        con.execute(f"INSERT OR IGNORE INTO {table} SELECT * FROM shard.{table}")
-                con.execute("DETACH DATABASE shard")
+                try:
+                    con.execute("ATTACH DATABASE ? AS shard", (str(shard),))
+                except sqlite3.DatabaseError as e:
+                    raise _damaged(shard, e) from None
+                try:
+                    with con:
+                        for table in ("results", "costs", "curves", "predictions"):
+                            con.execute(f"INSERT OR IGNORE INTO {table} SELECT * FROM shard.{table}")
+                except sqlite3.DatabaseError as e:
+                    raise _damaged(shard, e) from None
+                finally:
+                    con.execute("DETACH DATABASE shard")
         finally:
             con.close()
         return main

@@ -261,14 +261,20 @@ class Explainer:
     fast_options: dict[str, Any] = {}
     #: whether batch results equal one-by-one results (False for methods whose randomness is shared by the batch).
     batch_equivariant: ClassVar[bool] = True
+    #: options whose default is a number but which also accept ``None`` (documented meaning, e.g. "all at once").
+    nullable_options: ClassVar[frozenset[str]] = frozenset({"internal_batch_size"})
 
     def __init__(self, **options: Any) -> None:
+        from ..options import check_like_default
+
         unknown = sorted(set(options) - set(self.defaults))
         if unknown:
             raise InputError(
                 f"unknown option(s) {', '.join(unknown)} for method '{self.name}'; "
                 f"options are: {', '.join(sorted(self.defaults)) or 'none'}"
             )
+        # types first (a number where a number is expected, ...), then the method's own range checks
+        check_like_default(f"method '{self.name}'", options, self.defaults, self.nullable_options)
         self.options: dict[str, Any] = {**self.defaults, **options}
         self.check_options()
 

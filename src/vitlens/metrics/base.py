@@ -55,6 +55,8 @@ class Metric:
     outputs: ClassVar[dict[str, bool]] = {}
     #: what the metric needs besides maps: any of "model", "x", "targets", "masks", "boxes".
     needs: ClassVar[frozenset[str]] = frozenset()
+    #: ground truth of which at least one is needed (e.g. masks or boxes), checked by the benchmark before it runs.
+    needs_any: ClassVar[frozenset[str]] = frozenset()
 
     def __init__(self, **settings: Any) -> None:
         self.settings: dict[str, Any] = settings
@@ -87,10 +89,17 @@ def register_metric(cls: type[Metric]) -> type[Metric]:
 
 
 def get_metric(name: str, **settings: Any) -> Metric:
+    """The metric ``name`` with ``settings``; unknown metrics and unknown setting names are one-line errors."""
+    from ..options import check_known, signature_settings
+
     try:
-        return _METRICS[name](**settings)
+        cls = _METRICS[name]
     except KeyError:
         raise InputError(f"unknown metric {name!r}; available: {', '.join(metric_names())}") from None
+    names, open_ended = signature_settings(cls)
+    if not open_ended:
+        check_known("setting", f"metric '{name}'", settings, names)
+    return cls(**settings)
 
 
 def metric_names() -> list[str]:

@@ -88,8 +88,16 @@ class PointingGame(Metric):
     name = "pointing_game"
     outputs = {"pointing_game": True, "energy_inside": True}
 
+    needs_any = frozenset({"masks", "boxes"})
+
     def __init__(self, tolerance: float = 0.0, skip_large: float | None = None) -> None:
-        super().__init__(tolerance=float(tolerance), skip_large=skip_large)
+        from ..options import check_number
+
+        tolerance = check_number("tolerance", tolerance, low=0, owner="metric 'pointing_game'")
+        if skip_large is not None:
+            skip_large = check_number("skip_large", skip_large, low=0, high=1, low_open=True,
+                                      owner="metric 'pointing_game'")
+        super().__init__(tolerance=tolerance, skip_large=skip_large)
 
     def compute(self, maps: Tensor, *, masks: Tensor | None = None, boxes: Tensor | None = None,
                 **_: object) -> MetricResult:

@@ -1,0 +1,192 @@
+"""One validation layer for options: methods, metrics, data sources and command-line values.
+
+Every check raises :class:`~vitlens.errors.InputError` with one line that names the option, the value given and
+what is allowed, e.g. ``option alpha of method 'gradskip' must be a number; got 'x'``. The same checks back the
+command line's ``type=`` converters (:func:`positive_int`, :func:`positive_float`, ...), so ``--batch 0`` is refused
+by argparse with exit code 2 before anything runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import math
+import numbers
+from typing import Any, Callable, Iterable, Mapping
+
+from .errors import InputError
+
+__all__ = [
+    "check_known",
+    "check_like_default",
+    "check_number",
+    "check_int",
+    "check_device",
+    "check_file_name",
+    "signature_settings",
+    "positive_int",
+    "nonnegative_int",
+    "positive_float",
+    "nonnegative_float",
+    "finite_float",
+    "parse_key_values",
+    "load_model_with_options",
+]
+
+
+def check_known(kind: str, owner: str, given: Iterable[str], allowed: Iterable[str]) -> None:
+    """Unknown option names are an error: ``unknown setting foo for metric 'pointing_game'; settings: tolerance``."""
+    allowed = sorted(allowed)
+    unknown = sorted(set(given) - set(allowed))
+    if unknown:
+        plural = "s" if len(unknown) > 1 else ""
+        raise InputError(f"unknown {kind}{plural} {', '.join(unknown)} for {owner}; "
+                         f"{kind}s: {', '.join(allowed) or 'none'}")
+
+
+def _is_real(v: Any) -> bool:
+    return isinstance(v, numbers.Real) and not isinstance(v, bool)
+
+
+def check_number(name: str, value: Any, *, low: float | None = None, high: float | None = None,
+                 low_open: bool = False, owner: str = "") -> float:
+    """``value`` as a finite float in ``[low, high]`` (``(low, high]`` with ``low_open``); else one-line error."""
+    where = f" of {owner}" if owner else ""
+    lo = "" if low is None else (f"> {low}" if low_open else f">= {low}")
+    hi = "" if high is None else f"<= {high}"
+    allowed = " and ".join(s for s in (lo, hi) if s)
+    want = f"a number {allowed}".strip()
+    if not _is_real(value) or not math.isfinite(float(value)):
+        raise InputError(f"option {name}{where} must be {want}; got {value!r}")
+    v = float(value)
+    if (low is not None and (v <= low if low_open else v < low)) or (high is not None and v > high):
+        raise InputError(f"option {name}{where} must be {want}; got {value!r}")
+    return v
+
+
+def check_int(name: str, value: Any, *, low: int | None = None, owner: str = "") -> int:
+    """``value`` as an int ``>= low`` (bools and non-integral floats refused)."""
+    where = f" of {owner}" if owner else ""
+    want = "an integer" + ("" if low is None else f" >= {low}")
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or (low is not None and value < low):
+        raise InputError(f"option {name}{where} must be {want}; got {value!r}")
+    return int(value)
+
+
+def check_like_default(owner: str, options: Mapping[str, Any], defaults: Mapping[str, Any],
+                       nullable: Iterable[str] = ()) -> None:
+    """Type check each option against the type of its default: a float default needs a finite number, an int
+    default an integer, a bool default ``True``/``False``. ``None`` is refused for those unless named in
+    ``nullable``. Options whose default is ``None``, a string or a container are left to the owner's own checks."""
+    nullable = set(nullable)
+    for key, default in defaults.items():
+        if key not in options:
+            continue
+        v = options[key]
+        if v is None and key in nullable:
+            continue
+        if isinstance(default, bool):
+            if not isinstance(v, bool):
+                raise InputError(f"option {key} of {owner} must be True or False; got {v!r}")
+        elif isinstance(default, numbers.Integral):
+            if isinstance(v, bool) or not isinstance(v, numbers.Integral):
+                raise InputError(f"option {key} of {owner} must be an integer; got {v!r}")
+        elif isinstance(default, numbers.Real):
+            if not _is_real(v) or not math.isfinite(float(v)):
+                raise InputError(f"option {key} of {owner} must be a finite number; got {v!r}")
+
+
+def signature_settings(cls: type) -> tuple[set[str], bool]:
+    """Names ``cls.__init__`` accepts (besides ``self``), and whether it also takes ``**kwargs``."""
+    params = list(inspect.signature(cls.__init__).parameters.values())[1:]
+    names = {p.name for p in params if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)}
+    return names, any(p.kind == p.VAR_KEYWORD for p in params)
+
+
+def check_device(device: Any) -> Any:
+    """A device string/object that exists on this machine: ``cpu``, ``cuda``/``cuda:N`` with a GPU, ``mps``."""
+    import torch
+
+    if device is None:
+        return None
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError, ValueError):
+        raise InputError(f"unknown device {device!r}; use cpu, cuda or cuda:N") from None
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise InputError(f"device {device!r} asked for, but no CUDA GPU is available here; use --device cpu")
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise InputError(f"device {device!r} does not exist: this machine has {torch.cuda.device_count()} GPU(s)")
+    elif dev.type == "mps":
+        if not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
+            raise InputError(f"device {device!r} is not available here; use --device cpu")
+    elif dev.type != "cpu":
+        raise InputError(f"device {device!r} is not supported; use cpu, cuda or cuda:N")
+    return device
+
+
+def check_file_name(what: str, name: Any) -> str:
+    """A plain file name (no folder part, not ``.``/``..``, not empty): ``--name ../x`` cannot escape ``--out``."""
+    s = str(name)
+    if not s or s in (".", "..") or "/" in s or "\\" in s or "\0" in s or s != s.strip():
+        raise InputError(f"{what} must be a plain file name (no folders, no '..'); got {name!r}")
+    return s
+
+
+# --- argparse converters: a bad value is a usage error (exit code 2) naming the option and the value -------------
+
+
+def _converter(parse: Callable[[str], Any], ok: Callable[[Any], bool], want: str) -> Callable[[str], Any]:
+    def convert(text: str) -> Any:
+        try:
+            v = parse(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {want}, got {text!r}") from None
+        if not ok(v):
+            raise argparse.ArgumentTypeError(f"expected {want}, got {text!r}")
+        return v
+
+    convert.__name__ = want  # argparse names the type in some messages
+    return convert
+
+
+positive_int = _converter(int, lambda v: v >= 1, "an integer >= 1")
+nonnegative_int = _converter(int, lambda v: v >= 0, "an integer >= 0")
+positive_float = _converter(float, lambda v: math.isfinite(v) and v > 0, "a finite number > 0")
+nonnegative_float = _converter(float, lambda v: math.isfinite(v) and v >= 0, "a finite number >= 0")
+finite_float = _converter(float, math.isfinite, "a finite number")
+
+
+def parse_key_values(pairs: Iterable[str], flag: str) -> dict[str, Any]:
+    """``["alpha=0.3", "skip=fixed"]`` → ``{"alpha": 0.3, "skip": "fixed"}`` (Python literals, else strings);
+    a pair without ``=`` is an error naming ``flag``."""
+    import ast
+
+    out: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, raw = pair.partition("=")
+        if not sep or not key.strip():
+            raise InputError(f"{flag} expects KEY=VALUE, got {pair!r}")
+        try:
+            out[key.strip()] = ast.literal_eval(raw)
+        except (ValueError, SyntaxError):
+            out[key.strip()] = raw
+    return out
+
+
+def load_model_with_options(name: str, options: Mapping[str, Any]) -> Any:
+    """:func:`vitlens.load_model` for ``--model NAME --model-option K=V``: options a model does not take are an
+    error (bundled models take none; a timm/HF constructor's unexpected keyword is named), never ignored."""
+    from .models import load_model
+
+    if options and not (name.startswith("timm:") or name.startswith("hf:")):
+        raise InputError(f"--model-option {', '.join(sorted(options))}: model {name!r} takes no options "
+                         "(they apply to timm:<arch> and hf:<dir> models)")
+    try:
+        return load_model(name, **options)
+    except TypeError as e:
+        if "unexpected keyword argument" not in str(e) or not options:
+            raise
+        raise InputError(f"--model-option: {name} does not take {str(e).split('argument')[-1].strip()} "
+                         f"(given: {', '.join(sorted(options))})") from None

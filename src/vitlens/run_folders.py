@@ -1,0 +1,62 @@
+"""Run folders that are never silently replaced, and checkpoints that are read back or named as damaged.
+
+Used by ``train-aha`` (:mod:`vitlens.aha.train`): a folder that holds an earlier run is continued (``resume``) or
+replaced (``overwrite``) only when asked; a checkpoint that cannot be read is one error naming the file.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+from .errors import DamagedFileError, InputError
+
+__all__ = ["guard_run_folder", "load_checkpoint", "optimizer_at_step"]
+
+
+def guard_run_folder(out: Path, checkpoint: Path, outputs: Sequence[Path], resume: bool, overwrite: bool) -> None:
+    """Refuse to replace the run in ``out`` (its ``checkpoint`` and ``outputs``) unless resuming or overwriting.
+
+    ``resume`` needs the checkpoint (resuming without one would retrain and replace finished outputs);
+    ``overwrite`` deletes the earlier run's files (only those) so that nothing of it is mixed into the new one.
+    """
+    if resume and overwrite:
+        raise InputError("--resume continues the run in --out and --overwrite replaces it: pass one of them")
+    if out.exists() and not out.is_dir():
+        raise InputError(f"--out {out} is a file, not a folder")
+    mine = [checkpoint, *outputs]
+    found = [p.name for p in mine if p.exists()]
+    if not found or (resume and checkpoint.exists()):
+        return
+    if not overwrite:
+        if resume:
+            raise InputError(f"--resume: {out} has no {checkpoint.name} to continue (it holds {', '.join(found)}); "
+                             "pass --overwrite to train a new run there")
+        raise InputError(f"{out} already holds a run ({', '.join(found)}); pass --resume to continue it, or "
+                         "--overwrite to replace it")
+    for p in mine:
+        p.unlink(missing_ok=True)
+
+
+def load_checkpoint(path: Path, keys: Iterable[str]) -> dict[str, Any]:
+    """``torch.load`` of a checkpoint that must hold ``keys``; a truncated, garbled or foreign file is a one-line
+    :class:`DamagedFileError` naming it."""
+    import torch
+
+    try:
+        ck = torch.load(path, map_location="cpu", weights_only=False)
+        missing = sorted(set(keys) - set(ck)) if isinstance(ck, dict) else ["(not a dict)"]
+        if missing:
+            raise ValueError(f"not a checkpoint of this kind: no {', '.join(missing)}")
+        return ck
+    except (Exception, MemoryError) as e:  # UnpicklingError, EOFError, RuntimeError (zip), MemoryError, ...
+        why = (str(e).splitlines() or ["unreadable"])[0][:120]
+        raise DamagedFileError(f"checkpoint {path} is damaged ({type(e).__name__}: {why}); delete it to restart, "
+                               "or rerun with --overwrite") from None
+
+
+def optimizer_at_step(opt: Any, sched: Any, history: Sequence[Any], step: int) -> bool:
+    """Whether optimiser, LR scheduler and history all stand at ``step``: a checkpoint taken now is a whole step
+    (an interrupt inside a step, between ``opt.step()`` and the bookkeeping, is not)."""
+    counts = {int(st["step"]) for st in opt.state.values() if "step" in st}
+    return counts <= {step} and int(sched.last_epoch) == step and len(history) == step

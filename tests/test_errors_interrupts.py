@@ -1,0 +1,211 @@
+"""Interrupts and fault injection: ``bench`` and ``train-aha`` killed (SIGKILL) and interrupted (SIGINT, as Ctrl-C)
+at several points, then resumed, give exactly the rows / weights of an uninterrupted run.
+
+Ctrl-C: exit code 130, one line on stderr (no traceback) with the command that resumes; finished work is kept.
+Each run is a real ``python -m vitlens.cli`` process on a tiny random timm ViT (seconds).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+MODEL = ["--model", "timm:vit_tiny_patch16_224", "--model-option", "pretrained=False",
+         "--model-option", "img_size=32", "--model-option", "num_classes=6", "--model-option", "patch_size=8"]
+CLI = [sys.executable, "-m", "vitlens.cli"]
+
+
+def env() -> dict[str, str]:
+    e = dict(os.environ)
+    src = str(Path(__file__).resolve().parents[1] / "src")
+    e["PYTHONPATH"] = os.pathsep.join([src, e.get("PYTHONPATH", "")])
+    e["OMP_NUM_THREADS"] = "1"
+    e["PYTHONUNBUFFERED"] = "1"
+    return e
+
+
+def bench_args(out: Path) -> list[str]:
+    return ["bench", *MODEL, "--data", "scenes:seed=5", "--methods", "gradskip,random,inputxgradient",
+            "--metrics", "pointing_game:tolerance=2,insertion_deletion:steps=4", "--num-images", "24",
+            "--batch", "2", "--quiet", "--out", str(out)]
+
+
+def train_args(out: Path) -> list[str]:
+    return ["train-aha", *MODEL, "--steps", "12", "--batch-size", "2", "--curve-points", "4", "--grid-range", "2",
+            "4", "--width", "8", "--n-val", "4", "--ckpt-every", "1", "--chunk", "64", "--threads", "1",
+            "--no-progress", "--name", "aha", "--out", str(out)]
+
+
+def run(args: list[str]) -> subprocess.CompletedProcess:
+    return subprocess.run(CLI + args, env=env(), capture_output=True, text=True, timeout=300)
+
+
+def bench_tables(run_dir: Path) -> dict[str, list[tuple]]:
+    con = sqlite3.connect(run_dir / "results.sqlite")
+    try:
+        return {
+            "results": sorted(con.execute("SELECT image, image_id, method, metric, output, value, protocol "
+                                          "FROM results")),
+            "curves": sorted(con.execute("SELECT image, method, metric, output, x, y FROM curves")),
+            "costs": sorted(con.execute("SELECT image, method, forward_passes, backward_passes FROM costs")),
+        }
+    finally:
+        con.close()
+
+
+def stored_units(run_dir: Path) -> int:
+    shard = run_dir / "shards" / "rank-0.sqlite"
+    if not shard.exists():
+        return -1 if (run_dir / "config.json").exists() else -2
+    try:
+        con = sqlite3.connect(shard, timeout=1)
+        try:
+            return con.execute("SELECT COUNT(DISTINCT method || ':' || image) FROM costs").fetchone()[0] // 2
+        finally:
+            con.close()
+    except sqlite3.Error:
+        return -1
+
+
+def checkpoint_step(out: Path) -> int:
+    ck = out / "checkpoint.pt"
+    if not ck.exists():
+        return -1
+    try:
+        return int(torch.load(ck, map_location="cpu", weights_only=False)["step"])
+    except Exception:  # noqa: BLE001 - a file being replaced on a slow disk: look again
+        return -1
+
+
+def interrupt_when(args: list[str], reached, sig: int) -> subprocess.CompletedProcess:
+    """Start ``vitlens ARGS``, send ``sig`` once ``reached()`` is true; the run must not have finished by then."""
+    proc = subprocess.Popen(CLI + args, env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 300
+    while time.time() < deadline and proc.poll() is None and not reached():
+        time.sleep(0.02)
+    assert proc.poll() is None, "the run finished before the fault could be injected; make it longer"
+    os.kill(proc.pid, sig)
+    out, err = proc.communicate(timeout=120)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+def check_ctrl_c(res: subprocess.CompletedProcess, out: Path, resume_flag: bool) -> None:
+    assert res.returncode == 130, res.stderr[-2000:]
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in res.stderr, res.stderr[-2000:]
+    assert lines[0].startswith(f"vitlens: interrupted; finished results are kept in {out}; resume with: ")
+    assert ("--resume" in lines[0]) == resume_flag
+
+
+@pytest.fixture(scope="module")
+def bench_reference(tmp_path_factory):
+    out = tmp_path_factory.mktemp("ref") / "bench"
+    res = run(bench_args(out))
+    assert res.returncode == 0, res.stderr[-2000:]
+    return bench_tables(out)
+
+
+@pytest.fixture(scope="module")
+def train_reference(tmp_path_factory):
+    out = tmp_path_factory.mktemp("ref") / "aha"
+    res = run(train_args(out))
+    assert res.returncode == 0, res.stderr[-2000:]
+    return out
+
+
+def test_bench_killed_at_several_points_equals_uninterrupted(tmp_path, bench_reference):
+    """SIGKILL right after config.json (no unit yet), after 3 and after 15 units; SIGINT after 27 of 36 units."""
+    out = tmp_path / "bench"
+    points = [(lambda: stored_units(out) >= -1, signal.SIGKILL), (lambda: stored_units(out) >= 3, signal.SIGKILL),
+              (lambda: stored_units(out) >= 15, signal.SIGKILL), (lambda: stored_units(out) >= 27, signal.SIGINT)]
+    seen = []
+    for reached, sig in points:
+        res = interrupt_when(bench_args(out), reached, sig)
+        seen.append(stored_units(out))
+        if sig == signal.SIGINT:
+            check_ctrl_c(res, out, resume_flag=False)
+            assert res.stderr.strip().endswith(" ".join(bench_args(out)[-2:]))  # the same command resumes
+        else:
+            assert res.returncode == -signal.SIGKILL
+        assert not (out / "results.sqlite").exists()
+        assert not [p for p in out.rglob("*") if ".tmp" in p.name]
+    assert seen == sorted(seen) and seen[-1] >= 27  # progress was kept across every interruption
+    res = run(bench_args(out))
+    assert res.returncode == 0, res.stderr[-2000:]
+    got = bench_tables(out)
+    for table in ("results", "curves", "costs"):
+        assert len(got[table]) == len(bench_reference[table]), table
+        assert got[table] == bench_reference[table], table  # row for row, value for value
+
+
+def test_train_aha_killed_at_several_points_equals_uninterrupted(tmp_path, train_reference):
+    """SIGKILL after steps 2 and 6, SIGINT (Ctrl-C) after step 9 of 12; each restart with --resume."""
+    from safetensors.torch import load_file
+
+    out = tmp_path / "aha"
+    args = train_args(out)
+    points = [(2, signal.SIGKILL), (6, signal.SIGKILL), (9, signal.SIGINT)]
+    for k, (step, sig) in enumerate(points):
+        res = interrupt_when(args + (["--resume"] if k else []), lambda: checkpoint_step(out) >= step, sig)
+        if sig == signal.SIGINT:
+            check_ctrl_c(res, out, resume_flag=True)
+        else:
+            assert res.returncode == -signal.SIGKILL
+        assert checkpoint_step(out) >= step and not (out / "aha.safetensors").exists()
+        assert not [p for p in out.iterdir() if ".tmp" in p.name]
+    refused = run(args)  # without --resume the interrupted run is not replaced
+    assert refused.returncode == 2 and "already holds a run (checkpoint.pt)" in refused.stderr
+    res = run(args + ["--resume"])
+    assert res.returncode == 0, res.stderr[-2000:]
+    want, got = load_file(train_reference / "aha.safetensors"), load_file(out / "aha.safetensors")
+    assert sorted(want) == sorted(got)
+    for key in want:
+        assert torch.equal(want[key], got[key]), key
+    m_want = json.loads((train_reference / "aha.json").read_text())
+    m_got = json.loads((out / "aha.json").read_text())
+    assert m_got["loss_history"] == m_want["loss_history"] and len(m_got["loss_history"]) == 12
+    assert m_got["validation"] == m_want["validation"]
+
+
+@pytest.mark.parametrize("command,argv,expect", [
+    ("bench", ["bench", "--out", "runs/b", "--overwrite", "--n", "5"],
+     "vitlens: interrupted; finished results are kept in runs/b; resume with: "),
+    ("train-aha", ["train-aha", "--model", "m", "--out", "runs/a", "--overwrite"],
+     "vitlens: interrupted; finished results are kept in runs/a; resume with: "),
+    ("explain", ["explain", "x.png", "--out", "o"], "vitlens: interrupted; the files written so far are in o"),
+    ("methods", ["methods"], "vitlens: interrupted"),
+])
+def test_ctrl_c_message_and_resume_command(monkeypatch, capsys, command, argv, expect):
+    """In-process: the command raises KeyboardInterrupt; the resume command drops --overwrite (that would start
+    over) and adds --resume for train-aha."""
+    import vitlens.cli as cli
+
+    parser = cli.build_parser()
+
+    def interrupted(args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "build_parser", lambda: _with_func(parser, interrupted))
+    assert cli.main(argv) == 130
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(expect) and len(err.splitlines()) == 1, err
+    assert "--overwrite" not in err
+    assert ("--resume" in err) == (command == "train-aha")
+    if command == "bench":
+        assert err.endswith("bench --out runs/b --n 5")
+
+
+def _with_func(parser, func):
+    for action in parser._subparsers._group_actions:
+        for sub in action.choices.values():
+            sub.set_defaults(func=func)
+    return parser
