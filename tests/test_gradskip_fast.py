@@ -163,3 +163,13 @@ def test_constant_std_layernorm_matches_the_decomposed_rule(affine):
                                        [ln.weight, ln.bias], g)
         torch.testing.assert_close(gw, gw2)
         torch.testing.assert_close(gb, gb2)
+
+
+def test_bfloat16_model_runs_and_ranks_heads_in_float32():
+    from vitlens.explainers.gradskip import gini
+
+    model = tiny_vit().to(torch.bfloat16)
+    exp = vitlens.explain(model, batch(2).to(torch.bfloat16), method="gradskip")
+    assert torch.isfinite(exp.maps).all() and exp.maps.dtype == torch.float32
+    p = torch.rand(3, 300)
+    torch.testing.assert_close(gini(p.to(torch.bfloat16)).float(), gini(p), atol=1e-2, rtol=0)

@@ -34,6 +34,9 @@ def gini(p: Tensor) -> Tensor:
     A row that sums to zero gets ``G = 0``.
     """
     n = p.shape[-1]
+    out_dtype = p.dtype
+    if p.dtype in (torch.float16, torch.bfloat16):  # ranks up to n and their weighted sum need float32
+        p = p.float()
     if p.device.type == "cpu" and not p.requires_grad:
         # numpy's sort is ~20x faster than torch.sort on CPU for many short rows (same values; measured in
         # docs/benchmarks/gradskip_cost.md); the Gini values do not need gradients.
@@ -43,7 +46,7 @@ def gini(p: Tensor) -> Tensor:
     ranks = torch.arange(1, n + 1, device=p.device, dtype=p.dtype)
     total = srt.sum(dim=-1)
     g = 2.0 * (srt @ ranks) / (n * total.clamp_min(torch.finfo(p.dtype).tiny)) - (n + 1) / n
-    return torch.where(total > 0, g, torch.zeros_like(g))
+    return torch.where(total > 0, g, torch.zeros_like(g)).to(out_dtype)
 
 
 def _normalise_heads(v: Tensor) -> Tensor:
