@@ -18,6 +18,7 @@ from torch import Tensor, nn
 
 from ..errors import InputError, TargetError
 from ..models import Adapter, get_adapter
+from ..models._readout import readout_only
 from ..models.base import _logits_of
 from ..targets import Target, TargetSpec, make_target
 
@@ -235,6 +236,9 @@ class Explainer:
     fast_options: ClassVar[dict[str, Any]] = {}
     #: whether batch results equal one-by-one results (False for methods whose randomness is shared by the batch).
     batch_equivariant: ClassVar[bool] = True
+    #: True for methods that read only the model's logits (no capture): their calls run the readout fast path
+    #: (``vitlens.models._readout``, the last block on the readout tokens only; same maps up to float rounding).
+    readout_logit_only: ClassVar[bool] = False
 
     def __init__(self, **options: Any) -> None:
         unknown = sorted(set(options) - set(self.defaults))
@@ -281,7 +285,8 @@ class Explainer:
             raise InputError(f"batch_size must be positive, got {batch_size}")
         parts: list[tuple[Attribution, Tensor, Target]] = []
         meter = CostMeter(adapter.model)
-        with meter:
+        fast = readout_only(adapter, all_queries=False) if self.readout_logit_only else contextlib.nullcontext()
+        with meter, fast:
             for start in range(0, b, chunk):
                 sl = slice(start, min(start + chunk, b))
                 parts.append(self.attribute(adapter, x[sl], _target_chunk(tgt, sl, b)))
