@@ -18,6 +18,7 @@ Usage::
 
     python benchmarks/method_cost.py --out docs/benchmarks/method_cost.md
     python benchmarks/method_cost.py --models shapes-vit --methods gradskip,rise --repeats 2
+    python benchmarks/method_cost.py --models "timm:vit_tiny_patch16_224:img_size=32,patch_size=8,depth=2"
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from __future__ import annotations
 import argparse
 import datetime as _dt
 import math
+import os
 import platform
 import shlex
 import statistics
@@ -43,9 +45,14 @@ DEFAULT_MODELS = ("timm:vit_small_patch16_224", "shapes-vit")
 
 
 def load(name: str) -> nn.Module:
+    """A bundled model by name, or ``timm:<arch>[:key=value,...]`` with random weights (seed 0)."""
     if name.startswith("timm:"):
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        from gradskip_cost import parse_model_spec
+
+        arch, kwargs = parse_model_spec(name[len("timm:"):])
         torch.manual_seed(0)
-        return vitlens.load_model(name, pretrained=False)
+        return vitlens.load_model("timm:" + arch, pretrained=False, **kwargs)
     return vitlens.load_model(name)
 
 
