@@ -199,23 +199,29 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def time_rows(model: nn.Module, x: Tensor, repeats: int, warmup: int = 1,
-              rows: tuple[str, ...] = ROWS) -> tuple[dict[str, list[float]], dict[str, dict]]:
+CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
+
+
+def time_rows(model: nn.Module, x: Tensor, repeats: int, warmup: int = 1, rows: tuple[str, ...] = ROWS,
+              clock: str = "wall") -> tuple[dict[str, list[float]], dict[str, dict]]:
     """Seconds per call for each row, measured interleaved: every repeat runs a, b, c one after another.
 
-    Also returns what each row's last call reported (forward/backward passes per image).
+    Also returns what each row's last call reported (forward/backward passes per image). ``clock="cpu"`` measures
+    this process's CPU time instead of wall time (with one thread: the compute itself, not the time spent waiting
+    for a core on a loaded machine).
     """
+    now = CLOCKS[clock]
     device = x.device
     times: dict[str, list[float]] = {r: [] for r in rows}
     info: dict[str, dict] = {}
     for i in range(warmup + repeats):
         for row in rows:
             _sync(device)
-            t0 = time.perf_counter()
+            t0 = now()
             info[row] = RUNNERS[row](model, x)
             _sync(device)
             if i >= warmup:
-                times[row].append(time.perf_counter() - t0)
+                times[row].append(now() - t0)
     return times, info
 
 
@@ -315,7 +321,7 @@ def _paired_ratio(num: list[float], den: list[float]) -> float:
 
 def benchmark_model(spec: str, batch: int, repeats: int, device: str, threads: int | None,
                     memory: bool = True, log: Callable[[str], None] = print,
-                    rows: tuple[str, ...] = ROWS) -> list[Result]:
+                    rows: tuple[str, ...] = ROWS, clock: str = "wall") -> list[Result]:
     dev = torch.device(device)
     model = build_model(spec, dev)
     x1 = make_batch(model, 1, dev)
@@ -325,7 +331,7 @@ def benchmark_model(spec: str, batch: int, repeats: int, device: str, threads: i
     for row in rows:
         flops[row], by_op[row] = count_flops(model, x1, row)
     log(f"  {spec}: timing {repeats} interleaved repeats at batch {batch} ...")
-    times, passes = time_rows(model, xb, repeats, rows=rows)
+    times, passes = time_rows(model, xb, repeats, rows=rows, clock=clock)
     mem = {}
     for row in rows:
         if memory:
@@ -377,7 +383,7 @@ def header(args: argparse.Namespace) -> list[str]:
         f"python {platform.python_version()}",
         f"- device: {dev}; torch threads: {torch.get_num_threads()}",
         f"- batch {args.batch} for time and memory, batch 1 for FLOPs; {args.repeats} timed repeats after 1 warm-up "
-        "round, rows interleaved",
+        f"round, rows interleaved; clock: {args.clock}" + (" (process CPU time)" if args.clock == "cpu" else ""),
         "- models: " + ", ".join(f"`{m}`" for m in args.models) + " (timm, random weights, `pretrained=False`, "
         "explicit attention `fused_attn=False` in all rows)",
     ]
@@ -503,6 +509,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's default)")
     p.add_argument("--quick", action="store_true", help="vit_tiny only, 3 repeats (unless overridden)")
     p.add_argument("--no-memory", action="store_true", help="skip the peak-memory subprocesses")
+    p.add_argument("--clock", choices=sorted(CLOCKS), default="wall",
+                   help="wall time (default) or this process's CPU time (one thread, loaded machine; CPU only)")
     p.add_argument("--reference", action="store_true",
                    help="add row (d): the pre-#15 GradSkip (tests/gradskip_reference.py), before/after in one run")
     p.add_argument("--out", default=None, help="write the Markdown report here and a CSV next to it")
@@ -516,6 +524,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         args.repeats = 3 if args.quick else 5
     if args.batch < 1 or args.repeats < 1:
         p.error("--batch and --repeats must be positive")
+    if args.device == "cuda" and args.clock == "cpu":
+        p.error("--clock cpu measures CPU time; use the wall clock on CUDA")
     if args.device == "cuda" and not torch.cuda.is_available():
         p.error("--device cuda but CUDA is not available")
     return args
@@ -546,7 +556,7 @@ def _run(args: argparse.Namespace, argv: list[str] | None) -> dict[str, Any]:
     for spec in args.models:
         rows = ROWS + ((REFERENCE_ROW,) if args.reference else ())
         results += benchmark_model(spec, args.batch, args.repeats, args.device, args.threads,
-                                   memory=not args.no_memory, log=log, rows=rows)
+                                   memory=not args.no_memory, log=log, rows=rows, clock=args.clock)
     log(f"  done in {time.perf_counter() - t0:.0f} s")
     md = render(results, args, command)
     print(md)

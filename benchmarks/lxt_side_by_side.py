@@ -16,8 +16,8 @@ runs in its own interpreter of LXT's environment (``VITLENS_LXT_PYTHON``, else `
 ``tests/test_lxt_crosscheck.py``): one vitlens process and one per LXT rule. The parent drives them over pipes and
 runs the rows in turn, repeat after repeat, so machine noise hits them alike; each row's time is the CPU time of
 its process (one thread: the compute, not the wait for a core on a loaded machine); time ratios are medians of the
-per-repeat ratios. Peak memory: peak RSS above the RSS before the call (``/proc/self/clear_refs``), measured after
-the timed repeats in each row's process. Agreement: vitlens' token relevance (CLS first) against LXT's, max
+per-repeat ratios. Peak memory: peak RSS above the RSS before the call (``/proc/self/clear_refs``), one fresh process per
+row after a batch-1 warm-up forward (as ``benchmarks/gradskip_cost.py``). Agreement: vitlens' token relevance (CLS first) against LXT's, max
 absolute difference relative to LXT's largest value, and Pearson correlation.
 
 Usage::
@@ -108,8 +108,9 @@ def _patch_lxt(rule: str) -> None:
     })
 
 
-def _child_rows(side: str, spec: str, batch: int) -> dict[str, Any]:
-    """Callables ``row → () -> token relevance (B, 1 + N)`` for this side's rows, all on the same model and batch."""
+def _child_rows(side: str, spec: str, batch: int) -> tuple[dict[str, Any], Any]:
+    """Callables ``row → () -> token relevance (B, 1 + N)`` for this side's rows, all on the same model and batch,
+    and a warm-up callable (a batch-1 forward without gradients)."""
     import torch
 
     sys.path.insert(0, str(ROOT / "benchmarks"))
@@ -125,8 +126,9 @@ def _child_rows(side: str, spec: str, batch: int) -> dict[str, Any]:
                 return torch.cat([e.remainder[:, None], e.token_maps.flatten(1)], dim=1)
             return run
 
-        return {"floor": lambda: gc.run_floor(model, x) and None, "vitlens attnlrp": method("attnlrp"),
-                "vitlens cplrp": method("cplrp"), "vitlens gradskip": method("gradskip")}
+        return ({"floor": lambda: gc.run_floor(model, x) and None, "vitlens attnlrp": method("attnlrp"),
+                 "vitlens cplrp": method("cplrp"), "vitlens gradskip": method("gradskip")},
+                lambda: gc.run_forward(model, x[:1]))
     hf = timm_to_hf4(model)
     _patch_lxt("attnlrp" if side == "lxt-attnlrp" else "cp")
     for p in hf.parameters():
@@ -148,18 +150,30 @@ def _child_rows(side: str, spec: str, batch: int) -> dict[str, Any]:
         (g,) = torch.autograd.grad(y, [box["u"]])
         return (box["u"] * g).sum(-1).detach()
 
-    return {SIDES[side][0]: lxt}
+    def warm() -> None:
+        with torch.no_grad():
+            hf(pixel_values=x[:1])
+
+    return {SIDES[side][0]: lxt}, warm
 
 
-def child(side: str, spec: str, batch: int, threads: int) -> None:
-    """Serve ``time`` / ``mem`` / ``maps`` requests (JSON lines on stdin) for this side's rows."""
+def child(side: str, spec: str, batch: int, threads: int, mem_row: str | None = None) -> None:
+    """Serve ``time`` / ``maps`` requests (JSON lines on stdin) for this side's rows; with ``mem_row``: measure the
+    peak memory of that one row after a batch-1 warm-up, print it and exit."""
     import torch
 
     torch.set_num_threads(threads)
     sys.path.insert(0, str(ROOT / "benchmarks"))
     import gradskip_cost as gc
 
-    rows = _child_rows(side, spec, batch)
+    rows, warm = _child_rows(side, spec, batch)
+    if mem_row is not None:  # a fresh process per row: the allocator has not kept memory from earlier calls
+        warm()
+        reset = gc._reset_peak_rss()
+        base = gc._rss_bytes()
+        rows[mem_row]()
+        print(json.dumps({"mib": max(gc._peak_rss_bytes() - base, 0) / 2**20, "reset": reset}), flush=True)
+        return
     print(json.dumps({"ready": list(rows), "torch": torch.__version__}), flush=True)
     for line in sys.stdin:
         req = json.loads(line)
@@ -170,11 +184,6 @@ def child(side: str, spec: str, batch: int, threads: int) -> None:
             t0 = time.process_time()
             fn()
             print(json.dumps({"s": time.process_time() - t0}), flush=True)
-        elif req["op"] == "mem":
-            reset = gc._reset_peak_rss()
-            base = gc._rss_bytes()
-            fn()
-            print(json.dumps({"mib": max(gc._peak_rss_bytes() - base, 0) / 2**20, "reset": reset}), flush=True)
         elif req["op"] == "maps":
             torch.save(fn(), req["path"])
             print(json.dumps({"ok": True}), flush=True)
@@ -184,10 +193,11 @@ def child(side: str, spec: str, batch: int, threads: int) -> None:
 # parent side
 # ---------------------------------------------------------------------------------------------------------------------
 class Side:
-    def __init__(self, python: str, side: str, args: argparse.Namespace) -> None:
+    def __init__(self, python: str, side: str, args: argparse.Namespace, mem_row: str | None = None) -> None:
         env = dict(os.environ, PYTHONPATH=str(ROOT / "src"), OMP_NUM_THREADS=str(args.threads))
+        extra = ["--_mem-row", mem_row] if mem_row else []
         self.proc = subprocess.Popen([python, os.path.abspath(__file__), "--_child", side, "--model", args.model,
-                                      "--batch", str(args.batch), "--threads", str(args.threads)],
+                                      "--batch", str(args.batch), "--threads", str(args.threads), *extra],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
         self.hello = self._read()
 
@@ -230,7 +240,6 @@ def measure(args: argparse.Namespace, python: str) -> dict[str, Any]:
                 t = sides[s].ask(op="time", row=r)["s"]
                 if i:
                     times[r].append(t)
-        mem = {r: sides[s].ask(op="mem", row=r)["mib"] for s, r in order}
         with tempfile.TemporaryDirectory() as tmp:
             maps = {}
             for s, r in order:
@@ -243,6 +252,12 @@ def measure(args: argparse.Namespace, python: str) -> dict[str, Any]:
     finally:
         for s in sides.values():
             s.close()
+    mem = {}
+    for s, r in order:  # one fresh process per row
+        side = Side(python, s, args, mem_row=r)
+        mem[r] = side.hello["mib"]
+        side.proc.stdin.close()
+        side.proc.wait(timeout=60)
     agree = {lxt: agreement(maps[ours], maps[lxt]) for lxt, ours in PAIRS.items()}
     agree["vitlens gradskip vs LXT AttnLRP"] = agreement(maps["vitlens gradskip"], maps["LXT AttnLRP"])
     return {"times": times, "mem": mem, "agreement": agree, "torch": versions["torch"]}
@@ -287,9 +302,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--out", default=None, help="also write the Markdown report here")
     p.add_argument("--_child", dest="child", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--_mem-row", dest="mem_row", default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.child:
-        child(args.child, args.model, args.batch, args.threads)
+        child(args.child, args.model, args.batch, args.threads, args.mem_row)
         return {}
     python = lxt_python()
     if python is None:
