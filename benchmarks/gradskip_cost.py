@@ -6,7 +6,10 @@ Rows, per model (all three with explicit attention, ``blk.attn.fused_attn = Fals
   (b) ``forward+backward`` the physical floor of any gradient method: a forward and an activation-only backward
                            ``torch.autograd.grad(logit_of_predicted_class.sum(), input_of_first_block)``, parameters
                            frozen, the first block's input made a leaf by a forward pre-hook;
-  (c) ``gradskip``         ``vitlens.explain(model, x, method="gradskip")``.
+  (c) ``gradskip``         ``vitlens.explain(model, x, method="gradskip")``;
+  (d) ``gradskip-reference`` (with ``--reference``) the implementation before the cost work of issue #15, kept in
+                           ``tests/gradskip_reference.py`` (the tests compare the maps): before and after side by
+                           side in one run.
 
 Columns: GFLOPs per image (``torch.utils.flop_counter.FlopCounterMode``, batch 1) and their ratio to the forward;
 median wall time per image over ``--repeats`` interleaved repeats after a warm-up (a, b, c run one after another in
@@ -22,6 +25,7 @@ Usage::
     python benchmarks/gradskip_cost.py                        # ViT-Ti/S/B, batch 8, CPU
     python benchmarks/gradskip_cost.py --out docs/benchmarks/gradskip_cost.md
     python benchmarks/gradskip_cost.py --quick                # ViT-Ti only, 3 repeats
+    python benchmarks/gradskip_cost.py --reference            # add row (d), the pre-#15 implementation
     python benchmarks/gradskip_cost.py --models "vit_tiny_patch16_224:img_size=64,depth=2" --batch 2
 
 ``--models`` takes timm names, each optionally followed by ``:key=value,key=value`` keyword arguments for
@@ -53,7 +57,9 @@ from torch import Tensor, nn
 DEFAULT_MODELS = ("vit_tiny_patch16_224", "vit_small_patch16_224", "vit_base_patch16_224")
 QUICK_MODELS = ("vit_tiny_patch16_224",)
 ROWS = ("forward", "forward+backward", "gradskip")
-ROW_LABELS = {"forward": "(a) forward", "forward+backward": "(b) forward+backward", "gradskip": "(c) GradSkip"}
+REFERENCE_ROW = "gradskip-reference"
+ROW_LABELS = {"forward": "(a) forward", "forward+backward": "(b) forward+backward", "gradskip": "(c) GradSkip",
+              REFERENCE_ROW: "(d) GradSkip before #15"}
 #: the seed's figure for one GradSkip map on ViT-B/16 at 224 px (spec/gradskip.md, "Cost")
 SEED_MODEL = "vit_base_patch16_224"
 SEED_GFLOPS = 69.39
@@ -153,10 +159,23 @@ def run_gradskip(model: nn.Module, x: Tensor) -> dict:
     return {"forward_passes": exp.cost.forward_passes, "backward_passes": exp.cost.backward_passes}
 
 
+def run_gradskip_reference(model: nn.Module, x: Tensor) -> dict:
+    """Row (d): the pre-#15 GradSkip (``tests/gradskip_reference.py``): one forward, one backward per image."""
+    tests = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests")
+    if tests not in sys.path:
+        sys.path.insert(0, tests)
+    from gradskip_reference import reference_gradskip
+
+    out = reference_gradskip(model, x)
+    assert out["token_maps"].shape[0] == x.shape[0]
+    return {"forward_passes": 1.0, "backward_passes": 1.0}
+
+
 RUNNERS: dict[str, Callable[[nn.Module, Tensor], dict]] = {
     "forward": run_forward,
     "forward+backward": run_floor,
     "gradskip": run_gradskip,
+    REFERENCE_ROW: run_gradskip_reference,
 }
 
 
@@ -180,23 +199,29 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def time_rows(model: nn.Module, x: Tensor, repeats: int,
-              warmup: int = 1) -> tuple[dict[str, list[float]], dict[str, dict]]:
+CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
+
+
+def time_rows(model: nn.Module, x: Tensor, repeats: int, warmup: int = 1, rows: tuple[str, ...] = ROWS,
+              clock: str = "wall") -> tuple[dict[str, list[float]], dict[str, dict]]:
     """Seconds per call for each row, measured interleaved: every repeat runs a, b, c one after another.
 
-    Also returns what each row's last call reported (forward/backward passes per image).
+    Also returns what each row's last call reported (forward/backward passes per image). ``clock="cpu"`` measures
+    this process's CPU time instead of wall time (with one thread: the compute itself, not the time spent waiting
+    for a core on a loaded machine).
     """
+    now = CLOCKS[clock]
     device = x.device
-    times: dict[str, list[float]] = {r: [] for r in ROWS}
+    times: dict[str, list[float]] = {r: [] for r in rows}
     info: dict[str, dict] = {}
     for i in range(warmup + repeats):
-        for row in ROWS:
+        for row in rows:
             _sync(device)
-            t0 = time.perf_counter()
+            t0 = now()
             info[row] = RUNNERS[row](model, x)
             _sync(device)
             if i >= warmup:
-                times[row].append(time.perf_counter() - t0)
+                times[row].append(now() - t0)
     return times, info
 
 
@@ -295,19 +320,20 @@ def _paired_ratio(num: list[float], den: list[float]) -> float:
 
 
 def benchmark_model(spec: str, batch: int, repeats: int, device: str, threads: int | None,
-                    memory: bool = True, log: Callable[[str], None] = print) -> list[Result]:
+                    memory: bool = True, log: Callable[[str], None] = print,
+                    rows: tuple[str, ...] = ROWS, clock: str = "wall") -> list[Result]:
     dev = torch.device(device)
     model = build_model(spec, dev)
     x1 = make_batch(model, 1, dev)
     xb = make_batch(model, batch, dev)
     log(f"  {spec}: counting FLOPs ...")
     flops, by_op = {}, {}
-    for row in ROWS:
+    for row in rows:
         flops[row], by_op[row] = count_flops(model, x1, row)
     log(f"  {spec}: timing {repeats} interleaved repeats at batch {batch} ...")
-    times, passes = time_rows(model, xb, repeats)
+    times, passes = time_rows(model, xb, repeats, rows=rows, clock=clock)
     mem = {}
-    for row in ROWS:
+    for row in rows:
         if memory:
             log(f"  {spec}: peak memory of {row} (subprocess) ...")
             peak, reset = peak_memory(spec, row, batch, device, threads)
@@ -317,7 +343,7 @@ def benchmark_model(spec: str, batch: int, repeats: int, device: str, threads: i
         else:
             mem[row] = float("nan")
     results = []
-    for row in ROWS:
+    for row in rows:
         r = Result(
             model=spec, row=row, gflops=flops[row] / 1e9,
             gflops_by_op={k: v / 1e9 for k, v in by_op[row].items()},
@@ -328,6 +354,9 @@ def benchmark_model(spec: str, batch: int, repeats: int, device: str, threads: i
         r.extra["flops_x_floor"] = flops[row] / flops["forward+backward"]
         r.extra["time_x_forward"] = _paired_ratio(times[row], times["forward"])
         r.extra["time_x_floor"] = _paired_ratio(times[row], times["forward+backward"])
+        r.extra["mem_x_floor"] = mem[row] / mem["forward+backward"] if mem["forward+backward"] > 0 else float("nan")
+        if REFERENCE_ROW in times:
+            r.extra["time_x_reference"] = _paired_ratio(times[row], times[REFERENCE_ROW])
         results.append(r)
     return results
 
@@ -354,7 +383,7 @@ def header(args: argparse.Namespace) -> list[str]:
         f"python {platform.python_version()}",
         f"- device: {dev}; torch threads: {torch.get_num_threads()}",
         f"- batch {args.batch} for time and memory, batch 1 for FLOPs; {args.repeats} timed repeats after 1 warm-up "
-        "round, rows interleaved",
+        f"round, rows interleaved; clock: {args.clock}" + (" (process CPU time)" if args.clock == "cpu" else ""),
         "- models: " + ", ".join(f"`{m}`" for m in args.models) + " (timm, random weights, `pretrained=False`, "
         "explicit attention `fused_attn=False` in all rows)",
     ]
@@ -368,14 +397,14 @@ def markdown_table(results: list[Result], device: str) -> list[str]:
     mem_col = "peak mem (MiB)" + ("¹" if device == "cpu" else "²")
     lines = [
         f"| model | row | GFLOPs / image | FLOPs × fwd | ms / image (median) | time × (a) | time × (b) | {mem_col} "
-        "| fwd / bwd passes per image |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|",
+        "| mem × (b) | fwd / bwd passes per image |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in results:
         lines.append(
             f"| `{r.model}` | {ROW_LABELS[r.row]} | {r.gflops:.3f} | {r.extra['flops_x_forward']:.3f} "
             f"| {r.median_ms:.1f} | {r.extra['time_x_forward']:.2f} | {r.extra['time_x_floor']:.2f} "
-            f"| {_fmt(r.peak_mib, 1)} | {r.forward_passes:g} / {r.backward_passes:g} |"
+            f"| {_fmt(r.peak_mib, 1)} | {_fmt(r.extra['mem_x_floor'])} | {r.forward_passes:g} / {r.backward_passes:g} |"
         )
     return lines
 
@@ -385,6 +414,14 @@ def summary_lines(results: list[Result]) -> list[str]:
     by = {(r.model, r.row): r for r in results}
     for model in dict.fromkeys(r.model for r in results):
         a, b, c = (by[(model, row)] for row in ROWS)
+        d = by.get((model, REFERENCE_ROW))
+        if d is not None:
+            out.append(
+                f"- `{model}` before/after (#15), paired in one run: GradSkip ÷ floor {d.extra['time_x_floor']:.3f} "
+                f"→ {c.extra['time_x_floor']:.3f} in time, {_fmt(d.extra['mem_x_floor'], 3)} → "
+                f"{_fmt(c.extra['mem_x_floor'], 3)} in peak memory, {d.gflops:.3f} → {c.gflops:.3f} GFLOPs; "
+                f"new ÷ old time {c.extra['time_x_reference']:.3f}."
+            )
         out.append(
             f"- `{model}`: GradSkip / forward+backward = {c.gflops / b.gflops:.4f} in FLOPs "
             f"({c.gflops - b.gflops:+.3f} GFLOPs), {c.extra['time_x_floor']:.2f} in time; "
@@ -472,6 +509,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's default)")
     p.add_argument("--quick", action="store_true", help="vit_tiny only, 3 repeats (unless overridden)")
     p.add_argument("--no-memory", action="store_true", help="skip the peak-memory subprocesses")
+    p.add_argument("--clock", choices=sorted(CLOCKS), default="wall",
+                   help="wall time (default) or this process's CPU time (one thread, loaded machine; CPU only)")
+    p.add_argument("--reference", action="store_true",
+                   help="add row (d): the pre-#15 GradSkip (tests/gradskip_reference.py), before/after in one run")
     p.add_argument("--out", default=None, help="write the Markdown report here and a CSV next to it")
     p.add_argument("--_memory-child", dest="memory_child", default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -483,6 +524,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         args.repeats = 3 if args.quick else 5
     if args.batch < 1 or args.repeats < 1:
         p.error("--batch and --repeats must be positive")
+    if args.device == "cuda" and args.clock == "cpu":
+        p.error("--clock cpu measures CPU time; use the wall clock on CUDA")
     if args.device == "cuda" and not torch.cuda.is_available():
         p.error("--device cuda but CUDA is not available")
     return args
@@ -511,8 +554,9 @@ def _run(args: argparse.Namespace, argv: list[str] | None) -> dict[str, Any]:
     results: list[Result] = []
     t0 = time.perf_counter()
     for spec in args.models:
+        rows = ROWS + ((REFERENCE_ROW,) if args.reference else ())
         results += benchmark_model(spec, args.batch, args.repeats, args.device, args.threads,
-                                   memory=not args.no_memory, log=log)
+                                   memory=not args.no_memory, log=log, rows=rows, clock=args.clock)
     log(f"  done in {time.perf_counter() - t0:.0f} s")
     md = render(results, args, command)
     print(md)

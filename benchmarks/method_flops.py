@@ -36,6 +36,7 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ast
 import datetime as _dt
 import math
@@ -57,6 +58,7 @@ from vitlens.explainers.rise import image_generator
 from vitlens.explainers.tis import block_outputs, kmeans
 from vitlens.explainers.vitcx import cluster_masks, feature_masks
 from vitlens.models import Adapter, get_adapter
+from vitlens.models._readout import readout_only
 
 #: the seed's figures (spec/gradskip.md, spec/baselines.md): GradSkip GFLOPs and the cost ratios to it
 SEED_GRADSKIP = 69.39
@@ -133,9 +135,11 @@ def count(fn: Callable[[], Any]) -> tuple[int, Any]:
 
 
 # -- pieces ---------------------------------------------------------------------------------------------------------
-def _forward(adapter: Adapter, x: Tensor) -> int:
+def _forward(adapter: Adapter, x: Tensor, readout_path: bool = False) -> int:
+    """FLOPs of one forward; ``readout_path``: as methods that read only logits run it (``models._readout``)."""
     def run():
-        with adapter.session(capture=False), torch.no_grad():
+        fast = readout_only(adapter, all_queries=False) if readout_path else contextlib.nullcontext()
+        with fast, adapter.session(capture=False), torch.no_grad():
             return adapter.forward(x)
 
     return count(run)[0]
@@ -166,7 +170,8 @@ def pieces(method, adapter: Adapter, x: Tensor) -> tuple[int, str]:
     name = method.name
     if name == "rise":
         n = int(o["n_masks"])
-        return (1 + n) * _forward(adapter, x) + 2 * n * h * w, f"(1 + {n}) forwards"
+        f = _forward(adapter, x, readout_path=method.readout_logit_only)
+        return (1 + n) * f + 2 * n * h * w, f"(1 + {n}) forwards"
     gh, gw = adapter.grid((h, w))
     n_tok = gh * gw
     if name == "tis":
@@ -219,10 +224,11 @@ def mda_search_forwards(regions: int, window: int, prefix: int, blur_trials: int
 
 
 def pass_flops(adapter: Adapter, x: Tensor) -> tuple[int, int]:
-    """FLOPs of one forward and of one input-gradient backward (input × gradient minus its forward)."""
+    """FLOPs of one forward and of one input-gradient backward (input × gradient minus its forward; input × gradient
+    runs the readout fast path, so its forward is counted the same way)."""
     f = _forward(adapter, x)
     fb = count(lambda: get_method("inputxgradient").explain(adapter, x))[0]
-    return f, fb - f
+    return f, fb - _forward(adapter, x, readout_path=get_method("inputxgradient").readout_logit_only)
 
 
 # -- the table ------------------------------------------------------------------------------------------------------

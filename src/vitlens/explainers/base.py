@@ -19,6 +19,7 @@ from torch import Tensor, nn
 from .._version import __version__
 from ..errors import InputError
 from ..models import Adapter, get_adapter
+from ..models._readout import readout_only
 from ..models.base import Recording, _logits_of
 from ..targets import Target, TargetSpec, make_target
 
@@ -263,6 +264,9 @@ class Explainer:
     batch_equivariant: ClassVar[bool] = True
     #: options whose default is a number but which also accept ``None`` (documented meaning, e.g. "all at once").
     nullable_options: ClassVar[frozenset[str]] = frozenset({"internal_batch_size"})
+    #: True for methods that read only the model's logits (no capture): their calls run the readout fast path
+    #: (``vitlens.models._readout``, the last block on the readout tokens only; same maps up to float rounding).
+    readout_logit_only: ClassVar[bool] = False
 
     def __init__(self, **options: Any) -> None:
         from ..options import check_like_default
@@ -356,8 +360,9 @@ class Explainer:
             raise InputError(f"batch_size must be positive, got {batch_size}")
         parts: list[tuple[Attribution, Tensor, Target]] = []
         meter = CostMeter(adapter.model)
+        fast = readout_only(adapter, all_queries=False) if self.readout_logit_only else contextlib.nullcontext()
         # gradient methods also work inside torch.no_grad(); a caller's autocast applies to the model's forwards only
-        with meter, torch.enable_grad(), adapter.caller_autocast(x.device.type):
+        with meter, torch.enable_grad(), adapter.caller_autocast(x.device.type), fast:
             for start in range(0, b, chunk):
                 sl = slice(start, min(start + chunk, b))
                 parts.append(self.attribute(adapter, x[sl], tgt.chunk(sl, b)))

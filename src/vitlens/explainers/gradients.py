@@ -21,6 +21,8 @@ __all__ = ["InputXGradient", "RandomMap"]
 class InputXGradient(Explainer):
     """Input × gradient summed over channels, ``Σ_c x_c · ∂y/∂x_c`` (on the preprocessed input), ``(B, H, W)``."""
 
+    readout_logit_only = True  # logits only: the readout fast path applies (base.Explainer)
+
     name = "inputxgradient"
     level = "pixel"
     defaults: dict[str, Any] = {}

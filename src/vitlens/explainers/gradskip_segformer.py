@@ -136,7 +136,7 @@ def attribute_hierarchical(method: "GradSkip", adapter: "SegformerAdapter", x: T
             attn, grad_attn = blk.attn.detach(), grad[id(blk.attn)]
             omega = head_weights(attn, grad_attn, o["head_weighting"], float(o["alpha"]),
                                  float(o["grad_threshold"]), o["head_subset"])
-            wt = method._weighted_attention(attn, grad_attn, blk.value, omega)  # (B, T, T_k)
+            wt = method._weighted_attention(attn, attn * grad_attn, blk.value.norm(dim=-1), omega)  # (B, T, T_k)
             beta = method._gate(blk.u.detach(), blk.h.detach(), grad[id(blk.h)])
             keys = (beta * relevance)[:, None, :].bmm(wt)[:, 0]  # (B, T_k)
             red = blk.reduction

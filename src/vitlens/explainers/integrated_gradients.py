@@ -102,6 +102,8 @@ class IntegratedGradients(Explainer):
             (Captum's default: fastest, most memory). Results do not depend on it beyond float rounding.
     """
 
+    readout_logit_only = True  # logits only: the readout fast path applies (base.Explainer)
+
     name = "integrated_gradients"
     level = "pixel"
     defaults: dict[str, Any] = {

@@ -61,6 +61,8 @@ class RISE(Explainer):
         batch_size: most images in one forward call.
     """
 
+    readout_logit_only = True  # logits only: the readout fast path applies (base.Explainer)
+
     name = "rise"
     level = "pixel"
     requires = None

@@ -53,6 +53,8 @@ class Gradient(Explainer):
         reduce: ``max_abs`` | ``sum_abs`` | ``sum`` (see :func:`reduce_channels`).
     """
 
+    readout_logit_only = True  # logits only: the readout fast path applies (base.Explainer)
+
     name = "gradient"
     level = "pixel"
     defaults: dict[str, Any] = {"reduce": "max_abs"}
@@ -82,6 +84,8 @@ class SmoothGrad(Explainer):
         internal_batch_size: model rows per call, rounded down to whole sets of ``B`` noisy copies (at least one set);
             ``None``: all ``n·B`` at once. Memory knob only.
     """
+
+    readout_logit_only = True  # logits only: the readout fast path applies (base.Explainer)
 
     name = "smoothgrad"
     level = "pixel"

@@ -79,6 +79,11 @@ def conservative_layernorm_hook(module: nn.Module, inputs: tuple, output: Tensor
     works for half-precision models.
     """
     x = inputs[0]
+    if not _is_rms_norm(module) and x.dtype in (torch.float32, torch.float64) and isinstance(module, nn.LayerNorm):
+        from ._conservative_ln import constant_std_layer_norm  # one fused forward; only 1/std kept for the backward
+
+        return constant_std_layer_norm(x, module.weight, module.bias, module.normalized_shape, module.eps).to(
+            output.dtype)
     shape = getattr(module, "normalized_shape", None) or (x.shape[-1],)
     shape = (shape,) if isinstance(shape, int) else tuple(shape)
     dims = tuple(range(-len(shape), 0))

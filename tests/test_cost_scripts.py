@@ -1,0 +1,62 @@
+"""The every-method cost table and the LXT side-by-side script run end to end (times are never asserted on)."""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import os
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("timm")
+
+BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
+TINY = "timm:vit_tiny_patch16_224:img_size=32,patch_size=8,depth=2,num_classes=5"
+
+
+def load(name: str):
+    spec = importlib.util.spec_from_file_location(name, BENCH / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_method_cost_table_lists_declared_and_counted_passes(tmp_path):
+    script = load("method_cost")
+    threads = torch.get_num_threads()
+    out = tmp_path / "cost.md"
+    res = script.main(["--models", TINY, "--methods", "gradskip,rise,gradient", "--batch", "2", "--repeats", "1",
+                       "--budget", "0.01", "--out", str(out)])
+    assert torch.get_num_threads() == threads
+    rows = {r["method"]: r for r in res["rows"]}
+    assert set(rows) == {"gradskip", "rise", "gradient"}
+    assert (rows["gradskip"]["declared_fwd"], rows["gradskip"]["declared_bwd"]) == (1.0, 1.0)
+    assert (rows["gradskip"]["counted_fwd"], rows["gradskip"]["counted_bwd"]) == (1.0, 1.0)
+    # RISE's 4000 masks do not fit the budget: measured at its fast_options, and what it declares then is counted
+    assert rows["rise"]["which"] == "fast_options" and rows["rise"]["options"]["n_masks"] == 24
+    assert rows["rise"]["counted_fwd"] == rows["rise"]["declared_fwd"] == 25.0
+    for r in rows.values():
+        assert math.isfinite(r["x_forward"]) and r["x_forward"] > 0 and r["ms_per_map"] > 0
+    md = out.read_text()
+    assert md == res["markdown"] and "| gradskip | defaults | 1 / 1 | 1 / 1 |" in md
+    assert "fast: n_masks=24" in md
+
+
+LXT = os.environ.get("VITLENS_LXT_PYTHON") or (
+    str(BENCH.parent / ".venv-lxt" / "bin" / "python") if (BENCH.parent / ".venv-lxt").exists() else None)
+
+
+@pytest.mark.skipif(not LXT, reason="set VITLENS_LXT_PYTHON to a python with lxt and transformers<5")
+def test_lxt_side_by_side_agrees_with_lxt(tmp_path, monkeypatch):
+    monkeypatch.setenv("VITLENS_LXT_PYTHON", LXT)
+    script = load("lxt_side_by_side")
+    res = script.main(["--model", "vit_tiny_patch16_224:img_size=32,patch_size=8,depth=2", "--batch", "2",
+                       "--repeats", "1", "--out", str(tmp_path / "lxt.md")])
+    assert set(res["times"]) == {r for rows in script.SIDES.values() for r in rows}
+    assert res["agreement"]["LXT AttnLRP"]["rel_max_diff"] < 1e-5
+    assert res["agreement"]["LXT CP-LRP"]["rel_max_diff"] < 1e-5
+    assert "vitlens attnlrp ÷ LXT AttnLRP" in (tmp_path / "lxt.md").read_text()
