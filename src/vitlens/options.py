@@ -98,7 +98,7 @@ def check_like_default(owner: str, options: Mapping[str, Any], defaults: Mapping
 
 def signature_settings(cls: type) -> tuple[set[str], bool]:
     """Names ``cls.__init__`` accepts (besides ``self``), and whether it also takes ``**kwargs``."""
-    params = list(inspect.signature(cls.__init__).parameters.values())[1:]
+    params = list(inspect.signature(getattr(cls, "__init__")).parameters.values())[1:]
     names = {p.name for p in params if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)}
     return names, any(p.kind == p.VAR_KEYWORD for p in params)
 
