@@ -29,7 +29,7 @@ def test_vit_table(script, tmp_path: Path) -> None:
                         "--out", str(tmp_path / "run"), "--doc", str(doc)]) == 0
     text = doc.read_text()
     assert text.startswith("# All methods on `shapes-vit`")
-    for needle in ("| gradskip |", "| random |", "pointing_game", "faithfulness_violation", "Command: `python"):
+    for needle in ("| gradskip |", "| random |", "pointing game", "violation ↓", "Command: `python"):
         assert needle in text, needle
 
 
