@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 
 import vitlens
-from vitlens.aha.train import RECIPES, AHATrainConfig, train_aha
+from vitlens.aha.train import AHATrainConfig, train_aha
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from aha_sorter_error import write_section  # noqa: E402
@@ -44,6 +44,7 @@ ROWS: dict[str, tuple[str, dict, str]] = {
     "lr 3e-4": ("tracked", {"lr": 3e-4}, "the authors' learning rate"),
     "width 64": ("tracked", {"width": 64}, "twice the decoder width"),
     "grid 8 only": ("tracked", {"grid_range": (8, 8), "grid_offset": False}, "no grid augmentation"),
+    "pool tokens": ("tracked", {"pool": "tokens"}, "maps pooled per token in training"),
 }
 
 
@@ -79,6 +80,7 @@ def main(argv: list[str] | None = None) -> int:
         v = res.validation or {}
         rec = {"row": row, "steps": args.steps, "batch_size": args.batch_size, "n_val": args.n_val,
                "deletion": v.get("deletion"), "insertion": v.get("insertion"), "difference": v.get("difference"),
+               "difference_tokens": v.get("difference_tokens"),
                "seconds": round(time.perf_counter() - t0, 1),
                "s_per_step": round(res.seconds / max(1, res.step), 2),
                "final_loss": sum(h["loss"] for h in res.history[-5:]) / max(1, len(res.history[-5:]))}
@@ -93,12 +95,13 @@ def main(argv: list[str] | None = None) -> int:
              f"Each row trains a shapes-vit explainer for {args.steps} steps of {args.batch_size} fresh scenes "
              f"(seed 0) and is validated on the same {args.n_val} held-out scenes with the hard metric (21 points, "
              "mean reference, predicted class). One change per row against `tracked`.", "",
-             "| row | what changes | deletion ↓ | insertion ↑ | insertion − deletion ↑ | s per step |",
-             "|---|---|---|---|---|---|"]
+             "| row | what changes | deletion ↓ | insertion ↑ | insertion − deletion ↑ | ins − del, token-pooled ↑ | "
+             "s per step |", "|---|---|---|---|---|---|---|"]
     for row in args.rows:
         r = done[row]
+        tok = r.get("difference_tokens")
         lines.append(f"| {row} | {ROWS[row][2]} | {r['deletion']:.4f} | {r['insertion']:.4f} | "
-                     f"{r['difference']:.4f} | {r['s_per_step']:.1f} |")
+                     f"{r['difference']:.4f} | {'' if tok is None else f'{tok:.4f}'} | {r['s_per_step']:.1f} |")
     lines += ["", END]
     text = "\n".join(lines)
     print(text)

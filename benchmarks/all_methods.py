@@ -38,7 +38,7 @@ REDUCED = {
     "smoothgrad": {"n": 16},
     "mda": {"n_regions": 16},
 }
-SKIP = {"aha"}  # needs a trained explainer for the model: evaluated in benchmarks/aha_eval.py
+SKIP = {"aha"}  # needs a trained explainer for the model: run with --methods aha,... --section aha (see the docs)
 
 ID = ("insertion_deletion", {"preset": "aha"})
 POINTING = ("pointing_game", {"tolerance": 4})
@@ -80,13 +80,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--n", type=int, default=50, help="images (the photos source has 7)")
     p.add_argument("--out", default=None, help="run directory (default runs/all-<model>)")
     p.add_argument("--doc", default=None, help="also write the table to this Markdown file")
-    p.add_argument("--methods", default=None, help="comma-separated subset of methods (default: all that apply)")
+    p.add_argument("--methods", default=None,
+                   help="comma-separated subset of methods, each NAME or NAME:key=value;... (default: all that apply)")
+    p.add_argument("--section", default=None,
+                   help="write the table as section NAME of --doc (between markers) instead of replacing the file")
     a = p.parse_args(argv)
     data, metrics, data_text = SETUPS[a.model]
     model = vitlens.load_model(a.model)
-    names = a.methods.split(",") if a.methods else [m for m in vitlens.methods() if m not in SKIP]
-    names, skipped = applicable(model, names)
-    methods = [(m, REDUCED.get(m, {})) for m in names]
+    from vitlens.bench.specs import parse_spec
+
+    specs = [parse_spec(s) for s in a.methods.split(",")] if a.methods else [
+        (m, {}) for m in vitlens.methods() if m not in SKIP]
+    names, skipped = applicable(model, list(dict.fromkeys(m for m, _ in specs)))
+    methods = [(m, {**REDUCED.get(m, {}), **o}) for m, o in specs if m in names]
     cfg = BenchConfig(model=a.model, data=data, methods=methods, metrics=metrics, n=a.n, batch_size=25)
     t0 = time.time()
     run_dir = run_benchmark(cfg, a.out or f"runs/all-{a.model}")
@@ -109,7 +115,17 @@ def main(argv: list[str] | None = None) -> int:
     if skipped:
         meta += "\nNot applicable to this model: " + "; ".join(f"{k} ({v})" for k, v in sorted(skipped.items())) + ".\n"
     print(table + meta)
-    if a.doc:
+    if a.doc and a.section:
+        start, end = f"<!-- all_methods:{a.section}:start -->", f"<!-- all_methods:{a.section}:end -->"
+        text = f"{start}\n## Section `{a.section}`: {', '.join(n for n, _ in methods)}\n\n{table}{meta}{end}"
+        page = Path(a.doc).read_text() if Path(a.doc).is_file() else f"# All methods on `{a.model}`\n"
+        if start in page and end in page:
+            head, _, rest = page.partition(start)
+            page = head + text + rest.partition(end)[2]
+        else:
+            page = page.rstrip("\n") + "\n\n" + text + "\n"
+        Path(a.doc).write_text(page)
+    elif a.doc:
         Path(a.doc).parent.mkdir(parents=True, exist_ok=True)
         Path(a.doc).write_text(f"# All methods on `{a.model}`\n\n" + table + meta)
     return 0

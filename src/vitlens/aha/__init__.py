@@ -27,8 +27,13 @@ WEIGHTS_DIR: Path = Path(__file__).resolve().parent / "weights"
 SHIPPED: dict[str, tuple[str, str]] = {
     "vit_shapes_convstem8_64": (
         "shapes-vit-aha",
-        "vitlens train-aha --model shapes-vit --data scenes --out src/vitlens/aha/weights --name shapes-vit-aha "
-        "(full command in src/vitlens/aha/weights/shapes-vit-aha.md)",
+        "vitlens train-aha --model shapes-vit --data scenes --name shapes-vit-aha --out DIR "
+        "(full command in src/vitlens/aha/weights/shapes-vit-aha.md; copy DIR/shapes-vit-aha.* here)",
+    ),
+    "vit_digits_patch7_28": (
+        "digits-vit-aha",
+        "vitlens train-aha --model digits-vit --data digits --name digits-vit-aha --out DIR "
+        "(full command in src/vitlens/aha/weights/digits-vit-aha.md; copy DIR/digits-vit-aha.* here)",
     ),
 }
 

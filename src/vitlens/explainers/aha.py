@@ -83,7 +83,7 @@ class AHA(Explainer):
         return net
 
     def _build(self, model: nn.Module) -> Any:
-        from ..aha import AHANet, load_explainer, shipped_explainer
+        from ..aha import SHIPPED, AHANet, load_explainer, shipped_explainer
         from ..aha.network import build_explainer
 
         spec = self.options["explainer"]
@@ -92,7 +92,8 @@ class AHA(Explainer):
             shipped = shipped_explainer(model)
             if shipped is None:
                 raise UnsupportedModelError(
-                    f"no shipped AHA explainer for {type(model).__name__} (shipped: shapes-vit); train one with "
+                    f"no shipped AHA explainer for {type(model).__name__} (shipped for: "
+                    f"{', '.join(n.removesuffix('-aha') for n, _ in SHIPPED.values())}); train one with "
                     "`vitlens train-aha --model MODEL --data DATA --out DIR` and pass explainer='DIR/NAME.safetensors'"
                 )
             name, path, command = shipped

