@@ -173,7 +173,9 @@ def test_train_aha_killed_at_several_points_equals_uninterrupted(tmp_path, train
     m_want = json.loads((train_reference / "aha.json").read_text())
     m_got = json.loads((out / "aha.json").read_text())
     assert m_got["loss_history"] == m_want["loss_history"] and len(m_got["loss_history"]) == 12
-    assert m_got["validation"] == m_want["validation"]
+    wall = "seconds"  # the validation record's wall time differs between any two runs
+    assert {k: v for k, v in m_got["validation"].items() if k != wall} == \
+        {k: v for k, v in m_want["validation"].items() if k != wall}
 
 
 @pytest.mark.parametrize("command,argv,expect", [

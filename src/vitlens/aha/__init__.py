@@ -4,7 +4,8 @@
 making the deletion/insertion AUCs of the frozen target differentiable with a Gumbel-Sinkhorn soft sort over regions.
 
 Modules: :mod:`.sorter` (soft permutations), :mod:`.soft_metrics` (soft curves and the loss), :mod:`.network`
-(the explainer network, saving/loading), :mod:`.train` (training, ``vitlens train-aha``), :mod:`.refine`
+(the explainer network, saving/loading), :mod:`.train` (training, ``vitlens train-aha``; split into
+:mod:`.config`, :mod:`.data`, :mod:`.plan`, :mod:`.loop`, :mod:`.card`, :mod:`.cli`), :mod:`.refine`
 (test-time refinement), :mod:`.evaluation` (hard pixel-level deletion/insertion, the authors' protocol).
 The method itself is ``vitlens.explain(model, x, method="aha")`` (:mod:`vitlens.explainers.aha`); the equations are
 in docs/methods/aha.md.

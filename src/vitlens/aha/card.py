@@ -1,0 +1,118 @@
+"""What an AHA run writes about itself: the Markdown model card (:func:`model_card`, with the learning curve as a
+table, :func:`curve_lines`), the library versions (:func:`versions`) and the target's name (:func:`model_name`)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import platform
+from typing import Any
+
+import numpy as np
+import torch
+
+from .network import AHANet
+
+__all__ = ["curve_lines", "model_card", "model_name", "versions"]
+
+
+def model_name(model: Any) -> str:
+    """The target's name in the metadata: timm's ``pretrained_cfg["architecture"]``, else the class name."""
+    cfg = getattr(model, "pretrained_cfg", None)
+    if isinstance(cfg, dict) and cfg.get("architecture"):
+        return str(cfg["architecture"])
+    return type(model).__name__
+
+
+
+def versions() -> dict[str, str]:
+    """Versions of Python, torch, vitlens and timm (those installed), for the metadata and the card."""
+    out = {"python": platform.python_version(), "torch": torch.__version__}
+    try:
+        from .. import __version__
+
+        out["vitlens"] = __version__
+    except ImportError:  # pragma: no cover
+        pass
+    with contextlib.suppress(ImportError):
+        import timm
+
+        out["timm"] = timm.__version__
+    return out
+
+
+def model_card(meta: dict[str, Any], net: AHANet) -> str:
+    """The Markdown model card of the explainer ``net`` from its metadata ``meta`` (as saved beside the weights)."""
+    t = meta["train"]
+    v = meta.get("validation") or {}
+    sfx = "" if v.get("output_pool", t.get("pool", "none")) == t.get("pool", "none") else f"_{v['output_pool']}"
+    n_params = sum(p.numel() for p in net.decoder.parameters())
+    lines = [
+        f"# {meta['name']}",
+        "",
+        f"AHA explainer (amortised deletion/insertion-trained attribution network) for `{meta['target']['name']}` "
+        f"(weights digest `{meta['target']['sha']}`). Use: "
+        "`vitlens.explain(model, x, method=\"aha\", explainer=PATH)` (see docs/methods/aha.md).",
+        "",
+        "## Training",
+        "",
+        f"- Command: `{meta.get('command') or 'train_aha(...) (Python API)'}`",
+        f"- Seed {meta['seed']}; {meta['steps']} steps of {t['batch_size']} images on {meta['processes']} "
+        f"process(es), {meta['device']}; wall time {meta['seconds']:.0f} s; written {meta['written']}.",
+        f"- Data: {json.dumps(meta['data'])}",
+        f"- Decoder: width {t['width']}, {len(net.arch['depths'])} levels (backbone {net.arch['backbone']}, depths "
+        f"{net.arch['depths']}), {n_params:,} trained parameters.",
+        f"- Recipe: `{t.get('recipe', 'authors')}` (docs/methods/aha.md §4).",
+        f"- Loss: w_del {t['w_del']}, w_ins {t['w_ins']}, w_peak {t['w_peak']} (pool {t['peak_kernel']}); "
+        f"m = {t['m']} ({t['step_sampling']}); grid range {t['grid_range'] or 'default'}, offset {t['grid_offset']}; "
+        f"references {t['references']}; τ {t['tau_start']} → {t['tau_end']}, Gumbel noise × {t.get('noise_scale', 1.0)}, "
+        f"{t['n_iters']} Sinkhorn iterations; {t['classes_per_image']} class(es) per image.",
+        f"- Optimiser: AdamW lr {t['lr']}, weight decay {t['weight_decay']}, clip {t['clip']}, warm-up "
+        f"{t['warmup_frac']:.0%} then cosine.",
+        f"- Final training loss (mean of the last 10 steps): "
+        f"{np.mean(meta['loss_history'][-10:]) if meta['loss_history'] else float('nan'):.4f}.",
+        "",
+        "## Validation (held-out, hard pixel-level deletion/insertion, T = 0)",
+        "",
+        f"Protocol: {meta['validation_protocol']['n_points']} points, mean reference, predicted class, softmax "
+        "probability, trapezoidal AUC.",
+        "",
+        f"Output pooling chosen on these images: `{v.get('output_pool', 'none')}` (docs/methods/aha.md §1)"
+        + (f"; pixel map {v['difference']:.4f}, token-pooled {v['difference_tokens']:.4f} insertion − deletion."
+           if "difference_tokens" in v else "."),
+        "",
+        "| images | deletion ↓ | insertion ↑ | insertion − deletion ↑ |",
+        "|---|---|---|---|",
+        f"| {v.get('n', 0)} | {v.get('deletion' + sfx, float('nan')):.4f} | "
+        f"{v.get('insertion' + sfx, float('nan')):.4f} | {v.get('difference' + sfx, float('nan')):.4f} |",
+        "",
+        *curve_lines(meta.get("learning_curve") or []),
+        "## Notes",
+        "",
+        "- The explainer is tied to the target's weights (digest above; loading it for other weights warns): retrain "
+        "it with the command above whenever they change. The command also leaves `checkpoint.pt` (optimiser state, "
+        "for `--resume`) in the output folder; it is not part of the shipped files.",
+        "- Any number of processes gives the same weights up to float rounding (the batch is sharded, every random "
+        "draw is keyed by step and image); the same process count reproduces them bit for bit.",
+        "",
+        f"Versions: {json.dumps(meta['versions'])}",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def curve_lines(curve: list[dict[str, Any]]) -> list[str]:
+    """The learning curve as a Markdown table (empty without ``--val-every``)."""
+    if not curve:
+        return []
+    tok = "difference_tokens" in curve[-1]
+    lines = ["## Learning curve (held-out, hard metric as above; soft: the training objective on 50 of the same images)",
+             "", "| step | images seen | wall time (s) | deletion ↓ | insertion ↑ | insertion − deletion ↑ | "
+             + ("ins − del, token-pooled ↑ | " if tok else "") + "soft ins − del |",
+             "|---|---|---|---|---|---|" + ("---|" if tok else "") + "---|"]
+    for v in curve:
+        soft = v.get("soft_difference")
+        extra = f"{v.get('difference_tokens', float('nan')):.4f} | " if tok else ""
+        lines.append(f"| {v['step']} | {v.get('images_seen', 0):,} | {v.get('seconds', 0):.0f} | {v['deletion']:.4f} | "
+                     f"{v['insertion']:.4f} | {v['difference']:.4f} | {extra}{'' if soft is None else f'{soft:.4f}'} |")
+    return lines + [""]

@@ -1,0 +1,147 @@
+"""The ``train-aha`` command: its options (:func:`add_train_aha_parser` adds it to ``vitlens``; :func:`main` is
+``python -m vitlens.aha.train``), turned into an :class:`~vitlens.aha.config.AHATrainConfig` and a call of
+:func:`vitlens.aha.loop.train_aha` (:func:`cmd_train_aha`)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import sys
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+
+from .config import RECIPES, AHATrainConfig
+from .loop import train_aha
+from .network import OUTPUT_POOLS
+from .soft_metrics import REFERENCES
+
+__all__ = ["DESCRIPTION", "add_train_aha_parser", "cmd_train_aha", "main"]
+
+#: the commands' description (the first paragraph of :mod:`vitlens.aha.train`'s docstring)
+DESCRIPTION = ("Training an AHA explainer for a frozen target model: Python API :func:`train_aha` and the "
+               "``train-aha`` command.")
+
+
+def _add_arguments(p: argparse.ArgumentParser) -> None:
+    from ..options import nonnegative_float, nonnegative_int, positive_float, positive_int
+
+    d = AHATrainConfig()
+    p.add_argument("--model", required=True, help="bundled name (shapes-vit), timm:<arch> or hf:<dir>")
+    p.add_argument("--model-option", action="append", default=[], metavar="KEY=VALUE",
+                   help="argument for vitlens.load_model (e.g. pretrained=False), repeatable")
+    p.add_argument("--data", default="scenes", help="'scenes' (synthetic scenes), 'digits' (MNIST-5k) or an image folder")
+    p.add_argument("--out", required=True, help="output folder (checkpoint.pt, <name>.safetensors/.json/.md)")
+    p.add_argument("--name", default=None, help="stem of the output files (default: <model>-aha)")
+    p.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.pt")
+    p.add_argument("--overwrite", action="store_true", help="replace an earlier run in OUT (default: refuse it)")
+    p.add_argument("--recipe", choices=sorted(RECIPES), default="tracked",
+                   help="training recipe whose values the options below default to: 'tracked' (learns; default) or "
+                        "'authors' (the AHA paper's: tau 1->0.3, Gumbel noise, 2 classes, mixed references, m=16)")
+    p.add_argument("--steps", type=positive_int, default=d.steps)
+    p.add_argument("--batch-size", type=positive_int, default=d.batch_size, help="global batch (all processes)")
+    p.add_argument("--lr", type=positive_float, default=None, help=f"AdamW learning rate (tracked: {d.lr:g})")
+    p.add_argument("--weight-decay", type=nonnegative_float, default=d.weight_decay)
+    p.add_argument("--curve-points", dest="m", type=positive_int, default=None,
+                   help=f"m: curve points incl. both endpoints (tracked: {d.m})")
+    p.add_argument("--step-sampling", choices=["fixed", "random"], default=None,
+                   help=f"curve fractions per step (tracked: {d.step_sampling})")
+    p.add_argument("--grid-range", type=positive_int, nargs=2, default=None, metavar=("MIN", "MAX"))
+    p.add_argument("--no-grid-offset", action="store_true")
+    p.add_argument("--classes-per-image", type=int, choices=[1, 2], default=None,
+                   help=f"1: the predicted class; 2: also the runner-up / true label (tracked: {d.classes_per_image})")
+    p.add_argument("--references", default=None,
+                   help=f"comma-separated deletion references drawn per step, of {','.join(REFERENCES)} "
+                        f"(tracked: {','.join(d.references)})")
+    p.add_argument("--tau", type=positive_float, nargs=2, default=None, metavar=("START", "END"),
+                   help=f"sorter temperature, annealed linearly (tracked: {d.tau_start:g} {d.tau_end:g})")
+    p.add_argument("--n-iters", type=positive_int, default=d.n_iters, help="Sinkhorn iterations")
+    p.add_argument("--noise-scale", type=nonnegative_float, default=None,
+                   help=f"Gumbel noise multiplier, 0: none (tracked: {d.noise_scale:g})")
+    p.add_argument("--w-peak", type=nonnegative_float, default=d.w_peak)
+    p.add_argument("--width", type=positive_int, default=d.width, help="decoder width")
+    p.add_argument("--backbone", default=None, help="timm model name (default: the target itself)")
+    p.add_argument("--pool", choices=list(OUTPUT_POOLS), default="none",
+                   help="output pooling applied in training ('tokens': one score per patch)")
+    p.add_argument("--no-choose-pool", action="store_true",
+                   help="keep --pool as the explainer's output pooling instead of choosing it on the validation set")
+    p.add_argument("--n-train", type=positive_int, default=None, help="training images (default: steps x batch)")
+    p.add_argument("--n-val", type=nonnegative_int, default=d.n_val)
+    p.add_argument("--val-every", type=nonnegative_int, default=d.val_every)
+    p.add_argument("--ckpt-every", type=nonnegative_int, default=d.ckpt_every)
+    p.add_argument("--chunk", type=positive_int, default=d.chunk, help="images per target forward (memory knob)")
+    p.add_argument("--amp", choices=["auto", "bf16", "off"], default=d.amp)
+    p.add_argument("--grad-checkpointing", choices=["auto", "on", "off"], default=d.grad_checkpointing)
+    p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument("--threads", type=positive_int, default=None,
+                   help="torch threads per process (default: cores/processes)")
+    p.add_argument("--device", default=None, help="cpu, cuda (default: cuda if available)")
+    p.add_argument("--no-progress", action="store_true")
+
+
+def cmd_train_aha(args: argparse.Namespace) -> int:
+    """Run ``train-aha`` from parsed arguments."""
+    from ..options import check_device, check_file_name, load_model_with_options, parse_key_values
+
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    check_device(args.device)  # before anything is loaded or written
+    if args.name is not None:
+        check_file_name("--name", args.name)
+    threads = args.threads or max(1, (os.cpu_count() or 1) // world)
+    torch.set_num_threads(threads)
+    options = parse_key_values(args.model_option, "--model-option")
+    torch.manual_seed(args.seed)  # random-weight models are identical in every process
+    model = load_model_with_options(args.model, options)
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if device == "cuda" and world > 1:
+        device = f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}"
+    name = args.name or f"{args.model.split(':')[-1].replace('/', '_')}-aha"
+    chosen = {"lr": args.lr, "m": args.m, "step_sampling": args.step_sampling,
+              "classes_per_image": args.classes_per_image, "noise_scale": args.noise_scale,
+              "references": tuple(r.strip() for r in args.references.split(",")) if args.references else None,
+              "tau_start": args.tau[0] if args.tau else None, "tau_end": args.tau[1] if args.tau else None}
+    cfg = AHATrainConfig.preset(
+        args.recipe, **{k: v for k, v in chosen.items() if v is not None},
+        steps=args.steps, batch_size=args.batch_size, weight_decay=args.weight_decay,
+        grid_range=tuple(args.grid_range) if args.grid_range else None,
+        grid_offset=not args.no_grid_offset, n_iters=args.n_iters, w_peak=args.w_peak,
+        width=args.width, backbone=args.backbone, pool=args.pool, choose_pool=not args.no_choose_pool,
+        n_train=args.n_train, n_val=args.n_val, val_every=args.val_every, ckpt_every=args.ckpt_every,
+        chunk=args.chunk, amp=args.amp, grad_checkpointing=args.grad_checkpointing, seed=args.seed,
+    )
+    args_text = " ".join(shlex.quote(a) for a in (sys.argv[1:] if getattr(args, "argv", None) is None else args.argv))
+    if Path(sys.argv[0]).name == "vitlens":
+        command = f"vitlens {args_text}"
+    else:
+        command = f"python -m vitlens.aha.train {args_text}"
+    if world > 1:
+        command = f"torchrun --nproc_per_node {world} " + command.replace("python ", "", 1)
+    res = train_aha(model, args.data, args.out, config=cfg, name=name, resume=args.resume,
+                    progress=not args.no_progress, device=device, command=command,
+                    overwrite=getattr(args, "overwrite", False))
+    if int(os.environ.get("RANK", "0")) == 0 and res.finished:
+        v = res.validation or {}
+        print(f"train-aha: {res.step} steps in {res.seconds:.0f} s; validation deletion {v.get('deletion', 0):.4f} "
+              f"insertion {v.get('insertion', 0):.4f} difference {v.get('difference', 0):.4f}; wrote {res.weights}")
+    return 0
+
+
+def add_train_aha_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Add the ``train-aha`` sub-command to a ``vitlens`` sub-parser set; returns the new parser."""
+    p = subparsers.add_parser("train-aha", help="train an AHA explainer for a model (resumable; works under torchrun)",
+                              description=DESCRIPTION)
+    _add_arguments(p)
+    p.set_defaults(func=cmd_train_aha, argv=None)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m vitlens.aha.train ...`` (the same options as ``vitlens train-aha``)."""
+    p = argparse.ArgumentParser(prog="python -m vitlens.aha.train", description=DESCRIPTION)
+    _add_arguments(p)
+    args = p.parse_args(argv)
+    args.argv = None if argv is None else list(argv)
+    return cmd_train_aha(args)
+

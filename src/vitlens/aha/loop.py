@@ -1,0 +1,529 @@
+"""The AHA training loop (the flow is described in :mod:`vitlens.aha.train`): :func:`train_aha` and its parts.
+
+:func:`training_loss` is the loss of one batch, :func:`target_probs` the target's differentiable class
+probabilities, :func:`validate` the hard held-out metric and :func:`soft_validate` the training objective on the same
+images. :func:`train_aha` sets a run up (config, run folder, device, process group, network, data, optimiser), resumes
+it from ``checkpoint.pt``, runs its steps, validates, checkpoints (atomically; also on Ctrl-C after the last whole
+step) and writes the explainer, its metadata and its model card.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import datetime as _dt
+import os
+import random
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterator, Sequence
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from ..atomic import save_torch, write_text
+from ..errors import InputError
+from ..models import get_adapter
+from ..runtime import DistributedRun, init_distributed
+from .card import model_card, model_name, versions
+from .config import RESUMABLE_CHANGES, AHATrainConfig, TrainResult
+from .data import datasets, mean_std
+from .evaluation import PROTOCOL, deletion_insertion
+from .network import OUTPUT_POOLS, AHANet, model_digest, save_explainer
+from .plan import StepPlan, choose_classes, image_noise, lr_factor, plan_step, temperature
+from .soft_metrics import RegionGrid, aha_loss, curve_fractions, default_grid_range, reference, soft_curves
+
+__all__ = ["soft_validate", "target_probs", "train_aha", "training_loss", "validate"]
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Helpers: distributed, precision, RNG state
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def _init_distributed(device: torch.device | None) -> DistributedRun:
+    """:func:`vitlens.runtime.init_distributed`, with ``RANK`` required when ``WORLD_SIZE > 1`` (``torchrun`` sets
+    both; a bare ``KeyError`` as before otherwise)."""
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+        return DistributedRun()
+    int(os.environ["RANK"])
+    return init_distributed(device)
+
+
+def _all_reduce_sum(t: Tensor, dist_info: DistributedRun) -> Tensor:
+    if dist_info.active:
+        import torch.distributed as dist
+
+        dist.all_reduce(t, op=dist.ReduceOp.SUM)
+    return t
+
+
+@contextlib.contextmanager
+def _grad_checkpointing(model: nn.Module, on: bool) -> Iterator[None]:
+    """timm's per-block gradient checkpointing for the duration (restored after)."""
+    if not on or not hasattr(model, "set_grad_checkpointing"):
+        yield
+        return
+    before = bool(getattr(model, "grad_checkpointing", False))
+    try:
+        model.set_grad_checkpointing(True)
+        yield
+    finally:
+        model.set_grad_checkpointing(before)
+
+
+def _rng_state() -> dict[str, Any]:
+    state = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def _set_rng_state(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    np.random.set_state(state["numpy"])
+    random.setstate(state["python"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def validate(net: AHANet, data: torch.utils.data.Dataset, dist_info: DistributedRun, batch: int = 50,
+             chunk: int = 512, pools: Sequence[str] | None = None) -> dict[str, float]:
+    """Hard deletion/insertion (:func:`~vitlens.aha.evaluation.deletion_insertion`) of the explainer's maps for the
+    predicted class on ``data`` (sharded over processes), averaged over images.
+
+    ``pools``: the output poolings to measure (default: the net's own); the first gives ``deletion``/``insertion``/
+    ``difference``, every other ``P`` gives ``deletion_P`` etc. (e.g. ``difference_tokens``).
+    """
+    pools = list(pools or [net.output_pool])
+    idx = list(range(dist_info.rank, len(data), dist_info.world))
+    device = next(net.decoder.parameters()).device
+    sums = torch.zeros(len(pools), 4, dtype=torch.float64)
+    for s in range(0, len(idx), batch):
+        items = [data[i] for i in idx[s:s + batch]]
+        x = torch.stack([it[0] for it in items]).to(device)
+        with torch.no_grad():
+            feats, logits = net.features(x)
+            cls = logits.argmax(-1)
+            raw = net.decoder(feats, cls, tuple(x.shape[-2:]))
+        for k, pool in enumerate(pools):
+            r = deletion_insertion(net.target, x, net.finish(raw, pool), cls, chunk=chunk)
+            sums[k] += torch.tensor([float(r["deletion"].sum()), float(r["insertion"].sum()),
+                                     float(r["difference"].sum()), len(items)], dtype=torch.float64)
+    sums = _all_reduce_sum(sums.to(device), dist_info).cpu()
+    out: dict[str, Any] = {}
+    for k, pool in enumerate(pools):
+        n = max(1.0, float(sums[k, 3]))
+        sfx = "" if k == 0 else f"_{pool}"
+        out.update({f"deletion{sfx}": float(sums[k, 0] / n), f"insertion{sfx}": float(sums[k, 1] / n),
+                    f"difference{sfx}": float(sums[k, 2] / n)})
+    out["n"] = int(sums[0, 3])
+    return out
+
+
+def _best_pool(v: dict[str, Any], pools: Sequence[str]) -> str:
+    """The output pooling with the highest held-out insertion − deletion in validation record ``v``."""
+    scores = {p: v["difference" if k == 0 else f"difference_{p}"] for k, p in enumerate(pools)}
+    return max(scores, key=lambda p: scores[p])
+
+
+def soft_validate(net: AHANet, data: torch.utils.data.Dataset, cfg: AHATrainConfig, tau: float, n: int = 50,
+                  batch: int = 25) -> float:
+    """The soft objective ``ins_AUC − del_AUC`` (no noise, the mean reference, the middle grid of the training range,
+    16 fixed fractions, temperature ``tau``) of the explainer's maps for the predicted class on the first ``n``
+    images of ``data``: what training optimises, measured where the hard metric is measured, so the two can be
+    compared across checkpoints."""
+    device = next(net.decoder.parameters()).device
+    adapter = net.target_adapter
+    total, count = 0.0, 0
+    for s in range(0, min(n, len(data)), batch):
+        items = [data[i] for i in range(s, min(n, len(data), s + batch))]
+        x = torch.stack([it[0] for it in items]).to(device)
+        hw = (int(x.shape[-2]), int(x.shape[-1]))
+        lo, hi = cfg.grid_range or default_grid_range(hw)
+        grid = RegionGrid(hw, (lo + hi) // 2, device=device)
+        with torch.no_grad():
+            feats, logits = net.features(x)
+            cls = logits.argmax(-1)
+            maps = net.finish(net.decoder(feats, cls, hw), cfg.pool)
+            ref = torch.zeros_like(x)
+            p0 = logits.float().softmax(-1).gather(1, cls[:, None])[:, 0]
+            p1 = target_probs(adapter, ref, cls)
+            cur = soft_curves(lambda im, c: target_probs(adapter, im, c, cfg.chunk), x, ref, maps, cls, grid,
+                              curve_fractions(16), tau, cfg.n_iters, endpoints=(p0, p1), mask_sigma=cfg.mask_sigma)
+        total += float((cur.ins_auc - cur.del_auc).sum())
+        count += x.shape[0]
+    return total / max(1, count)
+
+
+def target_probs(adapter: Any, images: Tensor, classes: Tensor, chunk: int = 512, amp: bool = False) -> Tensor:
+    """Softmax probability ``(N,)`` of ``classes`` under the target for ``images`` ``(N, C, H, W)``, in chunks of
+    ``chunk`` images (autocast bf16 when ``amp``); differentiable w.r.t. the images."""
+    parts = []
+    for s in range(0, images.shape[0], chunk):
+        with torch.autocast(images.device.type, dtype=torch.bfloat16, enabled=amp):
+            logits = adapter.forward(images[s:s + chunk])
+        parts.append(logits.float().softmax(-1).gather(1, classes[s:s + chunk, None])[:, 0])
+    return torch.cat(parts)
+
+
+def training_loss(net: AHANet, decoder: nn.Module, x: Tensor, labels: Tensor, indices: Sequence[int], step: int,
+                  cfg: AHATrainConfig, tau: float, mean_std: tuple[Sequence[float], Sequence[float]],
+                  amp: bool = False) -> tuple[Tensor, dict[str, Tensor], StepPlan]:
+    """The AHA loss of one (local) batch, averaged over its images and classes.
+
+    Args:
+        net: the explainer (its backbone gives features and the target's logits); ``decoder``: ``net.decoder`` or
+            its DDP wrapper. ``x`` ``(b, C, H, W)`` normalised images, ``labels`` ``(b,)`` (−1: unknown),
+            ``indices``: their dataset indices (keys of the per-image noise). ``tau``: sorter temperature.
+        mean_std: the target's normalisation (for the black reference).
+
+    Call inside ``adapter.session()`` of the target (eval mode, frozen parameters). Returns ``(loss, parts, plan)``
+    with per-map ``del_auc``, ``ins_auc``, ``peak`` ``(b·k,)``.
+    """
+    adapter = net.target_adapter
+    hw = (int(x.shape[-2]), int(x.shape[-1]))
+    plan = plan_step(cfg, step, hw)
+    grid = RegionGrid(hw, plan.grid, plan.offset, device=x.device)
+    feats, logits = net.features(x)
+    classes = choose_classes(logits, labels, cfg.classes_per_image)  # (b, k)
+    k = classes.shape[1]
+    ref = reference(x, plan.reference, *mean_std)
+    with torch.no_grad(), torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=amp):
+        ref_logits = adapter.forward(ref).float()
+    p0 = logits.float().softmax(-1).gather(1, classes)  # (b, k): nothing deleted
+    p1 = ref_logits.softmax(-1).gather(1, classes)  # everything deleted
+
+    def rep(t: Tensor) -> Tensor:  # image-major (b·k, ...)
+        return t.repeat_interleave(k, dim=0)
+
+    cls = classes.reshape(-1)
+    maps = net.finish(decoder([rep(f) for f in feats], cls, hw), cfg.pool)
+    noise = None
+    if cfg.noise_scale:
+        noise = torch.cat([image_noise(cfg, step, i, k, grid.d) for i in indices]).to(x.device)
+    curves = soft_curves(lambda im, c: target_probs(adapter, im, c, cfg.chunk, amp), rep(x), rep(ref), maps, cls,
+                         grid, plan.fractions, tau, cfg.n_iters, noise=noise,
+                         endpoints=(p0.reshape(-1), p1.reshape(-1)), mask_sigma=cfg.mask_sigma)
+    loss_items, parts = aha_loss(curves, maps, cfg.w_del, cfg.w_ins, cfg.w_peak, cfg.peak_kernel)
+    return loss_items.mean(), parts, plan
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# train_aha and its parts
+# --------------------------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Run:
+    """The state of one training run, shared by the parts of :func:`train_aha` (``step``, the histories and the last
+    validation are what a checkpoint stores besides the optimiser)."""
+
+    cfg: AHATrainConfig
+    model: nn.Module
+    adapter: Any
+    net: AHANet
+    dev: torch.device
+    dist_info: DistributedRun
+    local_batch: int
+    amp: bool
+    ckpting: bool
+    train_set: Any
+    val_set: Any
+    data_info: dict[str, Any]
+    opt: torch.optim.Optimizer
+    sched: Any
+    out: Path | None
+    ckpt_path: Path | None
+    step: int = 0
+    history: list[dict[str, float]] = field(default_factory=list)
+    validation: dict[str, float] | None = None
+    val_history: list[dict[str, float]] = field(default_factory=list)
+    elapsed0: float = 0.0
+    t_start: float = 0.0
+    pools: list[str] = field(default_factory=list)
+
+    def seconds(self) -> float:
+        """Training wall time so far, including the runs this one resumes."""
+        return self.elapsed0 + time.perf_counter() - self.t_start
+
+
+def _config(config: AHATrainConfig | None, overrides: dict[str, Any]) -> AHATrainConfig:
+    """``config`` (default :class:`AHATrainConfig`) with ``overrides``, its sequences as tuples, checked."""
+    cfg = dataclasses.replace(config or AHATrainConfig(), **overrides)
+    if cfg.grid_range is not None:
+        cfg.grid_range = tuple(int(v) for v in cfg.grid_range)
+    cfg.references = tuple(cfg.references)
+    if cfg.depths is not None:
+        cfg.depths = tuple(int(v) for v in cfg.depths)
+    cfg.check()
+    return cfg
+
+
+def _setup(model: nn.Module, data: Any, out_dir: str | os.PathLike | None, cfg: AHATrainConfig, name: str,
+           resume: bool, overwrite: bool, device: str | torch.device | None, threads: int | None) -> _Run:
+    """Guard the run folder, choose the device, join the process group, build the network, data and optimiser."""
+    if out_dir is not None and int(os.environ.get("RANK", "0")) == 0:
+        from ..options import check_file_name
+        from ..run_folders import guard_run_folder
+
+        check_file_name("--name", name)
+        guard_run_folder(Path(out_dir), Path(out_dir) / "checkpoint.pt",
+                         [Path(out_dir) / f"{name}{e}" for e in (".safetensors", ".json", ".md")], resume, overwrite)
+    if threads:
+        torch.set_num_threads(int(threads))
+    dev = torch.device(device) if device is not None else next(
+        (p.device for p in model.parameters()), torch.device("cpu"))
+    dist_info = _init_distributed(dev)
+    if dist_info.active and dev.type == "cuda":
+        dev = torch.device("cuda", dist_info.local_rank)
+    if cfg.batch_size % dist_info.world:
+        raise InputError(f"batch_size {cfg.batch_size} is not divisible by the {dist_info.world} processes")
+    local_batch = cfg.batch_size // dist_info.world
+    model.to(dev)
+    adapter = get_adapter(model)
+    on_cuda = dev.type == "cuda"
+    amp = cfg.amp == "bf16" or (cfg.amp == "auto" and on_cuda)
+    ckpting = cfg.grad_checkpointing == "on" or (cfg.grad_checkpointing == "auto" and on_cuda)
+
+    net = AHANet(model, backbone=cfg.backbone, depths=cfg.depths, n_levels=cfg.n_levels, width=cfg.width,
+                 embed_dim=cfg.embed_dim, seed=cfg.seed).to(dev)
+    train_set, val_set, data_info = datasets(data, model, cfg, net.num_classes)
+    opt = torch.optim.AdamW(net.decoder.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, cfg.steps, cfg.warmup_frac))
+    out = Path(out_dir) if out_dir is not None else None
+    return _Run(cfg=cfg, model=model, adapter=adapter, net=net, dev=dev, dist_info=dist_info, local_batch=local_batch,
+                amp=amp, ckpting=ckpting, train_set=train_set, val_set=val_set, data_info=data_info, opt=opt,
+                sched=sched, out=out, ckpt_path=out / "checkpoint.pt" if out is not None else None)
+
+
+def _resume(run: _Run, resume: bool) -> None:
+    """Continue from ``checkpoint.pt`` when asked and present (its config must match up to
+    :data:`~vitlens.aha.config.RESUMABLE_CHANGES`); otherwise create the output folder (rank 0)."""
+    if resume and run.ckpt_path is not None and run.ckpt_path.is_file():
+        from ..run_folders import load_checkpoint
+
+        ck = load_checkpoint(run.ckpt_path, ("decoder", "optimizer", "scheduler", "step", "rng", "config"))
+        saved = dict(ck["config"])
+        mine = run.cfg.to_dict()
+        diff = sorted(k for k in mine if k not in RESUMABLE_CHANGES and saved.get(k) != mine[k])
+        if diff:
+            raise InputError(f"cannot resume {run.ckpt_path}: its config differs in {', '.join(diff)}")
+        run.net.decoder.load_state_dict(ck["decoder"])
+        run.opt.load_state_dict(ck["optimizer"])
+        run.sched.load_state_dict(ck["scheduler"])
+        run.step = int(ck["step"])
+        run.history = list(ck.get("history", []))
+        run.validation = ck.get("validation")
+        run.val_history = list(ck.get("val_history", []))
+        run.elapsed0 = float(ck.get("seconds", 0.0))
+        _set_rng_state(ck["rng"])
+    elif run.out is not None and run.dist_info.rank == 0:
+        run.out.mkdir(parents=True, exist_ok=True)
+
+
+def _distribute(run: _Run) -> tuple[nn.Module, torch.utils.data.DistributedSampler, int]:
+    """The decoder (DDP-wrapped under ``torchrun``), the sampler that shards the shuffled order, batches per epoch."""
+    decoder: nn.Module = run.net.decoder
+    if run.dist_info.active:
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        decoder = DDP(run.net.decoder, device_ids=[run.dev.index] if run.dev.type == "cuda" else None)
+    sampler = torch.utils.data.DistributedSampler(run.train_set, num_replicas=run.dist_info.world,
+                                                  rank=run.dist_info.rank, shuffle=True, seed=run.cfg.seed,
+                                                  drop_last=True)
+    per_epoch = len(sampler) // run.local_batch
+    if per_epoch < 1:
+        raise InputError(f"{len(run.train_set)} training images are fewer than one batch of {run.cfg.batch_size}")
+    return decoder, sampler, per_epoch
+
+
+def _save_checkpoint(run: _Run, seconds: float) -> None:
+    """Write ``checkpoint.pt`` atomically (rank 0; nothing without an output folder)."""
+    if run.ckpt_path is None or run.dist_info.rank != 0:
+        return
+    save_torch({"decoder": run.net.decoder.state_dict(), "optimizer": run.opt.state_dict(),
+                "scheduler": run.sched.state_dict(), "step": run.step, "rng": _rng_state(),
+                "config": run.cfg.to_dict(), "history": run.history, "validation": run.validation,
+                "val_history": run.val_history, "seconds": seconds, "arch": run.net.arch}, run.ckpt_path)
+
+
+def _run_validation(run: _Run) -> dict[str, float]:
+    """Hard validation (and the soft objective on the same images); appended to the learning curve."""
+    cfg = run.cfg
+    v = {"step": run.step, "pool": cfg.pool,
+         **validate(run.net, run.val_set, run.dist_info, chunk=cfg.chunk, pools=run.pools)}
+    if run.dist_info.rank == 0 and cfg.val_every:
+        v["soft_difference"] = soft_validate(run.net, run.val_set, cfg, temperature(max(0, run.step - 1), cfg))
+    v["images_seen"] = run.step * cfg.batch_size
+    v["seconds"] = round(run.seconds(), 1)
+    run.val_history.append(v)
+    return v
+
+
+def _train_step(run: _Run, decoder: nn.Module, idx: list[int],
+                mean_std: tuple[Sequence[float], Sequence[float]]) -> dict[str, Any]:
+    """One optimiser step on the local batch ``idx``; returns its record (appended to the history)."""
+    cfg, dev = run.cfg, run.dev
+    items = [run.train_set[i] for i in idx]
+    x = torch.stack([it[0] for it in items]).to(dev)
+    labels = torch.tensor([it[1] for it in items], device=dev)
+    tau = temperature(run.step, cfg)
+    loss, parts, plan = training_loss(run.net, decoder, x, labels, idx, run.step, cfg, tau, mean_std, run.amp)
+    run.opt.zero_grad(set_to_none=True)
+    loss.backward()
+    gnorm = torch.nn.utils.clip_grad_norm_(run.net.decoder.parameters(), cfg.clip)
+    run.opt.step()
+    run.sched.step()
+    run.step += 1
+    stats = torch.stack([loss.detach(), parts["del_auc"].detach().mean(),
+                         parts["ins_auc"].detach().mean(), parts["peak"].detach().mean()])
+    stats = stats.to(dev, torch.float64)
+    stats = (_all_reduce_sum(stats, run.dist_info) / run.dist_info.world).cpu()
+    rec = {"step": run.step, "loss": float(stats[0]), "soft_del": float(stats[1]),
+           "soft_ins": float(stats[2]), "peak": float(stats[3]), "tau": tau,
+           "lr": float(run.sched.get_last_lr()[0]), "grid": plan.grid, "reference": plan.reference,
+           "grad_norm": float(gnorm)}
+    run.history.append(rec)
+    return rec
+
+
+def _steps(run: _Run, decoder: nn.Module, sampler: torch.utils.data.DistributedSampler, per_epoch: int,
+           mean_std: tuple[Sequence[float], Sequence[float]], stop_after: int | None,
+           on_step: Callable[[int, dict[str, float]], None] | None, pbar: Any) -> bool:
+    """The steps from ``run.step`` on (validating and checkpointing as configured), then the final validation, which
+    also chooses the output pooling; returns whether all ``cfg.steps`` are done."""
+    cfg = run.cfg
+    ema: dict[str, float] = {}
+    epoch = -1
+    order: list[int] = []
+    if cfg.val_every and run.step == 0 and len(run.val_set):
+        run.validation = _run_validation(run)  # the untrained explainer: the first point of the learning curve
+    while run.step < cfg.steps:
+        if stop_after is not None and run.step >= stop_after:
+            break
+        e, j = divmod(run.step, per_epoch)
+        if e != epoch:
+            sampler.set_epoch(e)
+            order, epoch = list(sampler), e
+        rec = _train_step(run, decoder, order[j * run.local_batch:(j + 1) * run.local_batch], mean_std)
+        for key in ("loss", "soft_del", "soft_ins"):
+            ema[key] = rec[key] if key not in ema else 0.9 * ema[key] + 0.1 * rec[key]
+        if on_step is not None:
+            on_step(run.step, rec)
+        if cfg.val_every and run.step % cfg.val_every == 0 and run.step < cfg.steps:
+            run.validation = _run_validation(run)
+        if pbar is not None:
+            post = {"loss": f"{ema['loss']:.3f}", "del": f"{ema['soft_del']:.3f}",
+                    "ins": f"{ema['soft_ins']:.3f}", "tau": f"{rec['tau']:.2f}"}
+            if run.validation is not None:
+                post["val ins-del"] = f"{run.validation['difference']:.3f}"
+            pbar.set_postfix(post)
+            pbar.update(1)
+        if run.ckpt_path is not None and cfg.ckpt_every and run.step % cfg.ckpt_every == 0:
+            _save_checkpoint(run, run.seconds())
+    finished = run.step >= cfg.steps
+    if finished and len(run.val_set):
+        run.validation = _run_validation(run)
+        run.net.output_pool = _best_pool(run.validation, run.pools)
+        run.validation["output_pool"] = run.net.output_pool
+    return finished
+
+
+def _write_outputs(run: _Run, name: str, command: str | None, card: bool, seconds: float) -> Path:
+    """``<name>.safetensors`` + ``<name>.json`` (metadata) and, with ``card``, ``<name>.md``; returns the weights."""
+    cfg, net, model = run.cfg, run.net, run.model
+    meta = {
+        "name": name,
+        "target": {"name": model_name(model), "sha": model_digest(model), "num_classes": net.num_classes},
+        "train": cfg.to_dict(),
+        "data": run.data_info,
+        "command": command,
+        "seed": cfg.seed,
+        "processes": run.dist_info.world,
+        "device": str(run.dev),
+        "seconds": round(seconds, 1),
+        "steps": run.step,
+        "validation": run.validation,
+        "learning_curve": run.val_history,
+        "validation_protocol": PROTOCOL,
+        "loss_history": [round(h["loss"], 6) for h in run.history],
+        "written": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "versions": versions(),
+    }
+    weights, _ = save_explainer(net, run.out / f"{name}.safetensors", meta)
+    if card:
+        write_text(run.out / f"{name}.md", model_card(meta, net))
+    return weights
+
+
+def train_aha(model: nn.Module, data: Any = "scenes", out_dir: str | os.PathLike | None = None, *,
+              config: AHATrainConfig | None = None, name: str = "aha", resume: bool = False,
+              stop_after: int | None = None, progress: bool = True, device: str | torch.device | None = None,
+              threads: int | None = None, command: str | None = None, card: bool = True,
+              on_step: Callable[[int, dict[str, float]], None] | None = None, overwrite: bool = False,
+              **overrides: Any) -> TrainResult:
+    """Train an AHA explainer for the frozen ``model``.
+
+    Args:
+        model: the target classifier (its parameters are never changed).
+        data: ``"scenes"`` (synthetic scenes at the model's input size), ``"digits"`` (MNIST-5k: the 4,000 training
+            digits, validation on the held-out ones), an image-folder path, or
+            ``(train_images, train_labels, val_images, val_labels)`` normalised tensors.
+        out_dir: folder for ``checkpoint.pt`` and the outputs (``None``: no files, e.g. in tests).
+        config: :class:`~vitlens.aha.config.AHATrainConfig`; ``**overrides`` replace its fields (``steps=200, m=6``).
+        name: stem of the output files (``<name>.safetensors``, ``.json``, ``.md``).
+        resume: continue from ``out_dir/checkpoint.pt`` if it exists.
+        stop_after: stop once this many steps are done (after writing a checkpoint), e.g. to split a run.
+        progress: tqdm progress bar (rank 0 only).
+        device: where to train (default: the model's device). threads: ``torch.set_num_threads``.
+        command: the command line recorded in the metadata.
+        card: write the Markdown model card next to the weights.
+        on_step: callback ``(step, record)`` after every step (record: loss and its parts).
+        overwrite: replace an earlier run in ``out_dir`` (without it, and without ``resume``, such a folder is
+            refused with an error naming both).
+
+    Returns:
+        :class:`~vitlens.aha.config.TrainResult`.
+    """
+    cfg = _config(config, overrides)
+    run = _setup(model, data, out_dir, cfg, name, resume, overwrite, device, threads)
+    _resume(run, resume)
+    decoder, sampler, per_epoch = _distribute(run)
+    target_mean_std = mean_std(model)
+    pbar = None
+    if progress and run.dist_info.rank == 0:
+        from tqdm.auto import tqdm
+
+        pbar = tqdm(total=cfg.steps, initial=run.step, desc=f"train-aha {name}", unit="step", dynamic_ncols=True)
+    run.t_start = time.perf_counter()
+    finished = False
+    run.pools = [cfg.pool] + ([p for p in OUTPUT_POOLS if p != cfg.pool]
+                              if cfg.choose_pool and run.adapter.patch_size is not None else [])
+    try:
+        with run.adapter.session(capture=False), _grad_checkpointing(model, run.ckpting):
+            finished = _steps(run, decoder, sampler, per_epoch, target_mean_std, stop_after, on_step, pbar)
+    except KeyboardInterrupt:  # keep the whole steps done: a checkpoint if the state is between two steps
+        from ..run_folders import optimizer_at_step
+
+        if optimizer_at_step(run.opt, run.sched, run.history, run.step):
+            _save_checkpoint(run, run.seconds())
+        raise
+    finally:
+        if pbar is not None:
+            pbar.close()
+    seconds = run.seconds()
+    _save_checkpoint(run, seconds)
+    weights = None
+    if finished and run.out is not None and run.dist_info.rank == 0:
+        weights = _write_outputs(run, name, command, card, seconds)
+    if run.dist_info.active:
+        import torch.distributed as dist
+
+        dist.barrier()
+        if run.dist_info.initialised_here:
+            dist.destroy_process_group()
+    return TrainResult(net=run.net, history=run.history, validation=run.validation, weights=weights, step=run.step,
+                       seconds=seconds, finished=finished)
