@@ -146,6 +146,9 @@ def cmd_explain(args: argparse.Namespace) -> int:
 
     if args.batch < 1:
         raise InputError(f"--batch must be >= 1, got {args.batch}")
+    out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        raise InputError(f"--out {out} is a file, not a directory; choose a directory for the outputs")
     specs = _specs(args)
     methods = [(label, vitlens.explainers.get_method(name, **opts)) for label, name, opts in specs]
     paths = _expand(args.images)
@@ -155,7 +158,6 @@ def cmd_explain(args: argparse.Namespace) -> int:
     model = load_model_with_options(args.model, model_kwargs).to(device)
     cfg = vimages.data_config(model)
     names = model_class_names(model)
-    out = Path(args.out)
     style = {"normalize": args.normalize, "clip": None if args.clip >= 100 else args.clip}
     for start in range(0, len(paths), args.batch):
         chunk = list(range(start, min(start + args.batch, len(paths))))

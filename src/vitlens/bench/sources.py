@@ -115,8 +115,10 @@ def _folder_source(opts: dict[str, Any], model: nn.Module, n: int | None) -> "Lo
     from ..data.loaders import ImageFolder
 
     unknown = sorted(set(opts) - {"root", "class_map"})
-    if unknown or "root" not in opts:
-        raise InputError(f"data source 'folder' needs root=DIR (settings: root, class_map); got {sorted(opts)}")
+    if unknown:
+        raise InputError(f"data source 'folder' has no setting {', '.join(unknown)}; settings: root, class_map")
+    if "root" not in opts:
+        raise InputError("data source 'folder' needs the setting root, e.g. folder:root=DIR (settings: root, class_map)")
     dataset = ImageFolder.for_model(opts["root"], model, class_map=opts.get("class_map"))
     if dataset.unlabelled:
         print(f"vitlens: note: {len(dataset.unlabelled)} image(s) directly in '{opts['root']}' (e.g. "
