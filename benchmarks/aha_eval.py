@@ -55,7 +55,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=7, help="timing repeats")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--out", type=Path, default=None)
+    p.add_argument("--section", default="aha_eval", help="name of the section of --out this run writes")
+    p.add_argument("--title", default=None, help="section heading (default: AHA on MODEL: deletion / insertion and cost)")
     args = p.parse_args(argv)
+    start, end = f"<!-- {args.section}:start -->", f"<!-- {args.section}:end -->"
     torch.set_num_threads(args.threads)
     t_start = time.perf_counter()
 
@@ -125,6 +128,13 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             delta = base["_diff"] - r["_diff"]
             paired.append((r["label"], float(delta.mean()), float(delta.std() / len(delta) ** 0.5)))
+    paired_refined = []  # the first refined AHA row against the non-AHA rows
+    refined = next((r for r in results if r["method"] == "aha" and r["options"].get("refine_steps", 0) > 0), None)
+    if refined is not None:
+        for r in results:
+            if r["method"] != "aha":
+                delta = refined["_diff"] - r["_diff"]
+                paired_refined.append((r["label"], float(delta.mean()), float(delta.std() / len(delta) ** 0.5)))
 
     # cost: AHA T=0 vs one target forward, interleaved on the same batch
     x = x_all[: args.batch]
@@ -158,8 +168,8 @@ def main(argv: list[str] | None = None) -> int:
 
     cmd = "python " + " ".join(shlex.quote(a) for a in [sys.argv[0], *(argv if argv is not None else sys.argv[1:])])
     lines = [
-        START,
-        "## AHA on shapes-vit: deletion / insertion and cost",
+        start,
+        f"## {args.title or f'AHA on {args.model}: deletion / insertion and cost'}",
         "",
         f"Command: `{cmd}` — {_dt.date.today().isoformat()}, torch {torch.__version__}, {platform.machine()}, "
         f"{torch.get_num_threads()} thread(s), {time.perf_counter() - t_start:.0f} s.",
@@ -183,8 +193,14 @@ def main(argv: list[str] | None = None) -> int:
                       "integrates over the exact fraction k/N of pixels (e.g. 205/4096) and this script over the "
                       "nominal 0, 5 %, …, 100 %."]
     if paired:
-        lines += ["", "Paired difference of insertion − deletion, AHA (T = 0) minus each row (mean ± s.e.): " +
-                  "; ".join(f"{lab}: {m:+.4f} ± {s:.4f}" for lab, m, s in paired) + "."]
+        lines += ["", "Paired difference of insertion − deletion, AHA (T = 0) minus each row (mean ± s.e.; "
+                  "95 % interval = mean ± 1.96 s.e.): " +
+                  "; ".join(f"{lab}: {m:+.4f} ± {s:.4f} [{m - 1.96 * s:+.4f}, {m + 1.96 * s:+.4f}]"
+                            for lab, m, s in paired) + "."]
+    if paired_refined and refined is not None:
+        lines += ["", f"Paired difference of insertion − deletion, {refined['label']} minus each row (mean ± s.e. "
+                  "[95 % interval]): " + "; ".join(f"{lab}: {m:+.4f} ± {s:.4f} [{m - 1.96 * s:+.4f}, {m + 1.96 * s:+.4f}]"
+                                                   for lab, m, s in paired_refined) + "."]
     lines += [
         "",
         f"Inference cost: an AHA map (T = 0: one target forward for features and logits + the decoder) takes "
@@ -192,12 +208,12 @@ def main(argv: list[str] | None = None) -> int:
         f"interleaved repeats on a batch of {len(x)}; forward {1000 * statistics.median(t_fwd) / len(x):.2f} ms, "
         f"AHA {1000 * statistics.median(t_aha) / len(x):.2f} ms per image). {refine_note}",
         "",
-        END,
+        end,
     ]
     table = "\n".join(lines)
     print(table)
     if args.out is not None:
-        write_section(args.out, table, START, END)
+        write_section(args.out, table, start, end)
     return 0
 
 
