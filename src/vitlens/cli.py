@@ -19,7 +19,7 @@ from .options import nonnegative_int, positive_int
 
 __all__ = ["main"]
 
-DEMO_METHODS = "gradskip,attnlrp,gae,rollout,inputxgradient,random"
+DEMO_METHODS = "gradskip,aha:refine_steps=0,attnlrp,gae,rollout,inputxgradient,random"
 DEMO_METRICS = "insertion_deletion:preset='aha',pointing_game:tolerance=4"
 
 
