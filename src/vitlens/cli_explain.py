@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
+from .atomic import atomic_path, write_text
 from .options import load_model_with_options, nonnegative_int, positive_int
 
 __all__ = ["add_explain_parser", "cmd_explain", "output_bases"]
@@ -201,7 +202,8 @@ def _write_image(path: Path, base: Path, view: Any, results: dict[str, Any], j: 
         arrays = {"map": exp.maps[j].cpu().numpy()}
         if exp.token_maps is not None:
             arrays["token_map"] = exp.token_maps[j].cpu().numpy()
-        np.savez_compressed(base.parent / f"{stem}.npz", **arrays)
+        with atomic_path(base.parent / f"{stem}.npz") as tmp:
+            np.savez_compressed(tmp, **arrays)
         info = exp.provenance()
         info.update({"image": str(path), "model": args.model, "target_class": cls,
                      "target_name": names[cls] if names and cls < len(names) else None, "probability": prob,
@@ -209,7 +211,7 @@ def _write_image(path: Path, base: Path, view: Any, results: dict[str, Any], j: 
                      "remainder": None if exp.remainder is None else float(exp.remainder[j]),
                      "seconds_per_image": seconds / len(exp),
                      "files": {"figure": f"{stem}.png", "view": f"{stem}.view.png", "maps": f"{stem}.npz"}})
-        (base.parent / f"{stem}.json").write_text(json.dumps(info, indent=2))
+        write_text(base.parent / f"{stem}.json", json.dumps(info, indent=2))
         record["methods"][label] = {"class": cls, "name": info["target_name"], "probability": prob,
                                     "forward_passes": exp.cost.forward_passes,
                                     "backward_passes": exp.cost.backward_passes,

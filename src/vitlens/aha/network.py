@@ -438,11 +438,14 @@ def save_explainer(net: AHANet, path: str | Path, meta: dict[str, Any] | None = 
         path = path.with_suffix(".safetensors")
     path.parent.mkdir(parents=True, exist_ok=True)
     state = {k: v.detach().to("cpu", torch.float32).contiguous() for k, v in net.state_dict().items()}
-    save_file(state, str(path))
-    path.chmod(0o644)  # safetensors writes owner-only files; the weights are meant to be shipped
+    from ..atomic import atomic_path, write_text
+
+    with atomic_path(path) as tmp:  # a killed or failed save never leaves truncated weights
+        save_file(state, str(tmp))
+        tmp.chmod(0o644)  # safetensors writes owner-only files; the weights are meant to be shipped
     info = {"format": "vitlens-aha-1", "arch": net.arch, **(meta or {})}
     jpath = path.with_suffix(".json")
-    jpath.write_text(json.dumps(info, indent=2, default=str) + "\n", encoding="utf-8")
+    write_text(jpath, json.dumps(info, indent=2, default=str) + "\n")
     return path, jpath
 
 

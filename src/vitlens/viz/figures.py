@@ -35,6 +35,8 @@ from .pixels import (
     upsample_image,
 )
 
+from ..atomic import atomic_path
+
 __all__ = ["save_figure", "save_grid", "colorbar_label", "split_label"]
 
 
@@ -153,7 +155,8 @@ def save_figure(
     if caption:
         fig.supxlabel(textwrap.fill(caption, int(12 * width)), fontsize=10)
     path = _prepare_path(path)
-    fig.savefig(path, dpi=dpi, metadata=dict(metadata) if metadata else None)
+    with atomic_path(path) as tmp:  # no half-written picture survives an error or a kill
+        fig.savefig(tmp, dpi=dpi, metadata=dict(metadata) if metadata else None)
     return path
 
 
@@ -283,5 +286,6 @@ def save_grid(
             _add_colorbar(fig, fig.add_subplot(grid[rows, c]), colormap, scale, units, relative=True,
                           location="bottom", fontsize=7.5)
     path = _prepare_path(path)
-    fig.savefig(path, dpi=dpi, metadata=dict(metadata) if metadata else None)
+    with atomic_path(path) as tmp:  # no half-written picture survives an error or a kill
+        fig.savefig(tmp, dpi=dpi, metadata=dict(metadata) if metadata else None)
     return path

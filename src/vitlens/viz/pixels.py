@@ -22,6 +22,7 @@ from matplotlib.colors import Colormap
 from PIL import Image
 from PIL.PngImagePlugin import PngInfo
 
+from vitlens.atomic import atomic_path
 from vitlens.errors import InputError
 from vitlens.images import to_rgb as _to_rgb
 
@@ -346,7 +347,9 @@ def save_overlay(
         info = PngInfo()
         for key, value in metadata.items():
             info.add_text(str(key), str(value))
-        Image.fromarray(pixels).save(path, pnginfo=info)
+        with atomic_path(path) as tmp:
+            Image.fromarray(pixels).save(tmp, pnginfo=info)
     else:
-        Image.fromarray(pixels).save(path)
+        with atomic_path(path) as tmp:
+            Image.fromarray(pixels).save(tmp)
     return path
