@@ -181,8 +181,8 @@ def gini(p: torch.Tensor) -> torch.Tensor:
     single spike; a row that sums to zero gets 0.
 
     For values sorted ascending ``p(1) ≤ … ≤ p(n)``: ``G = 2·Σ_i i·p(i) / (n·Σ_i p(i)) − (n+1)/n``. The same values as
-    :func:`vitlens.explainers.gradskip.gini` (which GradSkip uses for its head weights).
+    :func:`vitlens.explainers._gradskip_rules.gini` (which GradSkip uses for its head weights).
     """
-    from .explainers.gradskip import gini as _gradskip_gini
+    from .explainers._gradskip_rules import gini as _gradskip_gini
 
     return _gradskip_gini(p)

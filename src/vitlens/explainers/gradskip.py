@@ -10,7 +10,6 @@ import contextlib
 import functools
 from typing import Any, Iterator
 
-import numpy as np
 import torch
 from torch import Tensor, nn
 
@@ -18,6 +17,8 @@ from ..errors import InputError
 from ..models import Adapter
 from ..models._readout import readout_only
 from ..targets import Target
+from ._gradskip_rules import (gini, head_weights, head_weights_from_flow, readout_relevance, skip_gate,
+                              weighted_attention)
 from .base import Attribution, Explainer
 from .registry import register
 
@@ -25,103 +26,6 @@ __all__ = ["GradSkip", "gini", "head_weights", "readout_relevance"]
 
 _HEAD_MODES = ("adaptive", "uniform", "gradient", "sparsity")
 _SKIP_MODES = ("adaptive", "fixed", "none")
-
-
-def gini(p: Tensor) -> Tensor:
-    """Gini coefficient over the last dimension of non-negative values: 0 for uniform, → 1 for a single spike.
-
-    For values sorted ascending ``p(1) ≤ … ≤ p(n)``: ``G = 2·Σ_i i·p(i) / (n·Σ_i p(i)) − (n+1)/n``.
-    A row that sums to zero gets ``G = 0``.
-    """
-    n = p.shape[-1]
-    out_dtype = p.dtype
-    if p.dtype in (torch.float16, torch.bfloat16):  # ranks up to n and their weighted sum need float32
-        p = p.float()
-    if p.device.type == "cpu" and not p.requires_grad:
-        # numpy's sort is ~20x faster than torch.sort on CPU for many short rows (same values; measured in
-        # docs/benchmarks/gradskip_cost.md); the Gini values do not need gradients.
-        srt = torch.from_numpy(np.sort(p.contiguous().numpy(), axis=-1))
-    else:
-        srt = p.sort(dim=-1).values
-    ranks = torch.arange(1, n + 1, device=p.device, dtype=p.dtype)
-    total = srt.sum(dim=-1)
-    g = 2.0 * (srt @ ranks) / (n * total.clamp_min(torch.finfo(p.dtype).tiny)) - (n + 1) / n
-    return torch.where(total > 0, g, torch.zeros_like(g)).to(out_dtype)
-
-
-def _normalise_heads(v: Tensor) -> Tensor:
-    """Normalise ``(B, H)`` scores to sum to 1 over heads; all-zero rows become uniform."""
-    s = v.sum(dim=-1, keepdim=True)
-    uniform = torch.full_like(v, 1.0 / v.shape[-1])
-    return torch.where(s > 0, v / s.clamp_min(torch.finfo(v.dtype).tiny), uniform)
-
-
-def head_weights(attn: Tensor, grad: Tensor, mode: str = "adaptive", alpha: float = 0.5,
-                 grad_threshold: float = 0.1, head_subset: tuple[str, float] | None = None) -> Tensor:
-    """Per-image head weights ``ω`` of one layer, ``(B, H)``, summing to 1 over heads.
-
-    Args:
-        attn: attention probabilities ``(B, H, T, T_k)``; grad: their gradient, same shape.
-        mode: ``adaptive`` (α·g̃ + (1−α)·s̃), ``uniform`` (1/H), ``gradient`` (α = 1), ``sparsity`` (α = 0).
-        grad_threshold: heads with flow score below this fraction of the layer's maximum get flow 0.
-        head_subset: ``("top"|"bottom", k)`` keeps only the ⌈k·H⌉ most (least) sparse heads by Gini.
-    """
-    return _head_weights(attn, attn * grad, mode, alpha, grad_threshold, head_subset)
-
-
-def _head_weights(attn: Tensor, flow_terms: Tensor, mode: str, alpha: float, grad_threshold: float,
-                  head_subset: tuple[str, float] | None) -> Tensor:
-    """:func:`head_weights` from ``A ⊙ ∇A`` (``flow_terms``), which the caller computes once for both uses."""
-    b, h = attn.shape[:2]
-    needs_sparsity = head_subset is not None or mode == "sparsity" or (mode == "adaptive" and alpha < 1.0)
-    sparsity = gini(attn).mean(dim=-1) if needs_sparsity else None  # (B, H): per query row, then mean over rows
-    if mode == "uniform":
-        w = torch.full((b, h), 1.0 / h, device=attn.device, dtype=attn.dtype)
-    else:
-        a = {"gradient": 1.0, "sparsity": 0.0}.get(mode, alpha)
-        flow = flow_terms.abs().sum(dim=-1).mean(dim=-1)  # (B, H)
-        flow = torch.where(flow < grad_threshold * flow.amax(dim=-1, keepdim=True), torch.zeros_like(flow), flow)
-        w = a * _normalise_heads(flow)
-        if sparsity is not None and a < 1.0:
-            w = w + (1.0 - a) * _normalise_heads(sparsity)
-    if head_subset is not None:
-        side, frac = head_subset
-        k = max(1, min(h, int(round(frac * h))))
-        order = sparsity.argsort(dim=-1, descending=(side == "top"))
-        keep = torch.zeros_like(w).scatter_(1, order[:, :k], 1.0)
-        w = _normalise_heads(w * keep)
-        w = torch.where(w.sum(-1, keepdim=True) > 0, w, keep / k)
-    return w
-
-
-def readout_relevance(final: Tensor, grad_final: Tensor, y: Tensor, readout: tuple[int, ...] | None,
-                      num_prefix: int) -> Tensor:
-    """Start relevance ``R_L`` ``(B, T)`` with ``R_L.sum(-1) == y``.
-
-    Single readout token: all of ``y`` on it. Several (CLS + DIST): in proportion to ``|⟨x_L, ∇x_L⟩|`` on them.
-    Pooled readout: in proportion to ``⟨x_L, ∇x_L⟩⁺`` over all tokens (falling back to ``|·|``, then to uniform over
-    patch tokens).
-    """
-    b, t, _ = final.shape
-    gxa = (final * grad_final).sum(dim=-1)  # (B, T)
-    w = torch.zeros(b, t, device=final.device, dtype=final.dtype)
-    if readout is not None and len(readout) == 1:
-        w[:, readout[0]] = 1.0
-    else:
-        if readout is not None:
-            scores = torch.zeros_like(gxa)
-            idx = list(readout)
-            scores[:, idx] = gxa[:, idx].abs()
-            fallback = torch.zeros_like(gxa)
-            fallback[:, idx] = 1.0
-        else:
-            scores = gxa.clamp_min(0)
-            scores = torch.where(scores.sum(-1, keepdim=True) > 0, scores, gxa.abs())
-            fallback = torch.zeros_like(gxa)
-            fallback[:, num_prefix:] = 1.0
-        scores = torch.where(scores.sum(-1, keepdim=True) > 0, scores, fallback)
-        w = scores / scores.sum(dim=-1, keepdim=True)
-    return w * y[:, None]
 
 
 @register
@@ -216,39 +120,11 @@ class GradSkip(Explainer):
         att = Attribution(values=patch.reshape(-1, gh, gw), remainder=relevance[:, :p].sum(-1), extras=extras)
         return att, logits.detach(), tgt
 
-    @staticmethod
-    def _weighted_attention(attn: Tensor, flow_terms: Tensor, vnorm: Tensor, omega: Tensor) -> Tensor:
-        """``W̃ = rownorm(Σ_q ω_q · (A_q ⊙ ∇A_q)⁺ ⊙ ‖v_q,j‖)``, zero rows falling back to ``Σ_q ω_q A_q``.
-
-        ``flow_terms`` is ``A ⊙ ∇A`` ``(B, H, T, T_k)``; it is consumed (clamped and scaled in place). ``vnorm``:
-        the value norms ``‖v_q,j‖`` ``(B, H, T_k)``.
-        """
-        scale = omega[:, :, None] * vnorm  # (B, H, T_k): ω_q · ‖v_q,j‖
-        m = flow_terms.clamp_min_(0).mul_(scale[:, :, None, :]).sum(dim=1)  # (B, T, T_k)
-        rows = m.sum(dim=-1, keepdim=True)
-        w = m.div_(rows.clamp_min(torch.finfo(m.dtype).tiny))
-        empty = rows[..., 0] <= 0
-        if bool(empty.any()):  # rows without positive flow: the head-weighted attention itself
-            b, h, t, tk = attn.shape
-            fallback = omega[:, None, :].bmm(attn.reshape(b, h, t * tk)).reshape(b, t, tk)
-            w = torch.where(empty[..., None], fallback, w)
-        return w
+    _weighted_attention = staticmethod(weighted_attention)  # kept for callers of the old private name
 
     def _gate(self, u: Tensor, h: Tensor, grad_h: Tensor) -> Tensor:
-        """``β_main`` per token ``(B, T)`` from gradient-weighted magnitudes of the attention and skip paths.
-
-        On the readout path the last block's ``h`` holds the first ``r`` tokens only; every other token has zero
-        gradient there, so its adaptive gate is ``0 / (0 + 0 + eps) = 0``, as in the full computation.
-        """
-        mode = self.options["skip"]
-        if mode == "fixed":
-            return torch.full(u.shape[:2], 0.5, device=u.device, dtype=u.dtype)
-        if mode == "none":
-            return torch.ones(u.shape[:2], device=u.device, dtype=u.dtype)
-        u = u[:, : h.shape[1]]
-        c_main = ((h - u) * grad_h).sum(-1).abs()
-        c_skip = (u * grad_h).sum(-1).abs()
-        return c_main / (c_main + c_skip + float(self.options["eps"]))
+        """``β_main`` per token ``(B, T)`` (:func:`~._gradskip_rules.skip_gate` with this method's options)."""
+        return skip_gate(u, h, grad_h, self.options["skip"], float(self.options["eps"]))
 
 
 def _wide(t: Tensor) -> Tensor:
@@ -340,7 +216,7 @@ class _BlockSteps:
         attn, vnorm = _wide(cap.pop("attn")), _wide(cap.pop("vnorm"))
         with torch.no_grad():
             flow_terms = attn * _wide(grad) if grad is not None else torch.zeros_like(attn)
-            omega = _head_weights(attn, flow_terms, o["head_weighting"], float(o["alpha"]),
+            omega = head_weights_from_flow(attn, flow_terms, o["head_weighting"], float(o["alpha"]),
                                   float(o["grad_threshold"]), o["head_subset"])
             self.w[li] = self.explainer._weighted_attention(attn, flow_terms, vnorm, omega)
             self.omega[li] = omega

@@ -28,12 +28,11 @@ from torch import Tensor, nn
 
 from ..errors import InputError
 from ..targets import Target
-from .base import Attribution
-from .gradskip import head_weights, readout_relevance
+from ._gradskip_rules import head_weights, readout_relevance, skip_gate, weighted_attention
+from .base import Attribution, Explainer
 
 if TYPE_CHECKING:
     from ..models.hf_segformer import SegformerAdapter
-    from .gradskip import GradSkip
 
 __all__ = ["attribute_hierarchical", "window_contributions", "window_handback"]
 
@@ -90,7 +89,7 @@ def _gxa(t: Tensor, g: Tensor) -> Tensor:
     return (t * g).sum(1).flatten(1) if t.ndim == 4 else (t * g).sum(-1)
 
 
-def attribute_hierarchical(method: "GradSkip", adapter: "SegformerAdapter", x: Tensor, target: Target,
+def attribute_hierarchical(method: Explainer, adapter: "SegformerAdapter", x: Tensor, target: Target,
                            start: str = "readouts") -> tuple[Attribution, Tensor, Target]:
     """GradSkip for one chunk on a hierarchical adapter: token maps on the stage-1 grid, remainder 0.
 
@@ -136,8 +135,9 @@ def attribute_hierarchical(method: "GradSkip", adapter: "SegformerAdapter", x: T
             attn, grad_attn = blk.attn.detach(), grad[id(blk.attn)]
             omega = head_weights(attn, grad_attn, o["head_weighting"], float(o["alpha"]),
                                  float(o["grad_threshold"]), o["head_subset"])
-            wt = method._weighted_attention(attn, attn * grad_attn, blk.value.norm(dim=-1), omega)  # (B, T, T_k)
-            beta = method._gate(blk.u.detach(), blk.h.detach(), grad[id(blk.h)])
+            wt = weighted_attention(attn, attn * grad_attn, blk.value.norm(dim=-1), omega)  # (B, T, T_k)
+            beta = skip_gate(blk.u.detach(), blk.h.detach(), grad[id(blk.h)], method.options["skip"],
+                             float(method.options["eps"]))
             keys = (beta * relevance)[:, None, :].bmm(wt)[:, 0]  # (B, T_k)
             red = blk.reduction
             if red is not None:
