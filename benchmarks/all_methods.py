@@ -117,7 +117,9 @@ def main(argv: list[str] | None = None) -> int:
     print(table + meta)
     if a.doc and a.section:
         start, end = f"<!-- all_methods:{a.section}:start -->", f"<!-- all_methods:{a.section}:end -->"
-        text = f"{start}\n## Section `{a.section}`: {', '.join(n for n, _ in methods)}\n\n{table}{meta}{end}"
+        labels = ", ".join(m if not o else f"{m} ({', '.join(f'{k}={v}' for k, v in o.items())})" for m, o in specs)
+        text = (f"{start}\n## Added rows: {labels}\n\nThe same images, protocol and metrics as the table above "
+                f"(a row repeated from it reproduces its numbers).\n\n{table}{meta}{end}")
         page = Path(a.doc).read_text() if Path(a.doc).is_file() else f"# All methods on `{a.model}`\n"
         if start in page and end in page:
             head, _, rest = page.partition(start)
