@@ -31,6 +31,16 @@ SHIPPED: dict[str, tuple[str, str]] = {
         "vitlens train-aha --model shapes-vit --data scenes --name shapes-vit-aha --out DIR "
         "(full command in src/vitlens/aha/weights/shapes-vit-aha.md; copy DIR/shapes-vit-aha.* here)",
     ),
+    "deit_distilled_shapes_convstem8_64": (
+        "shapes-deit-aha",
+        "vitlens train-aha --model shapes-deit --data scenes --pool tokens --name shapes-deit-aha --out DIR "
+        "(full command in src/vitlens/aha/weights/shapes-deit-aha.md; copy DIR/shapes-deit-aha.* here)",
+    ),
+    "vit_shapes_gap_reg4_convstem8_64": (
+        "shapes-vit-gap-reg-aha",
+        "vitlens train-aha --model shapes-vit-gap-reg --data scenes --pool tokens --name shapes-vit-gap-reg-aha "
+        "--out DIR (full command in src/vitlens/aha/weights/shapes-vit-gap-reg-aha.md; copy the files here)",
+    ),
     "vit_digits_patch7_28": (
         "digits-vit-aha",
         "vitlens train-aha --model digits-vit --data digits --name digits-vit-aha --out DIR "
