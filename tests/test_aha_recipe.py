@@ -126,3 +126,24 @@ def test_digits_data_for_train_aha():
     assert len(train) == 4000 and len(val) == 50 and info["kind"] == "digits"
     x, y = train[0]
     assert x.shape == (3, 28, 28) and 0 <= y < 10
+
+
+@pytest.mark.parametrize("name", ["shapes-vit", "shapes-deit", "shapes-vit-gap-reg", "digits-vit"])
+def test_every_bundled_classifier_has_a_shipped_explainer(name, recwarn):
+    import json
+    import warnings
+
+    from vitlens.aha import shipped_explainer
+
+    model = vitlens.load_model(name)
+    found = shipped_explainer(model)
+    assert found is not None and found[1].is_file(), name
+    meta = json.loads(found[1].with_suffix(".json").read_text())
+    assert meta["validation"]["n"] >= 200 and meta["learning_curve"], name  # validated on >= 200 held-out images
+    assert meta["validation"]["output_pool"] == meta["arch"]["output_pool"]
+    size = meta["data"].get("size", 28)
+    x = torch.rand(2, 3, size, size)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the explainer was trained for exactly these weights (no digest warning)
+        exp = vitlens.explain(model, x, method="aha", refine_steps=0)
+    assert exp.maps.shape == (2, size, size) and torch.isfinite(exp.maps).all()
