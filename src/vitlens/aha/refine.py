@@ -23,7 +23,7 @@ __all__ = ["refine_maps"]
 
 def refine_maps(prob_fn: Callable[[Tensor, Tensor], Tensor], x: Tensor, maps0: Tensor, classes: Tensor, ref: Tensor,
                 endpoints: tuple[Tensor, Tensor], steps: int = 3, lr: float = 0.05,
-                grid: int | tuple[int, int] = 8, tau: float = 0.3, m: int = 16, n_iters: int = 30,
+                grid: int | tuple[int, int] = 8, tau: float = 0.03, m: int = 16, n_iters: int = 30,
                 w_del: float = 1.0, w_ins: float = 1.0, w_peak: float = 0.0025, peak_kernel: int = 15,
                 mask_sigma: float = 1.0, betas: tuple[float, float] = (0.9, 0.999), rel_eps: float = 1e-2) -> Tensor:
     """Refined maps ``(B, H, W)`` after ``steps`` Adam steps (``steps = 0`` returns ``maps0`` itself).

@@ -33,7 +33,8 @@ class AHA(Explainer):
         refine_steps: ``T`` test-time Adam steps on the map logits (0: the network's map exactly).
         lr: step size of the refinement, as a fraction of each map's range.
         grid: refinement region grid (int or ``(gy, gx)``); ``None``: the model's token grid (pixels // 16 without).
-        tau, m, n_iters: sorter temperature, curve points (incl. endpoints), Sinkhorn iterations of the refinement.
+        tau, m, n_iters: sorter temperature (default 0.03, the training's final one: docs/benchmarks/aha.md), curve
+            points (incl. endpoints), Sinkhorn iterations of the refinement.
         reference: ``"mean"`` | ``"black"`` | ``"blur"``, the refinement's deletion reference.
         w_peak: weight of the peak penalty in the refinement loss.
 
@@ -46,7 +47,7 @@ class AHA(Explainer):
     name = "aha"
     level = "pixel"
     requires = None
-    defaults: dict[str, Any] = {"explainer": None, "refine_steps": 3, "lr": 0.05, "grid": None, "tau": 0.3, "m": 16,
+    defaults: dict[str, Any] = {"explainer": None, "refine_steps": 3, "lr": 0.05, "grid": None, "tau": 0.03, "m": 16,
                                 "n_iters": 30, "reference": "mean", "w_peak": 0.0025}
     fast_options: dict[str, Any] = {"explainer": "untrained", "refine_steps": 1, "m": 4}
 
