@@ -145,8 +145,6 @@ def cmd_explain(args: argparse.Namespace) -> int:
     from vitlens.data.classes import model_class_names
     from vitlens.errors import InputError
 
-    if args.batch < 1:
-        raise InputError(f"--batch must be >= 1, got {args.batch}")
     out = Path(args.out)
     if out.exists() and not out.is_dir():
         raise InputError(f"--out {out} is a file, not a directory; choose a directory for the outputs")

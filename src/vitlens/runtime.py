@@ -21,6 +21,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
+from .atomic import atomic_path, save_torch, write_text
 from .errors import InputError
 
 __all__ = [
@@ -144,30 +145,24 @@ def init_distributed(device: torch.device | None = None) -> DistributedRun:
 
 # -- atomic files ---------------------------------------------------------------------------------------------------
 def atomic_write(path: str | os.PathLike, write: Callable[[Path], Any], mode: int | None = None) -> Path:
-    """Call ``write(tmp)`` to write ``<path>.tmp`` beside ``path``, then replace ``path`` by it (readers see the old
-    file or the new one, never a partial one). ``mode``: permissions of the result (e.g. ``0o644`` for package data;
-    safetensors creates owner-only files). The temporary file is removed if ``write`` fails."""
-    path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
-    try:
+    """Call ``write(tmp)`` on a temporary file beside ``path``, then replace ``path`` by it (readers see the old file
+    or the new one, never a partial one); the one mechanism is :func:`vitlens.atomic.atomic_path`. ``mode``:
+    permissions of the result (e.g. ``0o644`` for package data; safetensors creates owner-only files)."""
+    with atomic_path(path) as tmp:
         write(tmp)
         if mode is not None:
             os.chmod(tmp, mode)
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
-    return path
+    return Path(path)
 
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
-    """Write UTF-8 ``text`` to ``path`` atomically (see :func:`atomic_write`)."""
-    return atomic_write(path, lambda tmp: tmp.write_text(text, encoding="utf-8"))
+    """Write UTF-8 ``text`` to ``path`` atomically (:func:`vitlens.atomic.write_text`)."""
+    return write_text(path, text)
 
 
 def atomic_torch_save(obj: Any, path: str | os.PathLike) -> Path:
-    """``torch.save(obj, path)`` atomically (see :func:`atomic_write`): a checkpoint is complete or absent."""
-    return atomic_write(path, lambda tmp: torch.save(obj, tmp))
+    """``torch.save(obj, path)`` atomically (:func:`vitlens.atomic.save_torch`): a checkpoint is complete or absent."""
+    return save_torch(obj, path)
 
 
 def write_model_card(path: str | os.PathLike, lines: Sequence[str]) -> Path:
