@@ -32,7 +32,8 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", required=True, help="bundled name (shapes-vit), timm:<arch> or hf:<dir>")
     p.add_argument("--model-option", action="append", default=[], metavar="KEY=VALUE",
                    help="argument for vitlens.load_model (e.g. pretrained=False), repeatable")
-    p.add_argument("--data", default="scenes", help="'scenes' (synthetic scenes), 'digits' (MNIST-5k) or an image folder")
+    p.add_argument("--data", default="scenes", help="'scenes' (synthetic scenes), 'planted' / 'cues' (the scenes of vitlens.data.evidence), "
+                        "'digits' (MNIST-5k) or an image folder")
     p.add_argument("--out", required=True, help="output folder (checkpoint.pt, <name>.safetensors/.json/.md)")
     p.add_argument("--name", default=None, help="stem of the output files (default: <model>-aha)")
     p.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.pt")

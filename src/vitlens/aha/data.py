@@ -36,19 +36,22 @@ class TensorData(torch.utils.data.Dataset):
 
 
 class ScenesData(torch.utils.data.Dataset):
-    """Synthetic scenes generated on demand (``make_scenes(1, seed, size, start=i)``), normalised for the model."""
+    """Synthetic scenes generated on demand (``make_scenes(1, seed, size, start=i)``, or the planted-cue / cue scenes
+    of :mod:`vitlens.data.evidence` with ``kind``), normalised for the model."""
 
-    def __init__(self, n: int, seed: int, size: int, cfg: Any) -> None:
-        self.n, self.seed, self.size, self.cfg = int(n), int(seed), int(size), cfg
+    def __init__(self, n: int, seed: int, size: int, cfg: Any, kind: str = "scenes") -> None:
+        self.n, self.seed, self.size, self.cfg, self.kind = int(n), int(seed), int(size), cfg, kind
 
     def __len__(self) -> int:
         return self.n
 
     def __getitem__(self, i: int) -> tuple[Tensor, int]:
+        from ..data.evidence import make_cue_scenes, make_planted_scenes
         from ..data.scenes import make_scenes
         from ..images import normalize
 
-        s = make_scenes(1, seed=self.seed, size=self.size, start=int(i))
+        make = {"scenes": make_scenes, "planted": make_planted_scenes, "cues": make_cue_scenes}[self.kind]
+        s = make(1, seed=self.seed, size=self.size, start=int(i))
         return normalize(s.images[0], self.cfg), int(s.labels[0])
 
 
@@ -91,14 +94,15 @@ def datasets(data: Any, model: nn.Module, cfg: AHATrainConfig, num_classes: int
         return (TensorData(data[0], data[1]), TensorData(data[2], data[3]),
                 {"kind": "tensors", "n_train": int(data[0].shape[0]), "n_val": int(data[2].shape[0])})
     spec = str(data)
-    if spec == "scenes" or spec.startswith("scenes:"):
+    kind = spec.partition(":")[0]
+    if kind in ("scenes", "planted", "cues"):
         size = dcfg.size_hw[0]
         for part in spec.partition(":")[2].split(","):
             if part.startswith("size="):
                 size = int(part[5:])
-        train = ScenesData(n_train, TRAIN_SEED_OFFSET + cfg.seed, size, dcfg)
-        val = ScenesData(cfg.n_val, VAL_SEED_OFFSET + cfg.seed, size, dcfg)
-        return train, val, {"kind": "scenes", "size": size, "train_seed": TRAIN_SEED_OFFSET + cfg.seed,
+        train = ScenesData(n_train, TRAIN_SEED_OFFSET + cfg.seed, size, dcfg, kind)
+        val = ScenesData(cfg.n_val, VAL_SEED_OFFSET + cfg.seed, size, dcfg, kind)
+        return train, val, {"kind": kind, "size": size, "train_seed": TRAIN_SEED_OFFSET + cfg.seed,
                             "val_seed": VAL_SEED_OFFSET + cfg.seed, "n_train": n_train, "n_val": cfg.n_val}
     if spec == "digits":
         from ..data.digits import load_mnist5k, split_mnist5k
@@ -112,7 +116,7 @@ def datasets(data: Any, model: nn.Module, cfg: AHATrainConfig, num_classes: int
                  "n_train": len(train_d), "n_val": n_val})
     path = Path(spec)
     if not path.is_dir():
-        raise InputError(f"data must be 'scenes', 'digits' or an image folder; {spec!r} is none of them")
+        raise InputError(f"data must be 'scenes', 'planted', 'cues', 'digits' or an image folder; {spec!r} is none of them")
     from ..data.loaders import ImageFolder
 
     folder = ImageFolder(path)

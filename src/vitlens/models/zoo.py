@@ -32,6 +32,7 @@ from typing import Any, Callable
 import torch
 
 from vitlens.data.digits import DIGIT_CLASS_NAMES
+from vitlens.data.evidence import CUE_CLASS_NAMES
 from vitlens.data.scenes import CLASS_NAMES
 from vitlens.errors import UnsupportedModelError, WeightsUnavailableError
 from vitlens.models.digits_zoo import build_digits_vit
@@ -44,6 +45,8 @@ __all__ = [
     "SHAPES_STD",
     "WEIGHTS_DIR",
     "ConvStem",
+    "build_cues_vit_12h",
+    "build_planted_vit",
     "build_shapes_deit",
     "build_shapes_vit",
     "build_shapes_vit_gap_reg",
@@ -86,7 +89,7 @@ class ConvStem(torch.nn.Module):
         return self.layers(x)
 
 
-def _shapes_cfg(architecture: str, num_classes: int = len(CLASS_NAMES)) -> dict[str, Any]:
+def _shapes_cfg(architecture: str, names: tuple[str, ...] = CLASS_NAMES) -> dict[str, Any]:
     return {
         "architecture": architecture,
         "input_size": (3, 64, 64),
@@ -95,15 +98,16 @@ def _shapes_cfg(architecture: str, num_classes: int = len(CLASS_NAMES)) -> dict[
         "interpolation": "bilinear",
         "crop_pct": 1.0,
         "crop_mode": "center",
-        "num_classes": num_classes,
-        "label_names": tuple(CLASS_NAMES),
+        "num_classes": len(names),
+        "label_names": tuple(names),
         "first_conv": "patch_embed.proj.layers.0",
         "classifier": "head",
         "license": "apache-2.0",
     }
 
 
-def _build_shapes_transformer(kind: str) -> Any:
+def _build_shapes_transformer(kind: str, depth: int = 6, heads: int = 6, names: tuple[str, ...] = CLASS_NAMES,
+                               architecture: str | None = None) -> Any:
     """``kind``: ``vit`` (CLS readout), ``deit`` (CLS + DIST tokens) or ``gap-reg`` (4 registers, mean-pool readout)."""
     try:
         from timm.models.deit import VisionTransformerDistilled
@@ -111,8 +115,8 @@ def _build_shapes_transformer(kind: str) -> Any:
     except ImportError as exc:  # pragma: no cover - timm is an optional dependency
         raise ImportError("the bundled shapes models need timm; install it with: pip install 'vitlens[timm]'") from exc
 
-    common: dict[str, Any] = dict(img_size=64, patch_size=8, in_chans=3, num_classes=len(CLASS_NAMES), embed_dim=192,
-                                  depth=6, num_heads=6, mlp_ratio=4.0, dynamic_img_size=True)
+    common: dict[str, Any] = dict(img_size=64, patch_size=8, in_chans=3, num_classes=len(names), embed_dim=192,
+                                  depth=depth, num_heads=heads, mlp_ratio=4.0, dynamic_img_size=True)
     if kind == "vit":
         model = VisionTransformer(**common, class_token=True, global_pool="token")
     elif kind == "deit":
@@ -122,11 +126,24 @@ def _build_shapes_transformer(kind: str) -> Any:
     else:  # pragma: no cover - internal
         raise ValueError(kind)
     model.patch_embed.proj = ConvStem(3, model.embed_dim)
-    cfg = _shapes_cfg({"vit": "vit_shapes_convstem8_64", "deit": "deit_distilled_shapes_convstem8_64",
-                       "gap-reg": "vit_shapes_gap_reg4_convstem8_64"}[kind])
+    cfg = _shapes_cfg(architecture or {"vit": "vit_shapes_convstem8_64", "deit": "deit_distilled_shapes_convstem8_64",
+                                       "gap-reg": "vit_shapes_gap_reg4_convstem8_64"}[kind], names)
     model.pretrained_cfg = cfg
     model.default_cfg = cfg  # timm's backwards-compatible alias
     return model
+
+
+def build_planted_vit() -> Any:
+    """Build the (untrained) ``planted-vit`` architecture: exactly :func:`build_shapes_vit` (6 classes), trained on
+    planted-cue scenes (:func:`vitlens.data.evidence.make_planted_scenes`)."""
+    return _build_shapes_transformer("vit", architecture="vit_planted_convstem8_64")
+
+
+def build_cues_vit_12h() -> Any:
+    """Build the (untrained) ``cues-vit-12h`` architecture: as :func:`build_shapes_vit` but 8 blocks × 12 heads
+    (head dim 16) and the 8 classes of :data:`vitlens.data.evidence.CUE_CLASS_NAMES`."""
+    return _build_shapes_transformer("vit", depth=8, heads=12, names=CUE_CLASS_NAMES,
+                                     architecture="vit_cues_12h_convstem8_64")
 
 
 def build_shapes_vit() -> Any:
@@ -210,6 +227,32 @@ BUNDLED: dict[str, BundledModel] = {
         input_size=(3, 64, 64),
         class_names=tuple(CLASS_NAMES),
     ),
+    "planted-vit": BundledModel(
+        name="planted-vit",
+        build=build_planted_vit,
+        train_command="python -m vitlens.training.shapes --model planted-vit --threads 1 --out src/vitlens/models/weights",
+        description=(
+            "timm ViT as shapes-vit (conv stem, CLS readout, 6 blocks x 6 heads, dim 192) trained on 64x64 "
+            "planted-cue scenes: a small checkerboard cue decides the label where present, the object otherwise"
+        ),
+        input_size=(3, 64, 64),
+        class_names=tuple(CLASS_NAMES),
+    ),
+    **{
+        name: BundledModel(
+            name=name,
+            build=build_cues_vit_12h,
+            train_command=(f"python -m vitlens.training.shapes --model {name} --threads 1 --n-train 20000 "
+                           "--out src/vitlens/models/weights"),
+            description=(
+                "timm ViT (conv stem, CLS readout, 8 blocks x 12 heads, dim 192) trained on 64x64 scenes whose 8 "
+                f"classes need different cues (shape, texture, colour, count); training seed {seed}"
+            ),
+            input_size=(3, 64, 64),
+            class_names=CUE_CLASS_NAMES,
+        )
+        for name, seed in (("cues-vit-12h", 0), ("cues-vit-12h-s1", 1), ("cues-vit-12h-s2", 2))
+    },
     "digits-vit": BundledModel(
         name="digits-vit",
         build=build_digits_vit,  # architecture and normalisation: vitlens/models/digits_zoo.py

@@ -112,33 +112,46 @@ def fmt_time(s: float) -> str:
     return f"{int(s // 60)} min {s % 60:04.1f} s"
 
 
-def _scenes_chunk(n: int, seed: int, start: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+def _make(kind: str, n: int, seed: int, start: int = 0):  # -> vitlens.data.scenes.Scenes
+    """``n`` scenes of data set ``kind`` (``shapes``, ``planted``, ``cues``) from ``(seed, start)``."""
+    from vitlens.data.evidence import make_cue_scenes, make_planted_scenes
     from vitlens.data.scenes import make_scenes
 
-    s = make_scenes(n, seed=seed, start=start)
+    maker = {"shapes": make_scenes, "planted": make_planted_scenes, "cues": make_cue_scenes}[kind]
+    return maker(n, seed=seed, start=start)
+
+
+def _scenes_chunk(n: int, seed: int, start: int, kind: str = "shapes"
+                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    s = _make(kind, n, seed, start)
     return s.images.numpy(), s.labels.numpy(), s.masks.numpy(), s.boxes.numpy()
 
 
-def make_scenes_parallel(n: int, seed: int, workers: int = 2, min_n: int = 2000):  # -> vitlens.data.scenes.Scenes
-    """``make_scenes(n, seed=seed)`` generated in ``workers`` processes; the result is identical to the serial call.
+def make_scenes_parallel(n: int, seed: int, workers: int = 2, min_n: int = 2000, kind: str = "shapes"):  # -> Scenes
+    """``make_scenes(n, seed=seed)`` (or, with ``kind``, the planted-cue / cue scenes of :mod:`vitlens.data.evidence`)
+    generated in ``workers`` processes; the result is identical to the serial call.
 
     Every scene depends only on ``(seed, index)``, so the index range is split into contiguous chunks, each generated
     by its own process (``spawn``: the children never inherit the parent's OpenMP state) and concatenated in order.
     ``workers <= 1`` or ``n < min_n`` (where starting processes costs more than it saves) generate in this process.
+    The result is a plain :class:`vitlens.data.scenes.Scenes` whose masks are the deciding evidence.
     """
     import concurrent.futures as cf
     import multiprocessing as mp
 
-    from vitlens.data.scenes import Scenes, make_scenes
+    from vitlens.data.scenes import Scenes
 
     if workers <= 1 or n < min_n:
-        return make_scenes(n, seed=seed)
+        s = _make(kind, n, seed)
+        return Scenes(images=s.images, labels=s.labels, masks=s.masks, boxes=s.boxes, class_names=s.class_names,
+                      indices=s.indices, seed=seed)
     bounds = np.linspace(0, n, workers + 1).round().astype(int)
     with cf.ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("spawn")) as pool:
-        futures = [pool.submit(_scenes_chunk, int(b - a), seed, int(a)) for a, b in zip(bounds[:-1], bounds[1:])]
+        futures = [pool.submit(_scenes_chunk, int(b - a), seed, int(a), kind) for a, b in zip(bounds[:-1], bounds[1:])]
         parts = [f.result() for f in futures]
     images, labels, masks, boxes = (torch.from_numpy(np.concatenate(p)) for p in zip(*parts))
-    return Scenes(images=images, labels=labels, masks=masks, boxes=boxes,
+    names = _make(kind, 1, seed).class_names
+    return Scenes(images=images, labels=labels, masks=masks, boxes=boxes, class_names=names,
                   indices=torch.arange(n, dtype=torch.int64), seed=seed)
 
 

@@ -47,7 +47,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from vitlens.data.scenes import CLASS_NAMES, make_scenes
+
 from vitlens.models.zoo import BUNDLED, SHAPES_MEAN, SHAPES_STD, WEIGHTS_DIR
 from vitlens.training.common import attention_gini as _attention_gini
 from vitlens.runtime import write_model_card
@@ -107,7 +107,46 @@ MODELS: dict[str, tuple[str, float, int]] = {
         0.95,
         1500,
     ),
+    "planted-vit": (
+        "timm `VisionTransformer` exactly as shapes-vit (conv stem, 8×8 tokens + CLS, dim 192, 6 blocks × 6 heads, "
+        "CLS readout), trained on planted-cue scenes",
+        0.95,
+        1200,
+    ),
+    **{
+        name: (
+            "timm `VisionTransformer`: as shapes-vit (conv stem, 8×8 tokens + CLS, dim 192, CLS readout) but 8 blocks "
+            "× 12 heads per block (head dim 16), for scenes whose classes need different kinds of evidence",
+            0.90,
+            1000,
+        )
+        for name in ("cues-vit-12h", "cues-vit-12h-s1", "cues-vit-12h-s2")
+    },
 }
+
+#: Data set of each model (``vitlens.training.common.make_scenes_parallel`` kinds) and its default seed.
+DATA_KIND: dict[str, str] = {"planted-vit": "planted", "cues-vit-12h": "cues", "cues-vit-12h-s1": "cues",
+                             "cues-vit-12h-s2": "cues"}
+DEFAULT_SEED: dict[str, int] = {"cues-vit-12h-s1": 1, "cues-vit-12h-s2": 2}
+
+_DATA_SENTENCE = {
+    "shapes": ("`vitlens.data.make_scenes`: {size}×{size} cluttered synthetic scenes (smooth noise and gradient "
+               "backgrounds, 1–3 distractors: bars, dots, strokes) with one class-defining object per image, random "
+               "colour/texture, rotation, position and area (7–28% of the image)."),
+    "planted": ("`vitlens.data.evidence.make_planted_scenes` (cue_frac 0.5): the {size}×{size} shape scenes of "
+                "`make_scenes`; in half of the images a small two-colour checkerboard cue (8×8 px) naming a random "
+                "class is planted away from the object, and then *it* decides the label (in 5 of 6 of those images "
+                "it conflicts with the object). Removing the cue gives back the plain scene exactly."),
+    "cues": ("`vitlens.data.evidence.make_cue_scenes`: {size}×{size} cluttered scenes with 8 classes, each decided "
+             "by a different kind of evidence: shape (star, cross), texture (stripes, checker disks), colour "
+             "(saturated red / blue square or triangle; nothing else is near those colours), count (two / four "
+             "small squares)."),
+}
+_MAKER = {"shapes": "make_scenes", "planted": "make_planted_scenes", "cues": "make_cue_scenes"}
+
+
+def _names(name: str) -> tuple[str, ...]:
+    return BUNDLED[name].class_names
 
 
 def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -118,7 +157,8 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--model", choices=sorted(MODELS), default="shapes-vit", help="which bundled model to train")
     p.add_argument("--teacher", default="shapes-vit",
                    help="shapes-deit only: bundled model whose predictions train the DIST head (default shapes-vit)")
-    p.add_argument("--seed", type=int, default=0, help="seed of torch/numpy and of the training data (default 0)")
+    p.add_argument("--seed", type=int, default=None,
+                   help="seed of torch/numpy and of the training data (default 0; cues-vit-12h-s1/-s2: 1/2)")
     p.add_argument("--steps", type=int, default=None,
                    help="optimiser steps (default: the model's, " + ", ".join(f"{k} {v[2]}" for k, v in MODELS.items())
                         + "; the schedule is defined in steps, so the weights do not depend on the machine's speed "
@@ -207,7 +247,7 @@ def _write_card(path: Path, meta: dict, gini_lh: np.ndarray) -> None:
         "",
         "## Architecture",
         "",
-        f"{MODELS[meta['name']][0]}; 6 classes, `dynamic_img_size=True` (other sizes that are multiples of 8 are "
+        f"{MODELS[meta['name']][0]}; {len(meta['class_names'])} classes, `dynamic_img_size=True` (other sizes that are multiples of 8 are "
         f"accepted). {meta['n_params']:,} parameters. Load the trained model with "
         f"`vitlens.load_model({meta['name']!r})` (offline).",
         "",
@@ -219,13 +259,12 @@ def _write_card(path: Path, meta: dict, gini_lh: np.ndarray) -> None:
         "",
         "## Data",
         "",
-        f"`vitlens.data.make_scenes`: {meta['image_size']}×{meta['image_size']} cluttered synthetic scenes (smooth "
-        "noise and gradient backgrounds, 1–3 distractors: bars, dots, strokes) with one class-defining object per "
-        "image, random colour/texture, rotation, position and area (7–28% of the image).",
-        f"Classes (label order): {', '.join(CLASS_NAMES)}.",
+        _DATA_SENTENCE[meta.get("data", "shapes")].format(size=meta["image_size"]),
+        f"Classes (label order): {', '.join(meta['class_names'])}.",
         "",
-        f"- training: {meta['n_train']:,} images, `make_scenes(n={meta['n_train']}, seed={meta['train_data_seed']})`",
-        f"- test (held out): {meta['n_test']:,} images, `make_scenes(n={meta['n_test']}, "
+        f"- training: {meta['n_train']:,} images, `{_MAKER[meta.get('data', 'shapes')]}(n={meta['n_train']}, "
+        f"seed={meta['train_data_seed']})`",
+        f"- test (held out): {meta['n_test']:,} images, `{_MAKER[meta.get('data', 'shapes')]}(n={meta['n_test']}, "
         f"seed={meta['test_data_seed']})`",
         "",
         "## Training",
@@ -252,7 +291,7 @@ def _write_card(path: Path, meta: dict, gini_lh: np.ndarray) -> None:
         "",
         f"**Test accuracy: {meta['test_accuracy']:.2%}** ({meta['n_test']:,} images)",
         "",
-        *card_class_table(per_class, CLASS_NAMES),
+        *card_class_table(per_class, meta["class_names"]),
     ]
     lines += [
         "",
@@ -260,7 +299,7 @@ def _write_card(path: Path, meta: dict, gini_lh: np.ndarray) -> None:
         "",
         "Gini sparsity of the attention rows (0 = uniform attention over the 65 tokens, 64/65 ≈ 0.985 = attention "
         "on a single token), averaged over all rows and the first 500 test images, per head; min / mean / max over "
-        "the 6 heads of each layer. A wide spread means the heads of a layer are heterogeneous.",
+        f"the {gini_lh.shape[1]} heads of each layer. A wide spread means the heads of a layer are heterogeneous.",
         "",
         *card_gini_table(gini_lh),
     ]
@@ -296,7 +335,7 @@ def _batch_loss(args: argparse.Namespace, model: Any, idx: torch.Tensor, flips: 
     decay = (1.0 - progress) if args.aux_decay else 1.0
     aux_w, pix_w = args.aux_weight * decay, args.aux_pixel_weight * decay
     if aux_w > 0 or pix_w > 0:
-        tok_t, pix_t = _aux_targets(mb[:, 0], yb, 8, len(CLASS_NAMES))
+        tok_t, pix_t = _aux_targets(mb[:, 0], yb, 8, model.num_classes)
         tokens = feats[:, model.num_prefix_tokens :]
         if aux_w > 0:
             aux = -(tok_t * F.log_softmax(aux_head(tokens), -1)).sum(-1).mean()
@@ -419,7 +458,7 @@ def _build(args: argparse.Namespace, name: str, log: Callable[[str], None]
     if args.pos_init == "sincos":
         sincos_pos_init(model)
     # auxiliary token-label head (training only; not part of the shipped model)
-    aux_head = torch.nn.Linear(model.embed_dim, len(CLASS_NAMES) + 1)
+    aux_head = torch.nn.Linear(model.embed_dim, model.num_classes + 1)
     pix_head = torch.nn.Linear(model.embed_dim, 64)
     groups = param_groups(model, args.weight_decay)
     groups[0]["params"] += [aux_head.weight, pix_head.weight]
@@ -436,7 +475,7 @@ def _export(args: argparse.Namespace, name: str, model: Any, x_test: torch.Tenso
     out.mkdir(parents=True, exist_ok=True)
     w_path = out / f"{name}.safetensors"
     save_fp16_weights(model, w_path, name, args.seed, mode=0o644)
-    shipped, test_acc, per_class = remeasure(BUNDLED[name].build, w_path, x_test, y_test, CLASS_NAMES, _predict)
+    shipped, test_acc, per_class = remeasure(BUNDLED[name].build, w_path, x_test, y_test, _names(name), _predict)
     gini_lh = attention_gini(shipped, x_test[:500])
     return w_path, test_acc, per_class, gini_lh
 
@@ -448,6 +487,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv_list = list(sys.argv[1:] if argv is None else argv)
     if args.steps is None:
         args.steps = MODELS[args.model][2]
+    if args.seed is None:
+        args.seed = DEFAULT_SEED.get(args.model, 0)
+    kind = DATA_KIND.get(args.model, "shapes")
     if not args.steps and not args.minutes:
         raise SystemExit("--steps 0 (a clock-driven schedule) needs a --minutes budget")
     deadline = t0 + args.minutes * 60.0 if args.minutes else math.inf
@@ -464,8 +506,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     # ---- data ---------------------------------------------------------------------------------------------------
     log(f"generating {args.n_train} training scenes (seed {train_seed}) and {args.n_test} test scenes "
         f"(seed {test_seed}) ...")
-    train = make_scenes_parallel(args.n_train, seed=train_seed, workers=args.threads)  # same scenes, both cores
-    test = make_scenes(args.n_test, seed=test_seed)
+    train = make_scenes_parallel(args.n_train, seed=train_seed, workers=args.threads, kind=kind)  # both cores
+    test = make_scenes_parallel(args.n_test, seed=test_seed, workers=1, kind=kind)
     x_train, y_train = train.images, train.labels
     m_train = train.masks
     x_test, y_test = test.images, test.labels
@@ -503,7 +545,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "n_train": len(x_train),
         "n_test": len(x_test),
         "image_size": int(x_train.shape[-1]),
-        "class_names": list(CLASS_NAMES),
+        "class_names": list(_names(name)),
+        "data": kind,
         "normalisation": {"mean": list(SHAPES_MEAN), "std": list(SHAPES_STD)},
         "batch_size": bs,
         "lr": args.lr,
