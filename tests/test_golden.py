@@ -19,6 +19,7 @@ from vitlens.explainers.registry import _METHODS
 from vitlens.metrics import (
     FaithfulnessViolation,
     InsertionDeletion,
+    Evidence,
     PointingGame,
     PositiveNegativePerturbation,
     Segmentation,
@@ -125,7 +126,8 @@ def _metrics() -> dict[str, dict[str, torch.Tensor]]:
         out[key] = {**{f"values.{k}": v for k, v in r.values.items()},
                     **{f"curves.{k}": v for k, v in r.curves.items()}}
     for key, metric in {"pointing_game/0": PointingGame(), "pointing_game/tol3": PointingGame(tolerance=3.0),
-                        "segmentation/mean": Segmentation(), "segmentation/otsu": Segmentation("otsu")}.items():
+                        "segmentation/mean": Segmentation(), "segmentation/otsu": Segmentation("otsu"),
+                        "evidence/0": Evidence(), "evidence/tol3": Evidence(tolerance=3.0)}.items():
         r = metric(maps, masks=masks)
         out[key] = {f"values.{k}": v for k, v in r.values.items()}
     maps2 = torch.rand(3, 32, 32, generator=gen)

@@ -39,8 +39,8 @@ from vitlens.data.scenes import (
     MAX_SIZE,
     MIN_SIZE,
     Scenes,
-    _check_int,
-    _tight_box,
+    check_int,
+    tight_box,
     render_parts,
 )
 from vitlens.errors import InputError
@@ -181,8 +181,8 @@ def make_cue_scenes(n: int = 200, seed: int = 0, size: int = 64, start: int = 0)
 
 
 def _check_args(n: object, seed: object, size: object, start: object) -> tuple[int, int, int, int]:
-    return (_check_int("n", n, 1), _check_int("seed", seed, 0), _check_int("size", size, MIN_SIZE, MAX_SIZE),
-            _check_int("start", start, 0))
+    return (check_int("n", n, 1), check_int("seed", seed, 0), check_int("size", size, MIN_SIZE, MAX_SIZE),
+            check_int("start", start, 0))
 
 
 def _check_frac(value: object) -> float:
@@ -264,26 +264,26 @@ def _plain_colour(rng: np.random.Generator) -> np.ndarray:
 
 
 def _cue_scene(seed: int, index: int, size: int, draw_object: bool) -> _Part:
-    from vitlens.data.scenes import _background, _distractor_mask, _grid, _object_mask
+    from vitlens.data.scenes import background, distractor_mask, grid, object_mask
 
     rng = np.random.default_rng([seed, index])
     label = int(rng.integers(len(CUE_CLASS_NAMES)))
     name = CUE_CLASS_NAMES[label]
-    img = _background(rng, size)
+    img = background(rng, size)
     # the background must not be red or blue either: pull it towards grey where it comes close
     for ref in (_RED, _BLUE):
         d = np.linalg.norm(img - ref[:, None, None], axis=0)
         near = d < 0.45
         img[:, near] = 0.5 * img[:, near] + 0.25
     for _ in range(int(rng.integers(1, 4))):
-        dm = _distractor_mask(rng, size)
+        dm = distractor_mask(rng, size)
         img[:, dm] = _plain_colour(rng)[:, None]
-    x, y = _grid(size)
+    x, y = grid(size)
     if name in ("star", "cross"):
-        mask = _object_mask(rng, size, CLASS_NAMES.index(name))
+        mask = object_mask(rng, size, CLASS_NAMES.index(name))
         colour = np.broadcast_to(_plain_colour(rng)[:, None], (3, int(mask.sum())))
     elif name in ("stripes", "checker"):
-        mask = _object_mask(rng, size, CLASS_NAMES.index("disk"))
+        mask = object_mask(rng, size, CLASS_NAMES.index("disk"))
         c1, c2 = _plain_colour(rng), _plain_colour(rng)
         while np.linalg.norm(c1 - c2) < 0.5:
             c2 = _plain_colour(rng)
@@ -297,7 +297,7 @@ def _cue_scene(seed: int, index: int, size: int, draw_object: bool) -> _Part:
         colour = c1[:, None] + (c2 - c1)[:, None] * t[None]
     elif name in ("red", "blue"):
         shape = ("square", "triangle")[int(rng.integers(2))]
-        mask = _object_mask(rng, size, CLASS_NAMES.index(shape))
+        mask = object_mask(rng, size, CLASS_NAMES.index(shape))
         base = _RED if name == "red" else _BLUE
         colour = np.broadcast_to(np.clip(base + rng.uniform(-0.06, 0.06, size=3), 0, 1)[:, None],
                                  (3, int(mask.sum())))
@@ -335,7 +335,7 @@ def _stack(parts: list[_Part], kind: str, seed: int, indices: torch.Tensor, cue_
     cue_labels = torch.tensor([p[5] for p in parts], dtype=torch.int64)
     decided = (cue_labels >= 0).long() if kind == _KIND_PLANTED else torch.zeros(len(parts), dtype=torch.int64)
     masks = torch.where(decided.bool()[:, None, None], cue_masks, obj_masks)
-    boxes = torch.from_numpy(np.stack([_tight_box(m) if m.any() else np.zeros(4, dtype=np.int64)
+    boxes = torch.from_numpy(np.stack([tight_box(m) if m.any() else np.zeros(4, dtype=np.int64)
                                        for m in masks.numpy()]))
     names = CLASS_NAMES if kind == _KIND_PLANTED else CUE_CLASS_NAMES
     return EvidenceScenes(

@@ -44,18 +44,18 @@ from .scenes import (
     CLASS_NAMES,
     MAX_SIZE,
     MIN_SIZE,
-    _PIXEL_NOISE,
-    _background,
-    _check_int,
-    _distractor_mask,
-    _fill,
-    _grid,
-    _in_polygon,
-    _rotate,
-    _RING_INNER,
-    _unit_area,
-    _unit_polygon,
-    _MAX_TILT,
+    PIXEL_NOISE,
+    background,
+    check_int,
+    distractor_mask,
+    fill,
+    grid,
+    in_polygon,
+    rotate,
+    RING_INNER,
+    unit_area,
+    unit_polygon,
+    MAX_TILT,
 )
 
 __all__ = [
@@ -206,15 +206,15 @@ def make_multi_scenes(n: int, seed: int = 0, size: int = 64, min_objects: int = 
     Raises:
         vitlens.errors.InputError (a ``ValueError``): an argument is not an integer or is out of range.
     """
-    n = _check_int("n", n, 1)
-    seed = _check_int("seed", seed, 0)
-    size = _check_int("size", size, MIN_SIZE, MAX_SIZE)
+    n = check_int("n", n, 1)
+    seed = check_int("seed", seed, 0)
+    size = check_int("size", size, MIN_SIZE, MAX_SIZE)
     k = len(CLASS_NAMES)
-    min_objects = _check_int("min_objects", min_objects, 1, k)
-    max_objects = _check_int("max_objects", max_objects, 1, k)
+    min_objects = check_int("min_objects", min_objects, 1, k)
+    max_objects = check_int("max_objects", max_objects, 1, k)
     if max_objects < min_objects:
         raise InputError(f"max_objects must be >= min_objects, got min_objects={min_objects}, max_objects={max_objects}")
-    start = _check_int("start", start, 0)
+    start = check_int("start", start, 0)
 
     images = np.empty((n, 3, size, size), dtype=np.float32)
     label_maps = np.empty((n, size, size), dtype=np.int64)
@@ -247,13 +247,13 @@ def make_multi_scenes(n: int, seed: int = 0, size: int = 64, min_objects: int = 
 def _shape_mask(rng: np.random.Generator, size: int, label: int, area_range: tuple[float, float]) -> np.ndarray:
     """Draw area (fraction of the image, uniform in ``area_range``), rotation and position of a class object fully
     inside the image; return its ``(size, size)`` bool mask. Same geometry as the single-object scenes."""
-    x, y = _grid(size)
+    x, y = grid(size)
     area = rng.uniform(*area_range) * size * size
-    r = float(np.sqrt(area / _unit_area(label)))
-    theta = int(rng.integers(4)) * np.pi / 2 + rng.uniform(-_MAX_TILT, _MAX_TILT)
-    verts = _unit_polygon(label)
+    r = float(np.sqrt(area / unit_area(label)))
+    theta = int(rng.integers(4)) * np.pi / 2 + rng.uniform(-MAX_TILT, MAX_TILT)
+    verts = unit_polygon(label)
     if verts is not None:
-        verts = _rotate(verts, theta) * r
+        verts = rotate(verts, theta) * r
         lo, hi = verts.min(axis=0), verts.max(axis=0)
     else:
         lo, hi = np.array([-r, -r]), np.array([r, r])
@@ -261,11 +261,11 @@ def _shape_mask(rng: np.random.Generator, size: int, label: int, area_range: tup
     cx = rng.uniform(margin - lo[0], max(margin - lo[0], size - margin - hi[0]))
     cy = rng.uniform(margin - lo[1], max(margin - lo[1], size - margin - hi[1]))
     if verts is not None:
-        return _in_polygon(x, y, verts + np.array([cx, cy]))
+        return in_polygon(x, y, verts + np.array([cx, cy]))
     d2 = (x - cx) ** 2 + (y - cy) ** 2
     mask = d2 <= r * r
     if CLASS_NAMES[label] == "ring":
-        mask &= d2 >= (_RING_INNER * r) ** 2
+        mask &= d2 >= (RING_INNER * r) ** 2
     return mask
 
 
@@ -297,9 +297,9 @@ def _render_multi_scene(rng: np.random.Generator, size: int, min_objects: int, m
     while True:
         m = int(rng.integers(min_objects, max_objects + 1))
         classes = rng.permutation(len(CLASS_NAMES))[:m].astype(np.int64)
-        img = _background(rng, size)
+        img = background(rng, size)
         for _ in range(int(rng.integers(1, 4))):
-            dm = _distractor_mask(rng, size)
+            dm = distractor_mask(rng, size)
             img[:, dm] = rng.uniform(0.0, 1.0, size=3)[:, None]
         masks = _place_objects(rng, size, classes)
         if masks is not None:
@@ -307,9 +307,9 @@ def _render_multi_scene(rng: np.random.Generator, size: int, min_objects: int, m
     label_map = np.full((size, size), BACKGROUND, dtype=np.int64)
     for c, mask in zip(classes, masks):
         bg_ref = img[:, mask].mean(axis=1)
-        img[:, mask] = _fill(rng, size, mask, bg_ref)
+        img[:, mask] = fill(rng, size, mask, bg_ref)
         label_map[mask] = int(c) + 1
     out = img.astype(np.float32)
-    out += _PIXEL_NOISE * rng.standard_normal(size=out.shape, dtype=np.float32)
+    out += PIXEL_NOISE * rng.standard_normal(size=out.shape, dtype=np.float32)
     np.clip(out, 0.0, 1.0, out=out)
     return out, label_map, classes

@@ -55,12 +55,12 @@ AREA_RANGE: tuple[float, float] = (0.08, 0.30)
 MIN_SIZE, MAX_SIZE = 32, 224
 
 # Shape parameters, in units of the shape's outer radius r.
-_RING_INNER = 0.55  # inner radius of the ring
-_CROSS_HALF_WIDTH = 0.32  # half-width of each arm of the cross (arms reach to r)
-_STAR_INNER = 0.45  # inner radius of the five-pointed star
-_MIN_CONTRAST = 0.5  # minimum RGB distance between an object colour and the mean background under the object
-_PIXEL_NOISE = 0.02
-_MAX_TILT = math.radians(20.0)  # objects are rotated by k * 90 degrees plus a tilt in [-20, 20] degrees  # std of the fine per-pixel noise added to the whole image
+RING_INNER = 0.55  # inner radius of the ring
+CROSS_HALF_WIDTH = 0.32  # half-width of each arm of the cross (arms reach to r)
+STAR_INNER = 0.45  # inner radius of the five-pointed star
+MIN_CONTRAST = 0.5  # minimum RGB distance between an object colour and the mean background under the object
+PIXEL_NOISE = 0.02
+MAX_TILT = math.radians(20.0)  # objects are rotated by k * 90 degrees plus a tilt in [-20, 20] degrees  # std of the fine per-pixel noise added to the whole image
 
 
 @dataclass(frozen=True, eq=False)
@@ -135,7 +135,7 @@ class Scenes:
         )
 
 
-def _check_int(name: str, value: object, lo: int, hi: int | None = None) -> int:
+def check_int(name: str, value: object, lo: int, hi: int | None = None) -> int:
     if isinstance(value, bool):
         raise InputError(f"{name} must be an integer, got {value!r}")
     try:
@@ -164,10 +164,10 @@ def make_scenes(n: int = 200, seed: int = 0, size: int = 64, start: int = 0) -> 
     Raises:
         vitlens.errors.InputError (a ``ValueError``): if an argument is not an integer or out of range.
     """
-    n = _check_int("n", n, 1)
-    seed = _check_int("seed", seed, 0)
-    size = _check_int("size", size, MIN_SIZE, MAX_SIZE)
-    start = _check_int("start", start, 0)
+    n = check_int("n", n, 1)
+    seed = check_int("seed", seed, 0)
+    size = check_int("size", size, MIN_SIZE, MAX_SIZE)
+    start = check_int("start", start, 0)
 
     images = np.empty((n, 3, size, size), dtype=np.float32)
     masks = np.empty((n, size, size), dtype=bool)
@@ -175,11 +175,11 @@ def make_scenes(n: int = 200, seed: int = 0, size: int = 64, start: int = 0) -> 
     boxes = np.empty((n, 4), dtype=np.int64)
     for i in range(n):
         rng = np.random.default_rng([seed, start + i])
-        img, mask, label = _render_scene(rng, size)
+        img, mask, label = render_scene(rng, size)
         images[i] = img
         masks[i] = mask
         labels[i] = label
-        boxes[i] = _tight_box(mask)
+        boxes[i] = tight_box(mask)
     return Scenes(
         images=torch.from_numpy(images),
         labels=torch.from_numpy(labels),
@@ -197,7 +197,7 @@ def make_scenes(n: int = 200, seed: int = 0, size: int = 64, start: int = 0) -> 
 
 
 @lru_cache(maxsize=16)
-def _grid(size: int) -> tuple[np.ndarray, np.ndarray]:
+def grid(size: int) -> tuple[np.ndarray, np.ndarray]:
     """Pixel-centre coordinates ``(X, Y)``, each ``(size, size)`` float64 (x = column + 0.5, y = row + 0.5)."""
     c = np.arange(size, dtype=np.float64) + 0.5
     y, x = np.meshgrid(c, c, indexing="ij")
@@ -207,7 +207,7 @@ def _grid(size: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 @lru_cache(maxsize=64)
-def _upsample_matrix(size: int, cells: int) -> np.ndarray:
+def upsample_matrix(size: int, cells: int) -> np.ndarray:
     """``(size, cells)`` bilinear interpolation weights from a ``cells``-point lattice spanning the image."""
     pos = (np.arange(size) + 0.5) / size * (cells - 1)
     lo = np.clip(np.floor(pos).astype(int), 0, cells - 2)
@@ -219,28 +219,28 @@ def _upsample_matrix(size: int, cells: int) -> np.ndarray:
     return m
 
 
-def _smooth_noise(rng: np.random.Generator, size: int, cells: int, channels: int = 3) -> np.ndarray:
+def smooth_noise(rng: np.random.Generator, size: int, cells: int, channels: int = 3) -> np.ndarray:
     """``(channels, size, size)`` smooth random field in ``[-1, 1]`` (bilinear upsampling of a coarse lattice)."""
     coarse = rng.uniform(-1.0, 1.0, size=(channels, cells, cells))
-    m = _upsample_matrix(size, cells)
+    m = upsample_matrix(size, cells)
     return m @ coarse @ m.T
 
 
-def _background(rng: np.random.Generator, size: int) -> np.ndarray:
+def background(rng: np.random.Generator, size: int) -> np.ndarray:
     """``(3, size, size)`` cluttered background: colour gradient + two octaves of smooth noise."""
-    x, y = _grid(size)
+    x, y = grid(size)
     c0 = rng.uniform(0.05, 0.95, size=3)
     c1 = rng.uniform(0.05, 0.95, size=3)
     phi = rng.uniform(0.0, 2.0 * math.pi)
     proj = (x - size / 2) * math.cos(phi) + (y - size / 2) * math.sin(phi)
     t = (proj / (size * math.sqrt(2)) + 0.5)[None]
     bg = c0[:, None, None] + (c1 - c0)[:, None, None] * t
-    bg = bg + rng.uniform(0.05, 0.18) * _smooth_noise(rng, size, int(rng.integers(3, 6)))
-    bg = bg + rng.uniform(0.02, 0.06) * _smooth_noise(rng, size, int(rng.integers(8, 13)))
+    bg = bg + rng.uniform(0.05, 0.18) * smooth_noise(rng, size, int(rng.integers(3, 6)))
+    bg = bg + rng.uniform(0.02, 0.06) * smooth_noise(rng, size, int(rng.integers(8, 13)))
     return bg
 
 
-def _in_polygon(x: np.ndarray, y: np.ndarray, verts: np.ndarray) -> np.ndarray:
+def in_polygon(x: np.ndarray, y: np.ndarray, verts: np.ndarray) -> np.ndarray:
     """Even-odd point-in-polygon test of pixel centres; ``verts`` is ``(V, 2)`` (x, y). Returns a bool array."""
     inside = np.zeros(x.shape, dtype=bool)
     xj, yj = verts[-1]
@@ -253,12 +253,12 @@ def _in_polygon(x: np.ndarray, y: np.ndarray, verts: np.ndarray) -> np.ndarray:
     return inside
 
 
-def _rotate(pts: np.ndarray, theta: float) -> np.ndarray:
+def rotate(pts: np.ndarray, theta: float) -> np.ndarray:
     c, s = math.cos(theta), math.sin(theta)
     return pts @ np.array([[c, s], [-s, c]])
 
 
-def _unit_polygon(label: int) -> np.ndarray | None:
+def unit_polygon(label: int) -> np.ndarray | None:
     """Vertices ``(V, 2)`` of the class shape with outer radius 1 centred at 0 (``None`` for disk and ring)."""
     name = CLASS_NAMES[label]
     if name == "square":
@@ -268,42 +268,42 @@ def _unit_polygon(label: int) -> np.ndarray | None:
         a = -math.pi / 2 + np.arange(3) * 2 * math.pi / 3
         return np.stack([np.cos(a), np.sin(a)], axis=1)
     if name == "cross":
-        w = _CROSS_HALF_WIDTH
+        w = CROSS_HALF_WIDTH
         return np.array(
             [[w, -1], [w, -w], [1, -w], [1, w], [w, w], [w, 1], [-w, 1], [-w, w], [-1, w], [-1, -w], [-w, -w], [-w, -1]],
             dtype=np.float64,
         )
     if name == "star":
         a = -math.pi / 2 + np.arange(10) * math.pi / 5
-        r = np.where(np.arange(10) % 2 == 0, 1.0, _STAR_INNER)
+        r = np.where(np.arange(10) % 2 == 0, 1.0, STAR_INNER)
         return np.stack([r * np.cos(a), r * np.sin(a)], axis=1)
     return None
 
 
 @lru_cache(maxsize=None)
-def _unit_area(label: int) -> float:
+def unit_area(label: int) -> float:
     """Area of the class shape with outer radius 1."""
     name = CLASS_NAMES[label]
     if name == "disk":
         return math.pi
     if name == "ring":
-        return math.pi * (1.0 - _RING_INNER**2)
-    v = _unit_polygon(label)
+        return math.pi * (1.0 - RING_INNER**2)
+    v = unit_polygon(label)
     assert v is not None
     xs, ys = v[:, 0], v[:, 1]
     return 0.5 * abs(float(np.dot(xs, np.roll(ys, -1)) - np.dot(ys, np.roll(xs, -1))))
 
 
-def _object_mask(rng: np.random.Generator, size: int, label: int) -> np.ndarray:
+def object_mask(rng: np.random.Generator, size: int, label: int) -> np.ndarray:
     """Draw scale, rotation and position of the class object and return its ``(size, size)`` bool mask."""
-    x, y = _grid(size)
+    x, y = grid(size)
     area = rng.uniform(*AREA_RANGE) * size * size
-    r = math.sqrt(area / _unit_area(label))
-    # a random multiple of 90 degrees plus a random tilt of up to _MAX_TILT (disk and ring are rotation-invariant)
-    theta = int(rng.integers(4)) * math.pi / 2 + rng.uniform(-_MAX_TILT, _MAX_TILT)
-    verts = _unit_polygon(label)
+    r = math.sqrt(area / unit_area(label))
+    # a random multiple of 90 degrees plus a random tilt of up to MAX_TILT (disk and ring are rotation-invariant)
+    theta = int(rng.integers(4)) * math.pi / 2 + rng.uniform(-MAX_TILT, MAX_TILT)
+    verts = unit_polygon(label)
     if verts is not None:
-        verts = _rotate(verts, theta) * r
+        verts = rotate(verts, theta) * r
         lo, hi = verts.min(axis=0), verts.max(axis=0)
     else:
         lo, hi = np.array([-r, -r]), np.array([r, r])
@@ -311,15 +311,15 @@ def _object_mask(rng: np.random.Generator, size: int, label: int) -> np.ndarray:
     cx = rng.uniform(margin - lo[0], max(margin - lo[0], size - margin - hi[0]))
     cy = rng.uniform(margin - lo[1], max(margin - lo[1], size - margin - hi[1]))
     if verts is not None:
-        return _in_polygon(x, y, verts + np.array([cx, cy]))
+        return in_polygon(x, y, verts + np.array([cx, cy]))
     d2 = (x - cx) ** 2 + (y - cy) ** 2
     mask = d2 <= r * r
     if CLASS_NAMES[label] == "ring":
-        mask &= d2 >= (_RING_INNER * r) ** 2
+        mask &= d2 >= (RING_INNER * r) ** 2
     return mask
 
 
-def _segment_distance(x: np.ndarray, y: np.ndarray, pts: np.ndarray) -> np.ndarray:
+def segment_distance(x: np.ndarray, y: np.ndarray, pts: np.ndarray) -> np.ndarray:
     """Distance of every pixel centre to the polyline through ``pts`` ``(P, 2)``."""
     a, b = pts[:-1], pts[1:]
     d = b - a  # (S, 2)
@@ -332,9 +332,9 @@ def _segment_distance(x: np.ndarray, y: np.ndarray, pts: np.ndarray) -> np.ndarr
     return np.sqrt((dx**2 + dy**2).min(axis=0))
 
 
-def _distractor_mask(rng: np.random.Generator, size: int) -> np.ndarray:
+def distractor_mask(rng: np.random.Generator, size: int) -> np.ndarray:
     """One distractor (bar, dots or thin stroke) at a random place; returns its ``(size, size)`` bool mask."""
-    x, y = _grid(size)
+    x, y = grid(size)
     kind = DISTRACTOR_NAMES[int(rng.integers(len(DISTRACTOR_NAMES)))]
     if kind == "bar":
         length = rng.uniform(0.2, 0.4) * size
@@ -363,29 +363,29 @@ def _distractor_mask(rng: np.random.Generator, size: int) -> np.ndarray:
     t = np.linspace(0.0, 1.0, 9)[:, None]
     pts = (1 - t) ** 2 * p0 + 2 * (1 - t) * t * p1 + t**2 * p2
     half_width = rng.uniform(0.5, 1.0) * size / 64.0
-    return _segment_distance(x, y, pts) <= max(half_width, 0.5)
+    return segment_distance(x, y, pts) <= max(half_width, 0.5)
 
 
-def _contrasting_colour(rng: np.random.Generator, ref: np.ndarray, avoid: np.ndarray | None = None) -> np.ndarray:
-    """Random RGB colour at least ``_MIN_CONTRAST`` away from ``ref`` (and, if given, ``avoid``); best of 16 draws."""
+def contrasting_colour(rng: np.random.Generator, ref: np.ndarray, avoid: np.ndarray | None = None) -> np.ndarray:
+    """Random RGB colour at least ``MIN_CONTRAST`` away from ``ref`` (and, if given, ``avoid``); best of 16 draws."""
     cand = rng.uniform(0.0, 1.0, size=(16, 3))
     dist = np.linalg.norm(cand - ref, axis=1)
     if avoid is not None:
         dist = np.minimum(dist, 1.5 * np.linalg.norm(cand - avoid, axis=1))
-    ok = np.flatnonzero(dist >= _MIN_CONTRAST)
+    ok = np.flatnonzero(dist >= MIN_CONTRAST)
     return cand[ok[0]] if ok.size else cand[int(np.argmax(dist))]
 
 
-def _fill(rng: np.random.Generator, size: int, mask: np.ndarray, bg_ref: np.ndarray) -> np.ndarray:
+def fill(rng: np.random.Generator, size: int, mask: np.ndarray, bg_ref: np.ndarray) -> np.ndarray:
     """``(3, K)`` colours of the ``K`` mask pixels: solid, stripes or a linear gradient in random colours."""
-    x, y = _grid(size)
+    x, y = grid(size)
     xm, ym = x[mask], y[mask]
     u = rng.uniform()
     kind = 0 if u < 0.5 else (2 if u < 0.8 else 1)  # solid 50%, gradient 30%, stripes 20%
-    c1 = _contrasting_colour(rng, bg_ref)
+    c1 = contrasting_colour(rng, bg_ref)
     if kind == 0:  # solid
         return np.broadcast_to(c1[:, None], (3, xm.size))
-    c2 = _contrasting_colour(rng, bg_ref, avoid=c1 if kind == 1 else None)
+    c2 = contrasting_colour(rng, bg_ref, avoid=c1 if kind == 1 else None)
     psi = rng.uniform(0.0, 2.0 * math.pi)
     proj = xm * math.cos(psi) + ym * math.sin(psi)
     if kind == 1:  # stripes
@@ -397,7 +397,7 @@ def _fill(rng: np.random.Generator, size: int, mask: np.ndarray, bg_ref: np.ndar
     return c1[:, None] + (c2 - c1)[:, None] * t
 
 
-def _render_scene(rng: np.random.Generator, size: int) -> tuple[np.ndarray, np.ndarray, int]:
+def render_scene(rng: np.random.Generator, size: int) -> tuple[np.ndarray, np.ndarray, int]:
     """Render one scene: ``(image (3, size, size) float32 in [0, 1], mask (size, size) bool, label)``."""
     return render_parts(rng, size)
 
@@ -411,22 +411,22 @@ def render_parts(rng: np.random.Generator, size: int, draw_object: bool = True
     for counterfactual scenes.
     """
     label = int(rng.integers(len(CLASS_NAMES)))
-    img = _background(rng, size)
+    img = background(rng, size)
     for _ in range(int(rng.integers(1, 4))):
-        dm = _distractor_mask(rng, size)
+        dm = distractor_mask(rng, size)
         img[:, dm] = rng.uniform(0.0, 1.0, size=3)[:, None]
-    mask = _object_mask(rng, size, label)
+    mask = object_mask(rng, size, label)
     bg_ref = img[:, mask].mean(axis=1)
-    fill = _fill(rng, size, mask, bg_ref)
+    colours = fill(rng, size, mask, bg_ref)
     if draw_object:
-        img[:, mask] = fill
+        img[:, mask] = colours
     out = img.astype(np.float32)
-    out += _PIXEL_NOISE * rng.standard_normal(size=out.shape, dtype=np.float32)
+    out += PIXEL_NOISE * rng.standard_normal(size=out.shape, dtype=np.float32)
     np.clip(out, 0.0, 1.0, out=out)
     return out, mask, label
 
 
-def _tight_box(mask: np.ndarray) -> np.ndarray:
+def tight_box(mask: np.ndarray) -> np.ndarray:
     """Tight bounding box ``[x0, y0, x1, y1]`` of a non-empty mask (x0, y0 inclusive; x1, y1 exclusive)."""
     rows = np.flatnonzero(mask.any(axis=1))
     cols = np.flatnonzero(mask.any(axis=0))
