@@ -18,6 +18,7 @@ from .base import Adapter, BlockRecord, Recording
 from .hf_segformer import SegformerAdapter
 from .hf_families import HFSequenceAdapter
 from .hf_vit import HFViTAdapter
+from .probe import LinearProbe
 from .timm_cnn import TimmCNNAdapter
 from .timm_families import REFUSED, TimmBeitAdapter, TimmEvaAdapter, TimmRelPosAdapter
 from .timm_vit import TimmViTAdapter
@@ -35,6 +36,7 @@ __all__ = [
     "TimmBeitAdapter",
     "TimmRelPosAdapter",
     "HFSequenceAdapter",
+    "LinearProbe",
     "get_adapter",
     "register_adapter",
     "load_model",

@@ -55,6 +55,24 @@ def _hf(cls_name: str, cfg_name: str, vision: bool = False, plain: bool = True, 
     return make
 
 
+def _probe(backbone_cls: str, cfg_name: str, readout: str, **kw) -> Callable[[], nn.Module]:
+    """A transformers backbone with random weights and a linear head (:class:`vitlens.models.LinearProbe`)."""
+
+    def make() -> nn.Module:
+        import transformers
+
+        from .probe import LinearProbe
+
+        cfg = getattr(transformers, cfg_name)(**{**_H, **kw})
+        backbone = getattr(transformers, backbone_cls)(cfg)
+        width = cfg.hidden_size * (2 if readout == "cls+mean" else 1)
+        head = nn.Linear(width, 5)
+        nn.init.zeros_(head.bias)  # as transformers initialises its classifiers (the LRP completeness tests assume it)
+        return LinearProbe(backbone, head, readout=readout)
+
+    return make
+
+
 def _sharpen(model: nn.Module, gain: float = 3.0) -> nn.Module:
     """Scale query/key weights so random attention is peaked and heads differ (random init is near-uniform)."""
     with torch.no_grad():
@@ -90,6 +108,10 @@ FAMILIES: list[Family] = [
            _hf("CLIPForImageClassification", "CLIPConfig", vision=True)),
     Family("HF SigLIP", "transformers SiglipForImageClassification",
            _hf("SiglipForImageClassification", "SiglipConfig", vision=True)),
+    Family("HF DINOv3 + linear head", "transformers DINOv3ViTModel (RoPE, 4 registers, layer scale) in "
+           "vitlens.models.LinearProbe", _probe("DINOv3ViTModel", "DINOv3ViTConfig", "cls", num_register_tokens=4)),
+    Family("HF DINOv2 + linear head", "transformers Dinov2Model in vitlens.models.LinearProbe (CLS + patch mean)",
+           _probe("Dinov2Model", "Dinov2Config", "cls+mean")),
     Family("timm CaiT", "timm Cait", _timm("cait_xxs24_224", depth=2), note="refused"),
     Family("timm Swin", "timm SwinTransformer",
            _timm("swin_tiny_patch4_window7_224", False, img_size=32, patch_size=4, window_size=4, embed_dim=24,

@@ -1,5 +1,6 @@
 """Adapters for HuggingFace image classifiers beyond ViT/DeiT: DINOv2 (with and without registers), BEiT (relative
-position bias inside the softmax), CLIP and SigLIP vision towers with a classification head. They share the capture
+position bias inside the softmax), CLIP and SigLIP vision towers with a classification head, and backbones with a
+linear head (:class:`vitlens.models.LinearProbe`: DINOv3 with RoPE and registers, DINOv2). They share the capture
 in :mod:`._sequence`; eager attention (which returns the probabilities) is switched on through every config's
 ``_attn_implementation`` for the duration of a session (restored in ``finally``).
 """
@@ -41,6 +42,17 @@ _LIMITS = {
     "hf-clip": {},
     "hf-siglip": lrp_limits("the vision tower's attention-pool head runs after the blocks although the classifier "
                             "reads the token mean", ("transformer_attribution",)),
+    "hf-dinov3": lrp_limits("RoPE rotates queries and keys (cos/sin applied to q and k before the softmax)"),
+    "hf-dinov2-probe": lrp_limits("the linear probe reads the backbone through its own forward",
+                                  ("transformer_attribution",)),
+}
+
+#: backbone class → (family, layout) for :class:`vitlens.models.LinearProbe` models
+_PROBES = {
+    "DINOv3ViTModel": ("hf-dinov3", _Layout("backbone", "model.layer", "attention", "norm2", "probe")),
+    "Dinov2Model": ("hf-dinov2-probe", _Layout("backbone", "encoder.layer", "attention", "norm2", "probe")),
+    "Dinov2WithRegistersModel": ("hf-dinov2-probe",
+                                 _Layout("backbone", "encoder.layer", "attention", "norm2", "probe")),
 }
 
 _FAMILIES = {
@@ -72,27 +84,34 @@ class HFSequenceAdapter(SequenceAdapter):
 
     @staticmethod
     def matches(model: nn.Module) -> bool:
+        if _is_probe(model):
+            return type(model.backbone).__name__ in _PROBES
         return type(model).__name__ in _FAMILIES and hasattr(model, "config")
 
     def __init__(self, model: nn.Module) -> None:
         super().__init__(model)
-        self.family, lay = _FAMILIES[type(model).__name__]
+        probe = _is_probe(model)
+        self.family, lay = _PROBES[type(model.backbone).__name__] if probe else _FAMILIES[type(model).__name__]
         self.method_limits = _LIMITS[self.family]
         self.backbone = getattr(model, lay.backbone)
         vcfg = getattr(model.config, "vision_config", None) or model.config
-        self.num_classes = int(model.config.num_labels)
+        self.num_classes = _probe_classes(model) if probe else int(model.config.num_labels)
         p, s = vcfg.patch_size, vcfg.image_size
         self.patch_size = (p, p) if isinstance(p, int) else tuple(p)
         self.default_size = (s, s) if isinstance(s, int) else tuple(s)
-        self.any_size = self.family == "hf-dinov2"  # DINOv2 always interpolates its position embeddings
+        # DINOv2 always interpolates its position embeddings; DINOv3's RoPE is computed for the input's grid
+        self.any_size = self.family in ("hf-dinov2", "hf-dinov2-probe", "hf-dinov3")
         self.in_chans = int(vcfg.num_channels)
         has_cls = self.family != "hf-siglip"
         self.num_prefix_tokens = int(has_cls) + int(getattr(vcfg, "num_register_tokens", 0) or 0)
-        mean_pool = lay.readout == "pooled" or (lay.readout == "config" and bool(vcfg.use_mean_pooling))
+        mean_pool = lay.readout == "pooled" or (lay.readout == "config" and bool(vcfg.use_mean_pooling)) or (
+            lay.readout == "probe" and model.readout != "cls")
         self.readout_tokens = None if mean_pool else (0,)
         self._embeddings = _get(self.backbone, lay.embeddings)
         if self.family == "hf-beit":
             self.capability_notes = {"tokens": "the relative position bias is built for the full token grid"}
+        elif self.family == "hf-dinov3":
+            self.capability_notes = {"tokens": "RoPE is computed for the full token grid"}
         else:  # absolute position embeddings, added in the embeddings module: tokens can be dropped after them
             self.capabilities = self.capabilities | {"tokens"}
         layers = _get(self.backbone, lay.layers)
@@ -116,6 +135,11 @@ class HFSequenceAdapter(SequenceAdapter):
 
     def _forward(self, x: Tensor) -> Tensor:
         return _logits_of(self.model(pixel_values=x))
+
+    def classifier_modules(self) -> list[nn.Module]:
+        if _is_probe(self.model):
+            return [self.model.head]
+        return super().classifier_modules()
 
     def _embedding_module(self) -> nn.Module:
         if "tokens" not in self.capabilities or self._embeddings is None:
@@ -151,6 +175,7 @@ _PREPROCESS = {
     "clip": dict(mean=_OPENAI_CLIP[0], std=_OPENAI_CLIP[1], crop_pct=1.0, crop_mode="center"),
     "siglip": dict(mean=(0.5, 0.5, 0.5), std=(0.5, 0.5, 0.5), crop_pct=1.0, crop_mode="squash"),
     "beit": dict(mean=(0.5, 0.5, 0.5), std=(0.5, 0.5, 0.5), crop_pct=1.0, crop_mode="squash"),
+    "dinov3_vit": dict(mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225), crop_pct=1.0, crop_mode="squash"),
 }
 
 
@@ -165,3 +190,18 @@ def processor_defaults(model: nn.Module) -> dict | None:
     s = vcfg.image_size
     hw = (int(s[0]), int(s[1])) if isinstance(s, (tuple, list)) else (int(s), int(s))
     return {"input_size": (3, *hw), "interpolation": "bicubic", **_PREPROCESS[kind]}
+
+
+def _is_probe(model: nn.Module) -> bool:
+    from .probe import LinearProbe
+
+    return isinstance(model, LinearProbe)
+
+
+def _probe_classes(model: nn.Module) -> int:
+    """Outputs of a probe's head: its last ``nn.Linear``'s ``out_features``."""
+    linears = [m for m in model.head.modules() if isinstance(m, nn.Linear)]
+    if not linears:
+        raise UnsupportedModelError(f"LinearProbe head {type(model.head).__name__} has no nn.Linear to read the "
+                                    "number of classes from")
+    return int(linears[-1].out_features)
