@@ -125,7 +125,8 @@ def run_planted(a: argparse.Namespace) -> str:
     methods = [(m, dict(REDUCED.get(m, {}))) for m in ok] + ABLATIONS
     from vitlens.aha import shipped_explainer
 
-    if shipped_explainer(model) is not None:
+    shipped = shipped_explainer(model)
+    if shipped is not None and shipped[1].is_file():
         methods += [("aha", {"refine_steps": 0}), ("aha", {})]
     else:
         skipped["aha"] = "no explainer trained for planted-vit is shipped"

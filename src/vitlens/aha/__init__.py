@@ -46,6 +46,11 @@ SHIPPED: dict[str, tuple[str, str]] = {
         "vitlens train-aha --model digits-vit --data digits --name digits-vit-aha --out DIR "
         "(full command in src/vitlens/aha/weights/digits-vit-aha.md; copy DIR/digits-vit-aha.* here)",
     ),
+    "vit_planted_convstem8_64": (
+        "planted-vit-aha",
+        "vitlens train-aha --model planted-vit --data planted --pool tokens --name planted-vit-aha --out DIR "
+        "(full command in src/vitlens/aha/weights/planted-vit-aha.md; copy DIR/planted-vit-aha.* here)",
+    ),
 }
 
 

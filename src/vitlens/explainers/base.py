@@ -331,10 +331,11 @@ class Explainer:
         return logits.detach(), tgt, [t.detach() for t in picked], grads
 
     @staticmethod
-    def on_grid(adapter: Adapter, values: Tensor, hw: tuple[int, int]) -> Tensor:
+    def on_grid(adapter: Adapter, values: Tensor, hw: tuple[int, int], features: bool = False) -> Tensor:
         """``(B, N)`` patch-token values → ``(B, gh, gw)`` on the model's own token grid for input size ``hw``
-        (:class:`InputError` if the ``N`` tokens do not fill the grid)."""
-        gh, gw = adapter.grid(hw)
+        (``features``: the feature layers' grid, :meth:`Adapter.feature_grid`; :class:`InputError` if the ``N``
+        tokens do not fill the grid)."""
+        gh, gw = adapter.feature_grid(hw) if features else adapter.grid(hw)
         if values.shape[1] != gh * gw:
             raise InputError(f"{values.shape[1]} patch tokens do not fill the {gh}x{gw} token grid")
         return values.reshape(values.shape[0], gh, gw)

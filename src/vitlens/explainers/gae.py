@@ -13,7 +13,7 @@ from torch import Tensor
 from ..models import Adapter
 from ..targets import Target
 from ._attention import readout_row, relevance_rollout, token_map
-from .base import Attribution, Explainer
+from .base import Attribution, Explainer, image_size
 from .registry import register
 
 __all__ = ["GAE", "relevance_rollout"]
@@ -39,6 +39,11 @@ class GAE(Explainer):
             attns = [blk.attn for blk in rec.blocks]
             grads = self.gradients(tgt(logits), attns)
         maps = [(grad * attn.detach()).clamp_min(0).mean(dim=1) for attn, grad in zip(attns, grads)]
+        if adapter.windowed:  # Swin: R ← R + Ā·R inside each block's windows, merges split evenly
+            from ._windows import windowed_row
+
+            row = windowed_row(rec, [m.float() for m in maps], x.shape[0], lambda r, mixed: r + mixed)
+            return Attribution(values=self.on_grid(adapter, row, image_size(x))), logits.detach(), tgt
         row = readout_row(relevance_rollout(maps), adapter.readout_tokens, adapter.num_prefix_tokens)
         values, _ = token_map(adapter, row, x)
         return Attribution(values=values), logits.detach(), tgt

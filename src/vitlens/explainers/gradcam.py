@@ -86,7 +86,7 @@ class GradCAM(Explainer):
         i = _block_index(adapter, self.options["layer"])
         logits, tgt, (u,), (g,) = self.forward_and_gradients(adapter, x, target, lambda rec: [_features(rec, i)])
         cam = token_gradcam(u, g, adapter.num_prefix_tokens)
-        return Attribution(values=self.on_grid(adapter, cam, image_size(x))), logits, tgt
+        return Attribution(values=self.on_grid(adapter, cam, image_size(x), features=True)), logits, tgt
 
 
 def similar_classes(logits: Tensor, classes: Tensor, k: int) -> Tensor:
@@ -231,7 +231,7 @@ class FinerCAM(Explainer):
                                                              retarget=self._retarget)
         cam = token_gradcam(u, g, adapter.num_prefix_tokens)
         assert isinstance(tgt, FinerContrast)  # what self._retarget made
-        att = Attribution(values=self.on_grid(adapter, cam, image_size(x)), extras={"references": tgt.versus})
+        att = Attribution(values=self.on_grid(adapter, cam, image_size(x), features=True), extras={"references": tgt.versus})
         return att, logits, tgt
 
 

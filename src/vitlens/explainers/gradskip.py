@@ -82,6 +82,10 @@ class GradSkip(Explainer):
             o["head_subset"] = (hs[0], float(hs[1]))
 
     def attribute(self, adapter: Adapter, x: Tensor, target: Target) -> tuple[Attribution, Tensor, Target]:
+        if adapter.windowed:  # Swin: docs/methods/gradskip_swin.md
+            from .gradskip_swin import attribute_windowed
+
+            return attribute_windowed(self, adapter, x, target)  # type: ignore[arg-type]
         if adapter.hierarchical:  # SegFormer: docs/methods/gradskip_segformer.md
             from .gradskip_segformer import attribute_hierarchical
 

@@ -15,7 +15,7 @@ from ..errors import InputError
 from ..models import Adapter
 from ..targets import Target
 from ._attention import readout_row, token_map
-from .base import Attribution, Explainer
+from .base import Attribution, Explainer, image_size
 from .registry import register
 
 __all__ = ["AttentionRollout", "fuse_heads", "discard_lowest", "readout_row", "token_map"]
@@ -105,6 +105,17 @@ class AttentionRollout(Explainer):
             tgt(logits)  # validates the target against the batch (the map itself does not depend on it)
             attns = [blk.attn for blk in rec.blocks]
         protect = adapter.readout_tokens or ()
+        if adapter.windowed:  # Swin: the row through shifted windows and merges (docs/methods/gradskip_swin.md)
+            from ._windows import windowed_row
+
+            mats = []
+            for attn in attns:
+                fused = discard_lowest(fuse_heads(attn.detach().float(), o["head_fusion"]), o["discard_ratio"], (),
+                                       o["discard_per"])  # per window
+                a = 0.5 * fused + 0.5 * torch.eye(fused.shape[-1], device=fused.device, dtype=fused.dtype)
+                mats.append(a / a.sum(dim=-1, keepdim=True))
+            row = windowed_row(rec, mats, x.shape[0], lambda r, mixed: mixed)
+            return Attribution(values=self.on_grid(adapter, row, image_size(x))), logits.detach(), tgt
         joint = None
         for attn in attns:
             fused = discard_lowest(fuse_heads(attn.detach().float(), o["head_fusion"]), o["discard_ratio"], protect,

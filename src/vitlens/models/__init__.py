@@ -21,6 +21,7 @@ from .hf_vit import HFViTAdapter
 from .probe import LinearProbe
 from .timm_cnn import TimmCNNAdapter
 from .timm_families import REFUSED, TimmBeitAdapter, TimmEvaAdapter, TimmRelPosAdapter
+from .timm_swin import TimmSwinAdapter
 from .timm_vit import TimmViTAdapter
 
 __all__ = [
@@ -35,6 +36,7 @@ __all__ = [
     "TimmEvaAdapter",
     "TimmBeitAdapter",
     "TimmRelPosAdapter",
+    "TimmSwinAdapter",
     "HFSequenceAdapter",
     "LinearProbe",
     "get_adapter",
@@ -76,8 +78,8 @@ class GenericAdapter(Adapter):
         )
 
 
-_ADAPTERS: list[type[Adapter]] = [TimmViTAdapter, TimmEvaAdapter, TimmBeitAdapter, TimmRelPosAdapter, HFViTAdapter,
-                                  HFSequenceAdapter, SegformerAdapter, TimmCNNAdapter]
+_ADAPTERS: list[type[Adapter]] = [TimmViTAdapter, TimmEvaAdapter, TimmBeitAdapter, TimmRelPosAdapter, TimmSwinAdapter,
+                                  HFViTAdapter, HFSequenceAdapter, SegformerAdapter, TimmCNNAdapter]
 
 
 def register_adapter(cls: type[Adapter], first: bool = True) -> type[Adapter]:

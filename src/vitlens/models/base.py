@@ -121,8 +121,10 @@ class Adapter:
         capabilities: what the adapter offers explainers: ``"attention"`` (attention capture for relevance
             propagation), ``"tokens"`` (:meth:`keep_tokens`), ``"features"`` (:meth:`feature_layers`),
             ``"hierarchical"`` (several token grids; see :attr:`hierarchical`).
-        hierarchical: the model has stages with their own token grids (SegFormer); explainers with a hierarchical
-            code path dispatch on it.
+        hierarchical: the model has stages with their own token grids (SegFormer, Swin); explainers with a
+            hierarchical code path dispatch on it.
+        windowed: the attention runs inside (shifted) windows of the token grid (Swin); GradSkip then takes its
+            windowed path (``explainers/gradskip_swin.py``).
         method_limits: method name → why the method's rules do not apply to this family (checked by
             :meth:`check_method`; e.g. LRP rules on gated MLPs).
         capability_notes: capability → why this family does not offer it (used in the error a method that needs it
@@ -140,6 +142,7 @@ class Adapter:
     family: str = "base"
     capabilities: frozenset[str] = frozenset()
     hierarchical: bool = False
+    windowed: bool = False
     method_limits: dict[str, str] = {}
     capability_notes: dict[str, str] = {}
 
@@ -213,6 +216,11 @@ class Adapter:
         return None
 
     # -- layout --------------------------------------------------------------------------------------------------
+    def feature_grid(self, input_hw: tuple[int, int]) -> tuple[int, int]:
+        """The grid of the feature layers' tokens (Grad-CAM's map); default :meth:`grid`. Hierarchical families whose
+        features are on a coarser grid (Swin's last stage) override it."""
+        return self.grid(input_hw)
+
     def grid(self, input_hw: tuple[int, int]) -> tuple[int, int]:
         """Token grid ``(gh, gw)`` for an input of spatial size ``input_hw``."""
         raise UnsupportedModelError(f"{type(self.model).__name__} ({self.family}) has no token grid")
