@@ -91,7 +91,7 @@ class Evidence(Metric):
 @torch.no_grad()
 def _predict(model: nn.Module, images: Tensor, batch: int) -> Tensor:
     from ..images import load_images
-    from ..models.base import _logits_of
+    from ..models.base import logits_of as _logits_of
 
     out = []
     for s in range(0, len(images), batch):

@@ -24,7 +24,7 @@ from torch import Tensor, nn
 
 from ..errors import InputError, UnsupportedModelError
 
-__all__ = ["Adapter", "BlockRecord", "Recording", "conservative_layernorm_hook", "normalisation_layers"]
+__all__ = ["Adapter", "BlockRecord", "Recording", "conservative_layernorm_hook", "logits_of", "normalisation_layers"]
 
 
 @dataclass
@@ -243,7 +243,7 @@ class Adapter:
 
     def _forward(self, x: Tensor) -> Tensor:
         """The family's forward: logits of the model for ``x``."""
-        return _logits_of(self.model(x))
+        return logits_of(self.model(x))
 
     @contextlib.contextmanager
     def caller_autocast(self, device_type: str) -> Iterator[None]:
@@ -400,7 +400,7 @@ class Adapter:
         return hook
 
 
-def _logits_of(out: Any) -> Tensor:
+def logits_of(out: Any) -> Tensor:
     """Extract logits from a model output (tensor, tuple or HuggingFace output object)."""
     if isinstance(out, Tensor):
         return out
@@ -410,3 +410,6 @@ def _logits_of(out: Any) -> Tensor:
     if isinstance(out, (tuple, list)) and out and isinstance(out[0], Tensor):
         return out[0]
     raise InputError(f"cannot find logits in the model output of type {type(out).__name__}")
+
+
+_logits_of = logits_of  # the former private name, kept for code that imported it

@@ -14,7 +14,7 @@ from torch import Tensor, nn
 
 from ..errors import UnsupportedModelError
 from ._sequence import BlockParts, SequenceAdapter, lrp_limits
-from .base import _logits_of
+from .base import logits_of
 
 __all__ = ["HFSequenceAdapter", "processor_defaults"]
 
@@ -115,7 +115,7 @@ class HFSequenceAdapter(SequenceAdapter):
         return self._parts
 
     def _forward(self, x: Tensor) -> Tensor:
-        return _logits_of(self.model(pixel_values=x))
+        return logits_of(self.model(pixel_values=x))
 
     def _embedding_module(self) -> nn.Module:
         if "tokens" not in self.capabilities or self._embeddings is None:

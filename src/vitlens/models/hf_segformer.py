@@ -41,7 +41,7 @@ from typing import Any, Iterator, Sequence
 from torch import Tensor, nn
 
 from ..errors import InputError, UnsupportedModelError
-from .base import Adapter, BlockRecord, _logits_of
+from .base import Adapter, BlockRecord, logits_of
 
 __all__ = ["SegformerAdapter", "SegformerRecording", "StageRecord", "SegformerBlockRecord", "ConvRecord",
            "conv_output_size"]
@@ -206,7 +206,7 @@ class SegformerAdapter(Adapter):
     # -- running -------------------------------------------------------------------------------------------------
     def _forward(self, x: Tensor) -> Tensor:
         """Per-pixel logits ``(B, K, h, w)`` (``h, w`` = the stage-1 grid)."""
-        return _logits_of(self.model(pixel_values=x))
+        return logits_of(self.model(pixel_values=x))
 
     def _new_recording(self) -> SegformerRecording:
         return SegformerRecording()

@@ -10,7 +10,7 @@ from typing import Iterator, Sequence
 from torch import Tensor, nn
 
 from ..errors import InputError, UnsupportedModelError
-from .base import Adapter, BlockRecord, Recording, _logits_of
+from .base import Adapter, BlockRecord, Recording, logits_of
 
 __all__ = ["HFViTAdapter"]
 
@@ -96,7 +96,7 @@ class HFViTAdapter(Adapter):
         kwargs = {"output_attentions": True} if self._capturing and _transformers_major() < 5 else {}
         if tuple(x.shape[-2:]) != self.default_size:
             kwargs["interpolate_pos_encoding"] = True
-        return _logits_of(self.model(pixel_values=x, **kwargs))
+        return logits_of(self.model(pixel_values=x, **kwargs))
 
     def _embedding_module(self) -> nn.Module:
         return self.backbone.embeddings
