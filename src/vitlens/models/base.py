@@ -17,14 +17,15 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import torch
 from torch import Tensor, nn
 
 from ..errors import InputError, UnsupportedModelError
 
-__all__ = ["Adapter", "BlockRecord", "Recording", "conservative_layernorm_hook", "logits_of", "normalisation_layers"]
+__all__ = ["Adapter", "BlockRecord", "Recording", "conservative_layernorm_hook", "int_pair", "logits_of",
+           "normalisation_layers"]
 
 
 @dataclass
@@ -142,6 +143,12 @@ class Adapter:
     hierarchical: bool = False
     method_limits: dict[str, str] = {}
     capability_notes: dict[str, str] = {}
+
+    @staticmethod
+    def matches(model: nn.Module) -> bool:
+        """Whether this adapter class handles ``model``: :func:`~vitlens.models.get_adapter` asks every registered
+        adapter in order. Every registered adapter defines it; the base recognises no model."""
+        return False
 
     def __init__(self, model: nn.Module) -> None:
         self.model = model
@@ -398,6 +405,13 @@ class Adapter:
             rec.blocks[index].h = args[0]
 
         return hook
+
+
+def int_pair(value: Iterable[Any]) -> tuple[int, int]:
+    """``(h, w)`` as two Python ints, from any two-element sequence (``torch.Size``, tuple, list of ints or
+    0-d tensors): how spatial sizes and token grids are passed around."""
+    h, w = value
+    return int(h), int(w)
 
 
 def logits_of(out: Any) -> Tensor:

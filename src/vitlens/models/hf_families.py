@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Any, Iterator
 
 from torch import Tensor, nn
 
@@ -55,12 +55,14 @@ _FAMILIES = {
 }
 
 
-def _get(module: nn.Module, path: str) -> nn.Module | None:
+def _get(module: nn.Module, path: str) -> Any:
+    """The attribute at dotted ``path`` under ``module`` (a submodule, list or config), or ``None``."""
+    found: Any = module
     for part in path.split("."):
-        module = getattr(module, part, None)
-        if module is None:
+        found = getattr(found, part, None)
+        if found is None:
             return None
-    return module
+    return found
 
 
 class HFSequenceAdapter(SequenceAdapter):
@@ -79,8 +81,8 @@ class HFSequenceAdapter(SequenceAdapter):
         self.family, lay = _FAMILIES[type(model).__name__]
         self.method_limits = _LIMITS[self.family]
         self.backbone = getattr(model, lay.backbone)
-        vcfg = getattr(model.config, "vision_config", None) or model.config
-        self.num_classes = int(model.config.num_labels)
+        vcfg = getattr(self.model.config, "vision_config", None) or self.model.config
+        self.num_classes = int(self.model.config.num_labels)
         p, s = vcfg.patch_size, vcfg.image_size
         self.patch_size = (p, p) if isinstance(p, int) else tuple(p)
         self.default_size = (s, s) if isinstance(s, int) else tuple(s)

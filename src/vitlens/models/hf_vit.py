@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from typing import Iterator, Sequence
+from typing import Any, Iterator, Sequence
 
 from torch import Tensor, nn
 
@@ -31,6 +31,10 @@ _SUPPORTED = {
 class HFViTAdapter(Adapter):
     """HuggingFace ViT/DeiT classifiers. Eager attention is switched on for the duration of a session."""
 
+    #: the wrapped model; typed ``Any`` because the family's submodules and config are reached by attribute
+    #: (``nn.Module.__getattr__`` types them loosely), after :meth:`matches` and ``__init__`` checked the layout
+    model: Any
+
     family = "hf-vit"
     capabilities = frozenset({"attention", "tokens", "features"})
 
@@ -42,7 +46,7 @@ class HFViTAdapter(Adapter):
         super().__init__(model)
         base_name, readout = _SUPPORTED[type(model).__name__]
         self.backbone = getattr(model, base_name)
-        cfg = model.config
+        cfg = self.model.config
         self.num_prefix_tokens = 2 if base_name == "deit" else 1
         self.readout_tokens = readout
         self.num_classes = int(cfg.num_labels)
@@ -72,7 +76,7 @@ class HFViTAdapter(Adapter):
         return None
 
     def _attention_module(self, layer: nn.Module) -> nn.Module:
-        att = layer.attention
+        att: Any = layer.attention
         # transformers 4.x nests the self-attention (which returns the probabilities) one level down.
         return att.attention if hasattr(att, "attention") and isinstance(att.attention, nn.Module) else att
 
