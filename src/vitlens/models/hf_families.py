@@ -13,6 +13,7 @@ from typing import Any, Iterator
 from torch import Tensor, nn
 
 from ..errors import UnsupportedModelError
+from ._hf import eager_attention
 from ._sequence import BlockParts, SequenceAdapter, lrp_limits
 from .base import logits_of
 
@@ -132,14 +133,8 @@ class HFSequenceAdapter(SequenceAdapter):
             sub = getattr(c, "vision_config", None)
             if sub is not None:
                 configs[id(sub)] = sub
-        saved = {k: c._attn_implementation for k, c in configs.items()}
-        try:
-            for c in configs.values():
-                c._attn_implementation = "eager"
+        with eager_attention(configs.values()):
             yield
-        finally:
-            for k, c in configs.items():
-                c._attn_implementation = saved[k]
 
 
 #: the HF image processors' defaults per family (the processor configs of the published checkpoints: DINOv2 resizes

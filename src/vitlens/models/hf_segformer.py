@@ -41,6 +41,7 @@ from typing import Any, Iterator, NoReturn, Sequence, cast
 from torch import Tensor, nn
 
 from ..errors import InputError, UnsupportedModelError
+from ._hf import eager_attention
 from .base import Adapter, BlockRecord, Recording, int_pair, logits_of
 
 __all__ = ["SegformerAdapter", "SegformerRecording", "StageRecord", "SegformerBlockRecord", "ConvRecord",
@@ -224,15 +225,8 @@ class SegformerAdapter(Adapter):
     @contextlib.contextmanager
     def _explicit_attention(self) -> Iterator[None]:
         cfg = self.model.config
-        configs = {id(c): c for c in (cfg, getattr(self.model.segformer, "config", cfg))}
-        saved = {k: c._attn_implementation for k, c in configs.items()}
-        try:
-            for c in configs.values():
-                c._attn_implementation = "eager"
+        with eager_attention((cfg, getattr(self.model.segformer, "config", cfg))):
             yield
-        finally:
-            for k, c in configs.items():
-                c._attn_implementation = saved[k]
 
     def _install_capture(self, rec: Recording, hooks: list) -> None:
         record = cast(SegformerRecording, rec)  # what _new_recording made (the base types it as Recording)

@@ -10,6 +10,7 @@ from typing import Any, Iterator, Sequence
 from torch import Tensor, nn
 
 from ..errors import InputError, UnsupportedModelError
+from ._hf import eager_attention
 from .base import Adapter, BlockRecord, Recording, logits_of
 
 __all__ = ["HFViTAdapter"]
@@ -108,17 +109,12 @@ class HFViTAdapter(Adapter):
     @contextlib.contextmanager
     def _explicit_attention(self) -> Iterator[None]:
         cfg = self.model.config
-        configs = {id(c): c for c in (cfg, getattr(self.backbone, "config", cfg))}
-        saved = {k: c._attn_implementation for k, c in configs.items()}
-        try:
-            for c in configs.values():
-                c._attn_implementation = "eager"
+        with eager_attention((cfg, getattr(self.backbone, "config", cfg))):
             self._capturing = True
-            yield
-        finally:
-            self._capturing = False
-            for k, c in configs.items():
-                c._attn_implementation = saved[k]
+            try:
+                yield
+            finally:
+                self._capturing = False
 
     def _install_capture(self, rec: Recording, hooks: list) -> None:
         rec.blocks.extend(BlockRecord() for _ in self.layers)

@@ -48,6 +48,15 @@ class _TimmSequenceAdapter(SequenceAdapter):
     ``num_prefix_tokens``, ``global_pool``."""
 
     block_types: tuple[str, ...] = ()
+    #: ``(module under timm.models, class name)`` of the family's model class (what :meth:`matches` recognises)
+    timm_class: tuple[str, str] = ("", "")
+    #: whether the model takes only the input size it was built for (relative position bias tables)
+    fixed_size: bool = False
+
+    @classmethod
+    def matches(cls, model: nn.Module) -> bool:
+        family = _timm_class(*cls.timm_class) if cls.timm_class[0] else None
+        return family is not None and isinstance(model, family)
 
     def __init__(self, model: nn.Module) -> None:
         super().__init__(model)
@@ -69,7 +78,7 @@ class _TimmSequenceAdapter(SequenceAdapter):
         pe = self.model.patch_embed
         self.patch_size = int_pair(pe.patch_size)
         self.in_chans = int(pe.proj.in_channels)
-        self.any_size = bool(getattr(model, "dynamic_img_size", False)) or pe.img_size is None
+        self.any_size = not self.fixed_size and (bool(getattr(model, "dynamic_img_size", False)) or pe.img_size is None)
         self.default_size = None if pe.img_size is None else int_pair(pe.img_size)
         self._parts = [BlockParts(block=blk, attention=blk.attn, probs_at=blk.attn.attn_drop, probs_index=None,
                                   norm2=blk.norm2, value=value_weights(blk.attn), heads=int(blk.attn.num_heads))
@@ -105,11 +114,7 @@ class TimmEvaAdapter(_TimmSequenceAdapter):
     capability_notes = {"tokens": "RoPE is tied to the token grid, so tokens cannot be dropped"}
     method_limits = lrp_limits("RoPE rotates queries and keys, q/v biases are added through F.linear, the MLP may be "
                                "gated (SwiGLU)")
-
-    @staticmethod
-    def matches(model: nn.Module) -> bool:
-        cls = _timm_class("eva", "Eva")
-        return cls is not None and isinstance(model, cls)
+    timm_class = ("eva", "Eva")
 
 
 class TimmBeitAdapter(_TimmSequenceAdapter):
@@ -120,15 +125,8 @@ class TimmBeitAdapter(_TimmSequenceAdapter):
     block_types = ("Block",)
     capability_notes = {"tokens": "the relative position bias is built for the full token grid"}
     method_limits = lrp_limits("a relative position bias enters the softmax and q/v biases are added through F.linear")
-
-    @staticmethod
-    def matches(model: nn.Module) -> bool:
-        cls = _timm_class("beit", "Beit")
-        return cls is not None and isinstance(model, cls)
-
-    def __init__(self, model: nn.Module) -> None:
-        super().__init__(model)
-        self.any_size = False
+    timm_class = ("beit", "Beit")
+    fixed_size = True
 
 
 class TimmRelPosAdapter(_TimmSequenceAdapter):
@@ -139,12 +137,5 @@ class TimmRelPosAdapter(_TimmSequenceAdapter):
     block_types = ("RelPosBlock",)
     capability_notes = {"tokens": "the relative position bias is built for the full token grid"}
     method_limits = lrp_limits("a relative position bias enters the softmax")
-
-    @staticmethod
-    def matches(model: nn.Module) -> bool:
-        cls = _timm_class("vision_transformer_relpos", "VisionTransformerRelPos")
-        return cls is not None and isinstance(model, cls)
-
-    def __init__(self, model: nn.Module) -> None:
-        super().__init__(model)
-        self.any_size = False
+    timm_class = ("vision_transformer_relpos", "VisionTransformerRelPos")
+    fixed_size = True
