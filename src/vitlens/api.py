@@ -39,7 +39,7 @@ def explain(model: nn.Module, x: Tensor, method: str | Explainer = "gradskip", t
 
 
 def _own_options(method: str) -> dict[str, Any]:
-    from .explainers.registry import _METHODS
+    from .explainers.registry import method_classes
 
-    cls = _METHODS.get(method)
+    cls = method_classes().get(method)
     return dict(cls.defaults) if cls is not None else {}

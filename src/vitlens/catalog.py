@@ -99,11 +99,12 @@ def _cost_words(cost: dict[str, float]) -> str:
 
 def describe_methods() -> list[MethodInfo]:
     """Every registered method with a one-line description and its cost per image at default settings."""
-    from .explainers.registry import _METHODS
+    from .explainers.registry import method_classes
 
+    classes = method_classes()
     out = []
-    for name in sorted(_METHODS):
-        cls = _METHODS[name]
+    for name in sorted(classes):
+        cls = classes[name]
         try:
             cost = _cost_words(cls().declared_cost())
         except Exception:  # a method whose defaults need external input (e.g. weights): no cost without them

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from .atomic import atomic_path, write_text
-from .options import load_model_with_options, nonnegative_int, positive_int
+from .options import load_model_with_options, nonnegative_int, parse_key_values, positive_int
 
 __all__ = ["add_explain_parser", "cmd_explain", "output_bases"]
 
@@ -102,9 +102,8 @@ def _device(name: str) -> Any:
 def _specs(args: argparse.Namespace) -> list[tuple[str, str, dict[str, Any]]]:
     """(label, name, options) per method; ``--option`` pairs apply to every method."""
     from vitlens.bench.runner import spec_label, split_specs
-    from vitlens.cli import _parse_options
 
-    common = _parse_options(args.option)
+    common = parse_key_values(args.option, "--option")
     out = []
     for name, opts in split_specs(args.methods):
         merged = {**common, **opts}
@@ -121,10 +120,10 @@ def _probabilities(model: Any, x: Any) -> Any:
     """Softmax of the model's logits ``(B, K)``, or ``None`` for models whose output is not ``(B, K)``."""
     import torch
 
-    from vitlens.models.base import _logits_of
+    from vitlens.models.base import logits_of
 
     with torch.no_grad():
-        logits = _logits_of(model(x))
+        logits = logits_of(model(x))
     return logits.float().softmax(-1).cpu() if logits.ndim == 2 else None
 
 
@@ -141,7 +140,6 @@ def _caption(cls: int, prob: float | None, names: list[str] | None) -> str:
 def cmd_explain(args: argparse.Namespace) -> int:
     import vitlens
     from vitlens import images as vimages
-    from vitlens.cli import _parse_options
     from vitlens.data.classes import model_class_names
     from vitlens.errors import InputError
 
@@ -153,7 +151,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
     paths = _expand(args.images)
     bases = output_bases(paths)
     device = _device(args.device)
-    model_kwargs = _parse_options(args.model_option)
+    model_kwargs = parse_key_values(args.model_option, "--model-option")
     model = load_model_with_options(args.model, model_kwargs).to(device)
     cfg = vimages.data_config(model)
     names = model_class_names(model)

@@ -475,16 +475,22 @@ def open_image_file(path: Path, label: str) -> Image.Image:
     return img
 
 
-def _float_pixels(arr: np.ndarray, label: str) -> np.ndarray:
-    """Validate float pixels: finite and within [0, 1]."""
-    if not np.all(np.isfinite(arr)):
-        raise InputError(f"{label}: array contains NaN or infinite values")
-    lo, hi = float(arr.min()), float(arr.max())
+def _check_unit_pixels(label: str, what: str, finite: bool, lo: float, hi: float, hint: str) -> None:
+    """Float pixels must be finite and within [0, 1]; ``what`` names the container, ``hint`` leads the advice."""
+    if not finite:
+        raise InputError(f"{label}: {what} contains NaN or infinite values")
     if lo < 0.0 or hi > 1.0:
         raise InputError(
             f"{label}: float pixel values must lie in [0, 1], got range [{lo:.4g}, {hi:.4g}] "
-            "(divide 0-255 data by 255; pass raw pixels, not normalised ones)"
+            f"({hint}pass raw pixels, not normalised ones)"
         )
+
+
+def _float_pixels(arr: np.ndarray, label: str) -> np.ndarray:
+    """Validate float pixels: finite and within [0, 1]."""
+    finite = bool(np.all(np.isfinite(arr)))
+    lo, hi = (float(arr.min()), float(arr.max())) if finite else (0.0, 1.0)
+    _check_unit_pixels(label, "array", finite, lo, hi, "divide 0-255 data by 255; ")
     return arr
 
 
@@ -524,14 +530,9 @@ def _load_tensor(t: torch.Tensor, cfg: DataConfig, label: str) -> torch.Tensor:
         t = t.to(torch.float32).div(255)
     elif t.is_floating_point():
         t = t.to(torch.float32)
-        if not bool(torch.isfinite(t).all()):
-            raise InputError(f"{label}: tensor contains NaN or infinite values")
-        lo, hi = float(t.min()), float(t.max())
-        if lo < 0.0 or hi > 1.0:
-            raise InputError(
-                f"{label}: float pixel values must lie in [0, 1], got range [{lo:.4g}, {hi:.4g}] "
-                "(pass raw pixels, not normalised ones)"
-            )
+        finite = bool(torch.isfinite(t).all())
+        lo, hi = (float(t.min()), float(t.max())) if finite else (0.0, 1.0)
+        _check_unit_pixels(label, "tensor", finite, lo, hi, "")
     else:
         raise InputError(f"{label}: tensor dtype {t.dtype} not supported; use float in [0, 1] or uint8")
     if tuple(t.shape[-2:]) == cfg.size_hw:

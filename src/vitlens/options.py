@@ -161,17 +161,14 @@ finite_float = _converter(float, math.isfinite, "a finite number")
 def parse_key_values(pairs: Iterable[str], flag: str) -> dict[str, Any]:
     """``["alpha=0.3", "skip=fixed"]`` → ``{"alpha": 0.3, "skip": "fixed"}`` (Python literals, else strings);
     a pair without ``=`` is an error naming ``flag``."""
-    import ast
+    from .runtime import parse_value  # the one literal-else-string rule (also bench specs' settings)
 
     out: dict[str, Any] = {}
     for pair in pairs:
         key, sep, raw = pair.partition("=")
         if not sep or not key.strip():
             raise InputError(f"{flag} expects KEY=VALUE, got {pair!r}")
-        try:
-            out[key.strip()] = ast.literal_eval(raw)
-        except (ValueError, SyntaxError):
-            out[key.strip()] = raw
+        out[key.strip()] = parse_value(raw)
     return out
 
 

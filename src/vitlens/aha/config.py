@@ -120,8 +120,8 @@ class TrainResult:
     """What :func:`vitlens.aha.train.train_aha` returns: the trained network, the per-step loss history, the last validation, files."""
 
     net: AHANet
-    history: list[dict[str, float]]
-    validation: dict[str, float] | None
+    history: list[dict[str, Any]]
+    validation: dict[str, Any] | None
     weights: Path | None
     step: int
     seconds: float

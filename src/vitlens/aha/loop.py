@@ -17,7 +17,7 @@ import random
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Iterator, Protocol, Sequence
 
 import numpy as np
 import torch
@@ -26,6 +26,7 @@ from torch import Tensor, nn
 from ..atomic import save_torch, write_text
 from ..errors import InputError
 from ..models import get_adapter
+from ..models.base import int_pair
 from ..runtime import DistributedRun, init_distributed
 from .card import model_card, model_name, versions
 from .config import RESUMABLE_CHANGES, AHATrainConfig, TrainResult
@@ -60,18 +61,28 @@ def _all_reduce_sum(t: Tensor, dist_info: DistributedRun) -> Tensor:
     return t
 
 
+class LabelledImages(Protocol):
+    """What training and validation read: ``len(data)`` and ``data[i] → (image (C, H, W), label)`` (the datasets of
+    :mod:`vitlens.aha.data`, a ``torch.utils.data.Dataset`` with a length)."""
+
+    def __len__(self) -> int: ...
+
+    def __getitem__(self, index: int) -> tuple[Tensor, int]: ...
+
+
 @contextlib.contextmanager
 def _grad_checkpointing(model: nn.Module, on: bool) -> Iterator[None]:
     """timm's per-block gradient checkpointing for the duration (restored after)."""
-    if not on or not hasattr(model, "set_grad_checkpointing"):
+    switch = getattr(model, "set_grad_checkpointing", None)
+    if not on or switch is None:
         yield
         return
     before = bool(getattr(model, "grad_checkpointing", False))
     try:
-        model.set_grad_checkpointing(True)
+        switch(True)
         yield
     finally:
-        model.set_grad_checkpointing(before)
+        switch(before)
 
 
 def _rng_state() -> dict[str, Any]:
@@ -89,7 +100,7 @@ def _set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def validate(net: AHANet, data: torch.utils.data.Dataset, dist_info: DistributedRun, batch: int = 50,
+def validate(net: AHANet, data: LabelledImages, dist_info: DistributedRun, batch: int = 50,
              chunk: int = 512, pools: Sequence[str] | None = None) -> dict[str, float]:
     """Hard deletion/insertion (:func:`~vitlens.aha.evaluation.deletion_insertion`) of the explainer's maps for the
     predicted class on ``data`` (sharded over processes), averaged over images.
@@ -129,7 +140,7 @@ def _best_pool(v: dict[str, Any], pools: Sequence[str]) -> str:
     return max(scores, key=lambda p: scores[p])
 
 
-def soft_validate(net: AHANet, data: torch.utils.data.Dataset, cfg: AHATrainConfig, tau: float, n: int = 50,
+def soft_validate(net: AHANet, data: LabelledImages, cfg: AHATrainConfig, tau: float, n: int = 50,
                   batch: int = 25) -> float:
     """The soft objective ``ins_AUC − del_AUC`` (no noise, the mean reference, the middle grid of the training range,
     16 fixed fractions, temperature ``tau``) of the explainer's maps for the predicted class on the first ``n``
@@ -238,9 +249,9 @@ class _Run:
     out: Path | None
     ckpt_path: Path | None
     step: int = 0
-    history: list[dict[str, float]] = field(default_factory=list)
-    validation: dict[str, float] | None = None
-    val_history: list[dict[str, float]] = field(default_factory=list)
+    history: list[dict[str, Any]] = field(default_factory=list)
+    validation: dict[str, Any] | None = None
+    val_history: list[dict[str, Any]] = field(default_factory=list)
     elapsed0: float = 0.0
     t_start: float = 0.0
     pools: list[str] = field(default_factory=list)
@@ -254,7 +265,9 @@ def _config(config: AHATrainConfig | None, overrides: dict[str, Any]) -> AHATrai
     """``config`` (default :class:`AHATrainConfig`) with ``overrides``, its sequences as tuples, checked."""
     cfg = dataclasses.replace(config or AHATrainConfig(), **overrides)
     if cfg.grid_range is not None:
-        cfg.grid_range = tuple(int(v) for v in cfg.grid_range)
+        if len(cfg.grid_range) != 2:
+            raise InputError(f"grid_range must be two grid sizes (low, high); got {cfg.grid_range!r}")
+        cfg.grid_range = int_pair(cfg.grid_range)
     cfg.references = tuple(cfg.references)
     if cfg.depths is not None:
         cfg.depths = tuple(int(v) for v in cfg.depths)
@@ -331,9 +344,9 @@ def _distribute(run: _Run) -> tuple[nn.Module, torch.utils.data.DistributedSampl
         from torch.nn.parallel import DistributedDataParallel as DDP
 
         decoder = DDP(run.net.decoder, device_ids=[run.dev.index] if run.dev.type == "cuda" else None)
-    sampler = torch.utils.data.DistributedSampler(run.train_set, num_replicas=run.dist_info.world,
-                                                  rank=run.dist_info.rank, shuffle=True, seed=run.cfg.seed,
-                                                  drop_last=True)
+    sampler: torch.utils.data.DistributedSampler[int] = torch.utils.data.DistributedSampler(
+        run.train_set, num_replicas=run.dist_info.world, rank=run.dist_info.rank, shuffle=True, seed=run.cfg.seed,
+        drop_last=True)
     per_epoch = len(sampler) // run.local_batch
     if per_epoch < 1:
         raise InputError(f"{len(run.train_set)} training images are fewer than one batch of {run.cfg.batch_size}")
@@ -350,7 +363,7 @@ def _save_checkpoint(run: _Run, seconds: float) -> None:
                 "val_history": run.val_history, "seconds": seconds, "arch": run.net.arch}, run.ckpt_path)
 
 
-def _run_validation(run: _Run) -> dict[str, float]:
+def _run_validation(run: _Run) -> dict[str, Any]:
     """Hard validation (and the soft objective on the same images); appended to the learning curve."""
     cfg = run.cfg
     v = {"step": run.step, "pool": cfg.pool,

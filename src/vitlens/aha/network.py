@@ -31,6 +31,7 @@ from torch import Tensor, nn
 
 from ..errors import InputError, UnsupportedModelError, WeightsUnavailableError
 from ..models import get_adapter
+from ..models.base import Adapter, int_pair
 
 __all__ = [
     "AHADecoder",
@@ -240,7 +241,7 @@ class AHADecoder(nn.Module):
     def level_sizes(self, features: Sequence[Tensor]) -> list[tuple[int, int]]:
         """Target size of each level: ×2^(L−2−l) of the deepest level's grid when all levels share one grid (ViT:
         ×4, ×2, ×1, ×½ for 4 levels), else each level's own size (CNN stages are already multi-scale)."""
-        sizes = [tuple(int(s) for s in f.shape[-2:]) for f in features]
+        sizes = [int_pair(f.shape[-2:]) for f in features]
         if len(set(sizes)) > 1:
             return sizes
         h, w = sizes[-1]
@@ -297,6 +298,11 @@ class AHANet(nn.Module):
     ``state_dict()`` holds the decoder only.
     """
 
+    # set with object.__setattr__ in __init__: not registered as submodules, so never part of the state
+    target: nn.Module
+    target_adapter: Adapter
+    backbone: FeatureBackbone
+
     def __init__(self, target: nn.Module, backbone: str | nn.Module | None = None, depths: Sequence[int] | None = None,
                  n_levels: int = 4, width: int = 32, embed_dim: int | None = None, head_width: int | None = None,
                  num_classes: int | None = None, seed: int | None = None, output_pool: str = "none") -> None:
@@ -326,7 +332,7 @@ class AHANet(nn.Module):
         if k < 1:
             raise InputError("cannot tell the number of classes of the target; pass num_classes=")
         self.num_classes = k
-        self.arch = {"backbone": self.backbone_spec, "depths": list(self.backbone.depths),
+        self.arch: dict[str, Any] = {"backbone": self.backbone_spec, "depths": list(self.backbone.depths),
                      "channels": list(self.backbone.channels), "width": int(width), "embed_dim": embed_dim,
                      "head_width": head_width, "num_classes": k, "output_pool": output_pool}
         rng = torch.random.fork_rng(devices=[]) if seed is not None else contextlib.nullcontext()

@@ -16,6 +16,7 @@ from typing import Callable
 import torch
 from torch import Tensor
 
+from ..models.base import int_pair
 from .soft_metrics import RegionGrid, aha_loss, curve_fractions, soft_curves
 
 __all__ = ["refine_maps"]
@@ -41,7 +42,7 @@ def refine_maps(prob_fn: Callable[[Tensor, Tensor], Tensor], x: Tensor, maps0: T
     """
     if steps <= 0:
         return maps0
-    hw = tuple(maps0.shape[-2:])
+    hw = int_pair(maps0.shape[-2:])
     regions = RegionGrid(hw, grid, device=maps0.device)
     fractions = curve_fractions(m, "fixed")
     maps0 = maps0.detach()

@@ -263,10 +263,10 @@ def _run_unit(store: ResultStore, source: Any, model: nn.Module, label: str, met
 
 def _predictions(model: nn.Module, x: Tensor, labels: Tensor | None, idx: list[int]) -> list[tuple]:
     """The model's own answer per image (for the report's accuracy and captions); none for non-classifiers."""
-    from ..models.base import _logits_of
+    from ..models.base import logits_of
 
     with torch.no_grad():
-        logits = _logits_of(model(x))
+        logits = logits_of(model(x))
     if logits.ndim != 2:
         return []
     prob, pred = logits.float().softmax(-1).max(-1)

@@ -20,7 +20,7 @@ from .._version import __version__
 from ..errors import InputError
 from ..models import Adapter, get_adapter
 from ..models._readout import readout_only
-from ..models.base import Recording, _logits_of
+from ..models.base import Recording, logits_of
 from ..targets import Target, TargetSpec, make_target
 
 __all__ = ["Explainer", "Explanation", "Attribution", "Cost", "CostMeter", "image_size", "upsample_tokens",
@@ -67,7 +67,7 @@ class CostMeter:
         x = args[0] if args else next((v for v in kwargs.values() if isinstance(v, Tensor)), None)
         n = int(x.shape[0]) if isinstance(x, Tensor) and x.ndim > 0 else 1
         self.images += n
-        logits = _logits_of(output)
+        logits = logits_of(output)
         if logits.requires_grad:
 
             def count(grad: Tensor, n: int = n) -> None:
@@ -149,9 +149,9 @@ class Explanation:
         targets = self.targets.tolist()
         shown = ", ".join(str(t) for t in targets[:6]) + (", …" if len(targets) > 6 else "")
         tokens = "None" if self.token_maps is None else tuple(self.token_maps.shape)
-        from .registry import _METHODS
+        from .registry import method_classes
 
-        defaults = getattr(_METHODS.get(self.method), "defaults", {})
+        defaults = getattr(method_classes().get(self.method), "defaults", {})
         options = "".join(f", {k}={v!r}" for k, v in self.options.items()  # only what differs from the defaults
                           if k not in defaults or not _same(defaults[k], v))
         return (f"Explanation(method={self.method!r}{options}, maps={tuple(self.maps.shape)}, token_maps={tokens}, "

@@ -15,6 +15,7 @@ from torch import Tensor, nn
 
 from ..errors import InputError
 from ..models import Adapter
+from ..models.base import int_pair
 from ..models._readout import readout_only
 from ..targets import Target
 from ._gradskip_rules import (gini, head_weights, head_weights_from_flow, readout_relevance, skip_gate,
@@ -112,7 +113,7 @@ class GradSkip(Explainer):
             relevance = (beta * relevance)[:, None, :].bmm(steps.w[li])[:, 0] + (1.0 - beta) * relevance
             totals.append(relevance.sum(-1))
         p = adapter.num_prefix_tokens
-        gh, gw = adapter.grid(tuple(x.shape[-2:]))
+        gh, gw = adapter.grid(int_pair(x.shape[-2:]))
         patch = relevance[:, p:]
         if patch.shape[1] != gh * gw:
             raise InputError(f"{patch.shape[1]} patch tokens do not fill the {gh}x{gw} token grid")

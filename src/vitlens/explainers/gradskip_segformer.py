@@ -20,21 +20,29 @@ positions when all are zero. Every step conserves the total, so ``token_maps.sum
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..errors import InputError
+from ..models.base import Adapter
 from ..targets import Target
 from ._gradskip_rules import head_weights, readout_relevance, skip_gate, weighted_attention
 from .base import Attribution, Explainer
 
 if TYPE_CHECKING:
-    from ..models.hf_segformer import SegformerAdapter
+    from ..models.hf_segformer import SegformerRecording
 
 __all__ = ["attribute_hierarchical", "window_contributions", "window_handback"]
+
+
+def _padding(conv: nn.Conv2d) -> tuple[int, ...]:
+    """The explicit padding sizes of ``conv`` (SegFormer's patch-merging and key-reduction convolutions have them)."""
+    if isinstance(conv.padding, str):
+        raise InputError(f"convolution with padding={conv.padding!r}: the window hand-back needs explicit sizes")
+    return conv.padding
 
 
 def window_contributions(x: Tensor, grad_out: Tensor, conv: nn.Conv2d) -> Tensor:
@@ -50,7 +58,7 @@ def window_contributions(x: Tensor, grad_out: Tensor, conv: nn.Conv2d) -> Tensor
     """
     b, c_in = x.shape[:2]
     kh, kw = conv.kernel_size
-    cols = F.unfold(x, (kh, kw), dilation=conv.dilation, padding=conv.padding, stride=conv.stride)  # (B, C_in·kk, K)
+    cols = F.unfold(x, (kh, kw), dilation=conv.dilation, padding=_padding(conv), stride=conv.stride)  # (B, C_in·kk, K)
     k = cols.shape[-1]
     if grad_out.shape[-2] * grad_out.shape[-1] != k:
         raise InputError(f"conv output has {grad_out.shape[-2:]} positions, its unfolded input {k}")
@@ -73,7 +81,7 @@ def window_handback(relevance: Tensor, x: Tensor, grad_out: Tensor, conv: nn.Con
     """
     h, w = x.shape[-2:]
     kh, kw = conv.kernel_size
-    unfold = dict(kernel_size=(kh, kw), dilation=conv.dilation, padding=conv.padding, stride=conv.stride)
+    unfold = dict(kernel_size=(kh, kw), dilation=conv.dilation, padding=_padding(conv), stride=conv.stride)
     contrib = window_contributions(x, grad_out, conv).clamp_min(0)
     inside = F.unfold(torch.ones(1, 1, h, w, dtype=contrib.dtype, device=contrib.device), **unfold).transpose(1, 2)
     contrib = contrib * inside  # (padding holds x = 0, so this only guards against -0.0/NaN-free edge cases)
@@ -89,7 +97,7 @@ def _gxa(t: Tensor, g: Tensor) -> Tensor:
     return (t * g).sum(1).flatten(1) if t.ndim == 4 else (t * g).sum(-1)
 
 
-def attribute_hierarchical(method: Explainer, adapter: "SegformerAdapter", x: Tensor, target: Target,
+def attribute_hierarchical(method: Explainer, adapter: Adapter, x: Tensor, target: Target,
                            start: str = "readouts") -> tuple[Attribution, Tensor, Target]:
     """GradSkip for one chunk on a hierarchical adapter: token maps on the stage-1 grid, remainder 0.
 
@@ -107,7 +115,7 @@ def attribute_hierarchical(method: Explainer, adapter: "SegformerAdapter", x: Te
         wanted = rec.graph_tensors()
         grad = {id(t): g for t, g in zip(wanted, method.gradients(y, wanted))}
     y = y.detach()
-    stages = rec.stages
+    stages = cast("SegformerRecording", rec).stages  # a hierarchical adapter's session records stages
 
     # 1. start: y over the tokens of every readout, in proportion to the direct gradient × activation
     gxa = [_gxa(st.readout.detach(), grad[id(st.readout)]) for st in stages]
@@ -115,19 +123,19 @@ def attribute_hierarchical(method: Explainer, adapter: "SegformerAdapter", x: Te
         gxa = [torch.zeros_like(g) for g in gxa[:-1]] + gxa[-1:]
     sizes = [g.shape[1] for g in gxa]
     flat = torch.cat(gxa, dim=1)
-    start = readout_relevance(flat[..., None], torch.ones_like(flat[..., None]), y, None, 0).split(sizes, dim=1)
+    starts = readout_relevance(flat[..., None], torch.ones_like(flat[..., None]), y, None, 0).split(sizes, dim=1)
 
     n_blocks = sum(len(st.blocks) for st in stages)
     max_heads = max(blk.attn.shape[1] for st in stages for blk in st.blocks)
     b = x.shape[0]
-    layer_totals = [None] * n_blocks
-    omegas = [None] * n_blocks
+    layer_totals: list[Tensor | None] = [None] * n_blocks  # filled in backward order
+    omegas: list[Tensor | None] = [None] * n_blocks
     gates: dict[str, Tensor] = {}
     stage_totals, carried = [], None
     index = n_blocks
     for s in range(len(stages) - 1, -1, -1):
         st = stages[s]
-        relevance = start[s] if carried is None else start[s] + carried
+        relevance = starts[s] if carried is None else starts[s] + carried
         stage_totals.append(relevance.sum(-1))
         betas = []
         for blk in reversed(st.blocks):
@@ -153,7 +161,7 @@ def attribute_hierarchical(method: Explainer, adapter: "SegformerAdapter", x: Te
     if relevance.shape[1] != gh * gw:
         raise InputError(f"{relevance.shape[1]} stage-1 tokens do not fill the {gh}x{gw} token grid")
     extras = {
-        "readout_shares": torch.stack([r.sum(-1) for r in start], dim=1),  # (B, S): y injected at each stage output
+        "readout_shares": torch.stack([r.sum(-1) for r in starts], dim=1),  # (B, S): y injected at each stage output
         "stage_totals": torch.stack(stage_totals[::-1], dim=1),  # (B, S): total on each stage's output
         "layer_totals": torch.stack(layer_totals, dim=1),  # (B, L): total entering each block (forward order)
         "head_weights": torch.stack(omegas, dim=1),  # (B, L, max heads), zero-padded for stages with fewer heads

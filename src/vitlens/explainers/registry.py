@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any, Mapping
 
 from ..errors import InputError
 
 if TYPE_CHECKING:
     from .base import Explainer
 
-__all__ = ["register", "get_method", "methods", "requirements"]
+__all__ = ["register", "get_method", "methods", "method_classes", "requirements"]
 
 _METHODS: dict[str, type["Explainer"]] = {}
 
@@ -40,6 +41,12 @@ def get_method(name: str | "Explainer", **options: Any) -> "Explainer":
 def methods() -> list[str]:
     """Names of the registered methods, sorted."""
     return sorted(_METHODS)
+
+
+def method_classes() -> Mapping[str, type["Explainer"]]:
+    """Method name → its registered :class:`~vitlens.explainers.base.Explainer` class (a read-only live view;
+    register new methods with :func:`register`)."""
+    return MappingProxyType(_METHODS)
 
 
 def requirements() -> dict[str, str | None]:

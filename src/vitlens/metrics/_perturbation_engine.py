@@ -295,6 +295,19 @@ class MetricInputs:
                              blur_kernel=settings.get("blur_kernel", 11), blur_sigma=settings.get("blur_sigma", 5.0),
                              noise_seed=settings.get("noise_seed", 0))
 
+    def jobs_with_originals(self) -> tuple[Jobs, slice, Tensor]:
+        """A :class:`Jobs` whose first ``B`` rows score each image unperturbed (source ``i`` = image ``i``), those
+        rows, and the image indices ``arange(B)``."""
+        img = torch.arange(self.x.shape[0], device=self.device)
+        zero = torch.zeros(1, device=self.device)
+        jobs = Jobs()
+        return jobs, jobs.add(row=img, lo=zero, hi=zero, top=img, rest=img, target=self.targets), img
+
+    def score(self, sources: Tensor, ranks: Tensor, jobs: Jobs, kind: str, batch_size: int) -> Tensor:
+        """:func:`score_jobs` of every job, without gradient, inside an adapter session (model state restored)."""
+        with torch.no_grad(), self.adapter.session(capture=False):
+            return score_jobs(self.adapter, sources, ranks, jobs.tensors(), kind, batch_size, self.targets)
+
 
 # --------------------------------------------------------------------------------------------------------------------
 # Settings validation

@@ -91,12 +91,12 @@ class Evidence(Metric):
 @torch.no_grad()
 def _predict(model: nn.Module, images: Tensor, batch: int) -> Tensor:
     from ..images import load_images
-    from ..models.base import _logits_of
+    from ..models.base import logits_of
 
     out = []
     for s in range(0, len(images), batch):
         x = load_images(images[s:s + batch], model)
-        out.append(_logits_of(model(x)).argmax(-1).cpu())
+        out.append(logits_of(model(x)).argmax(-1).cpu())
     return torch.cat(out)
 
 

@@ -39,7 +39,6 @@ from ..images import DataConfig
 from ..targets import TargetSpec
 from ._perturbation_engine import (
     BASELINES,
-    Jobs,
     MetricInputs,
     PerturbationMetric,
     choice,
@@ -50,7 +49,6 @@ from ._perturbation_engine import (
     make_baseline,
     pixel_ranks,
     positive_int,
-    score_jobs,
     trapezoid,
 )
 from .base import MetricResult, register_metric
@@ -176,11 +174,9 @@ class InsertionDeletion(PerturbationMetric):
         sources = [inp.x, del_base] if same else [inp.x, del_base, inp.baseline(s["insertion_baseline"], s)]
         src = torch.cat(sources)
         ins_off = b if same else 2 * b
-        img = torch.arange(b, device=inp.device)
         tgt = inp.targets
-        jobs = Jobs()
         zero = torch.zeros(1, device=inp.device)
-        j_orig = jobs.add(row=img, lo=zero, hi=zero, top=img, rest=img, target=tgt)
+        jobs, j_orig, img = inp.jobs_with_originals()
         # the points that differ from the image, one row per (image, step), image-major (one segment per image)
         per = img.repeat_interleave(steps)
         j_del = jobs.add(row=per, lo=zero, hi=ks[1:].repeat(b), top=per + b, rest=per,
@@ -190,8 +186,7 @@ class InsertionDeletion(PerturbationMetric):
         per = img.repeat_interleave(reps)
         j_ins = jobs.add(row=per, lo=zero, hi=ks[first_ins:steps].repeat(b), top=per, rest=per + ins_off,
                          target=tgt.repeat_interleave(reps)) if reps else None
-        with torch.no_grad(), inp.adapter.session(capture=False):
-            out = score_jobs(inp.adapter, src, ranks, jobs.tensors(), s["score"], self.batch_size, inp.targets)
+        out = inp.score(src, ranks, jobs, s["score"], self.batch_size)
         orig = out[j_orig]
         deletion = torch.cat([orig[:, None], out[j_del].view(b, steps)], dim=1)
         ins_pts = out[j_ins].view(b, reps) if j_ins is not None else orig.new_zeros(b, 0)
@@ -262,16 +257,13 @@ class PositiveNegativePerturbation(PerturbationMetric):
         ks = torch.tensor([0] + [math.floor(f * n + 1e-9) for f in s["fractions"]], device=inp.device)
         m = len(s["fractions"])
         src = torch.cat([inp.x, inp.baseline(s["baseline"], s)])
-        img = torch.arange(b, device=inp.device)
         tgt = inp.targets
         zero = torch.zeros(1, device=inp.device)
-        jobs = Jobs()
-        j_orig = jobs.add(row=img, lo=zero, hi=zero, top=img, rest=img, target=tgt)
+        jobs, j_orig, img = inp.jobs_with_originals()
         kk, per, tg = ks[1:].repeat(b), img.repeat_interleave(m), tgt.repeat_interleave(m)
         j_pos = jobs.add(row=per, lo=zero, hi=kk, top=per + b, rest=per, target=tg)
         j_neg = jobs.add(row=per + b, lo=zero, hi=kk, top=per + b, rest=per, target=tg)
-        with torch.no_grad(), inp.adapter.session(capture=False):
-            out = score_jobs(inp.adapter, src, ranks, jobs.tensors(), s["score"], self.batch_size, inp.targets)
+        out = inp.score(src, ranks, jobs, s["score"], self.batch_size)
         orig = out[j_orig][:, None]
         positive = torch.cat([orig, out[j_pos].view(b, m)], dim=1)
         negative = torch.cat([orig, out[j_neg].view(b, m)], dim=1)
@@ -335,16 +327,12 @@ class FaithfulnessViolation(PerturbationMetric):
         order = torch.sort(w.abs(), dim=1, descending=True, stable=True).indices[:, :k]
         w_top = w.gather(1, order)  # (B, k), signed
         src = torch.cat([inp.x, inp.baseline(s["baseline"], s)])
-        img = torch.arange(b, device=inp.device)
         tgt = inp.targets
-        zero = torch.zeros(1, device=inp.device)
-        jobs = Jobs()
-        j_orig = jobs.add(row=img, lo=zero, hi=zero, top=img, rest=img, target=tgt)
+        jobs, j_orig, img = inp.jobs_with_originals()
         lo = torch.arange(k, device=inp.device).repeat(b)
         per = img.repeat_interleave(k)
         j_rm = jobs.add(row=per, lo=lo, hi=lo + 1, top=per + b, rest=per, target=tgt.repeat_interleave(k))
-        with torch.no_grad(), inp.adapter.session(capture=False):
-            out = score_jobs(inp.adapter, src, ranks, jobs.tensors(), s["score"], self.batch_size, inp.targets)
+        out = inp.score(src, ranks, jobs, s["score"], self.batch_size)
         delta = out[j_orig][:, None] - out[j_rm].view(b, k)  # (B, k)
         wt = w_top.to(delta.dtype)
         counted = wt != 0

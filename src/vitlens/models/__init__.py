@@ -13,8 +13,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..errors import UnsupportedModelError, WeightsUnavailableError
-from .base import Adapter, BlockRecord, Recording
+from ..errors import InputError, UnsupportedModelError, WeightsUnavailableError
+from .base import Adapter, BlockRecord, Recording, int_pair
 from .hf_segformer import SegformerAdapter
 from .hf_families import HFSequenceAdapter
 from .hf_vit import HFViTAdapter
@@ -69,7 +69,7 @@ class GenericAdapter(Adapter):
         """The patch grid of a timm ViT-like model (pixel maps are also summed onto it), else the pixels."""
         if self.patch_size is not None:
             return max(1, input_hw[0] // self.patch_size[0]), max(1, input_hw[1] // self.patch_size[1])
-        return tuple(input_hw)  # pixels are the features
+        return int_pair(input_hw)  # pixels are the features
 
     def _install_capture(self, rec: Recording, hooks: list) -> None:
         raise UnsupportedModelError(
@@ -86,6 +86,8 @@ def register_adapter(cls: type[Adapter], first: bool = True) -> type[Adapter]:
     """Register an adapter class (usable as a decorator). ``first`` gives it priority over built-in adapters."""
     if cls in _ADAPTERS:
         return cls
+    if cls.matches is Adapter.matches:
+        raise InputError(f"adapter {cls.__name__} defines no static matches(model): get_adapter could never choose it")
     _ADAPTERS.insert(0, cls) if first else _ADAPTERS.append(cls)
     return cls
 
@@ -229,7 +231,7 @@ def _cached_timm_weights(arch: str) -> str | None:
                 found = try_to_load_from_cache(cfg.hf_hub_id, fname)
                 if isinstance(found, str) and Path(found).is_file():
                     return found
-    if cfg.url:
+    if isinstance(cfg.url, str) and cfg.url:  # (timm types url as str or a tuple)
         local = Path(torch.hub.get_dir()) / "checkpoints" / Path(cfg.url).name
         if local.is_file():
             return str(local)

@@ -22,16 +22,19 @@ masks) run unchanged.
 from __future__ import annotations
 
 import contextlib
-from typing import Iterator
+from typing import Any, Iterator
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor, nn
+from torch import Tensor
+
+# The timm ``Block`` / ``Attention`` internals are reached by attribute (timm types ``Block.attn`` and its parts as
+# plain ``nn.Module``), so they are typed ``Any`` here; :func:`_last_block` checks the exact classes first.
 
 __all__ = ["readout_only", "readout_path_applies"]
 
 
-def _last_block(adapter) -> nn.Module | None:
+def _last_block(adapter: Any) -> Any:
     """The timm ``Block`` the fast path would replace, or ``None`` when it does not apply."""
     from .timm_vit import TimmViTAdapter
 
@@ -59,7 +62,7 @@ def readout_path_applies(adapter) -> bool:
     return _last_block(adapter) is not None
 
 
-def _attend(attn_mod: nn.Module, q: Tensor, k: Tensor, v: Tensor, rows: int) -> Tensor:
+def _attend(attn_mod: Any, q: Tensor, k: Tensor, v: Tensor, rows: int) -> Tensor:
     """Attention output ``(B, H, rows, d_head)`` for the first ``rows`` queries (``q`` may hold all tokens)."""
     if attn_mod.fused_attn:
         return F.scaled_dot_product_attention(q[:, :, :rows], k, v)
@@ -68,7 +71,7 @@ def _attend(attn_mod: nn.Module, q: Tensor, k: Tensor, v: Tensor, rows: int) -> 
     return a[:, :, :rows] @ v
 
 
-def _readout_forward(blk: nn.Module, r: int, all_queries: bool):
+def _readout_forward(blk: Any, r: int, all_queries: bool) -> Any:
     attn_mod = blk.attn
     full = type(blk).forward
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
-from typing import Callable, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -70,6 +70,10 @@ def value_weights(attn: nn.Module) -> tuple[Tensor, Tensor | None]:
 class SequenceAdapter(Adapter):
     """Base of the single-sequence families: subclasses set the layout and implement :meth:`parts` (and
     :meth:`_explicit_attention` when the family has a fused path)."""
+
+    #: the wrapped model; typed ``Any`` because the family's submodules and config are reached by attribute
+    #: (``nn.Module.__getattr__`` types them loosely), after :meth:`matches` and ``__init__`` checked the layout
+    model: Any
 
     capabilities = frozenset({"attention", "features"})
     method_limits = lrp_limits("this family's blocks are not the plain ViT block")

@@ -17,14 +17,15 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import torch
 from torch import Tensor, nn
 
 from ..errors import InputError, UnsupportedModelError
 
-__all__ = ["Adapter", "BlockRecord", "Recording", "conservative_layernorm_hook", "normalisation_layers"]
+__all__ = ["Adapter", "BlockRecord", "Recording", "conservative_layernorm_hook", "int_pair", "logits_of",
+           "normalisation_layers"]
 
 
 @dataclass
@@ -146,6 +147,12 @@ class Adapter:
     method_limits: dict[str, str] = {}
     capability_notes: dict[str, str] = {}
 
+    @staticmethod
+    def matches(model: nn.Module) -> bool:
+        """Whether this adapter class handles ``model``: :func:`~vitlens.models.get_adapter` asks every registered
+        adapter in order. Every registered adapter defines it; the base recognises no model."""
+        return False
+
     def __init__(self, model: nn.Module) -> None:
         self.model = model
         self.num_prefix_tokens: int = 0
@@ -251,7 +258,7 @@ class Adapter:
 
     def _forward(self, x: Tensor) -> Tensor:
         """The family's forward: logits of the model for ``x``."""
-        return _logits_of(self.model(x))
+        return logits_of(self.model(x))
 
     @contextlib.contextmanager
     def caller_autocast(self, device_type: str) -> Iterator[None]:
@@ -408,7 +415,14 @@ class Adapter:
         return hook
 
 
-def _logits_of(out: Any) -> Tensor:
+def int_pair(value: Iterable[Any]) -> tuple[int, int]:
+    """``(h, w)`` as two Python ints, from any two-element sequence (``torch.Size``, tuple, list of ints or
+    0-d tensors): how spatial sizes and token grids are passed around."""
+    h, w = value
+    return int(h), int(w)
+
+
+def logits_of(out: Any) -> Tensor:
     """Extract logits from a model output (tensor, tuple or HuggingFace output object)."""
     if isinstance(out, Tensor):
         return out
@@ -418,3 +432,6 @@ def _logits_of(out: Any) -> Tensor:
     if isinstance(out, (tuple, list)) and out and isinstance(out[0], Tensor):
         return out[0]
     raise InputError(f"cannot find logits in the model output of type {type(out).__name__}")
+
+
+_logits_of = logits_of  # the former private name, kept for code that imported it

@@ -77,6 +77,6 @@ def build_digits_vit() -> Any:
         "classifier": "head",
         "license": "apache-2.0",
     }
-    model.pretrained_cfg = cfg
-    model.default_cfg = cfg  # timm's backwards-compatible alias
+    setattr(model, "pretrained_cfg", cfg)  # a plain attribute (nn.Module.__setattr__ is typed for tensors/modules)
+    setattr(model, "default_cfg", cfg)  # timm's backwards-compatible alias
     return model

@@ -177,6 +177,6 @@ def load_efficientnet_lite0(pretrained: bool = True, weights: str | os.PathLike 
         "label_names": imagenet_class_names(),
         "license": "apache-2.0",
     })
-    model.pretrained_cfg = cfg
-    model.default_cfg = cfg  # timm's older name for the same dict
+    setattr(model, "pretrained_cfg", cfg)  # a plain attribute (nn.Module.__setattr__ is typed for tensors/modules)
+    setattr(model, "default_cfg", cfg)  # timm's older name for the same dict
     return model.eval()

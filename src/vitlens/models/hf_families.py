@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Any, Iterator
 
 from torch import Tensor, nn
 
 from ..errors import UnsupportedModelError
+from ._hf import eager_attention
 from ._sequence import BlockParts, SequenceAdapter, lrp_limits
-from .base import _logits_of
+from .base import logits_of
 
 __all__ = ["HFSequenceAdapter", "processor_defaults"]
 
@@ -67,12 +68,14 @@ _FAMILIES = {
 }
 
 
-def _get(module: nn.Module, path: str) -> nn.Module | None:
+def _get(module: nn.Module, path: str) -> Any:
+    """The attribute at dotted ``path`` under ``module`` (a submodule, list or config), or ``None``."""
+    found: Any = module
     for part in path.split("."):
-        module = getattr(module, part, None)
-        if module is None:
+        found = getattr(found, part, None)
+        if found is None:
             return None
-    return module
+    return found
 
 
 class HFSequenceAdapter(SequenceAdapter):
@@ -94,8 +97,8 @@ class HFSequenceAdapter(SequenceAdapter):
         self.family, lay = _PROBES[type(model.backbone).__name__] if probe else _FAMILIES[type(model).__name__]
         self.method_limits = _LIMITS[self.family]
         self.backbone = getattr(model, lay.backbone)
-        vcfg = getattr(model.config, "vision_config", None) or model.config
-        self.num_classes = _probe_classes(model) if probe else int(model.config.num_labels)
+        vcfg = getattr(self.model.config, "vision_config", None) or self.model.config
+        self.num_classes = _probe_classes(model) if probe else int(self.model.config.num_labels)
         p, s = vcfg.patch_size, vcfg.image_size
         self.patch_size = (p, p) if isinstance(p, int) else tuple(p)
         self.default_size = (s, s) if isinstance(s, int) else tuple(s)
@@ -134,7 +137,7 @@ class HFSequenceAdapter(SequenceAdapter):
         return self._parts
 
     def _forward(self, x: Tensor) -> Tensor:
-        return _logits_of(self.model(pixel_values=x))
+        return logits_of(self.model(pixel_values=x))
 
     def classifier_modules(self) -> list[nn.Module]:
         if _is_probe(self.model):
@@ -154,14 +157,8 @@ class HFSequenceAdapter(SequenceAdapter):
             sub = getattr(c, "vision_config", None)
             if sub is not None:
                 configs[id(sub)] = sub
-        saved = {k: c._attn_implementation for k, c in configs.items()}
-        try:
-            for c in configs.values():
-                c._attn_implementation = "eager"
+        with eager_attention(configs.values()):
             yield
-        finally:
-            for k, c in configs.items():
-                c._attn_implementation = saved[k]
 
 
 #: the HF image processors' defaults per family (the processor configs of the published checkpoints: DINOv2 resizes

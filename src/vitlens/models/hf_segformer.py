@@ -36,12 +36,13 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Sequence
+from typing import Any, Iterator, NoReturn, Sequence, cast
 
 from torch import Tensor, nn
 
 from ..errors import InputError, UnsupportedModelError
-from .base import Adapter, BlockRecord, _logits_of
+from ._hf import eager_attention
+from .base import Adapter, BlockRecord, Recording, int_pair, logits_of
 
 __all__ = ["SegformerAdapter", "SegformerRecording", "StageRecord", "SegformerBlockRecord", "ConvRecord",
            "conv_output_size"]
@@ -81,8 +82,8 @@ class SegformerRecording:
         #: the feature layers' tensors ``(B, T, C)`` in token layout, in the order of ``feature_layers()``
         self.features: list[Tensor] = []
 
-    @property
-    def blocks(self) -> list[BlockRecord]:
+    @staticmethod
+    def _no_single_sequence() -> NoReturn:
         raise UnsupportedModelError(
             "SegFormer has hierarchical stages, not one token sequence: this method reads a single-sequence ViT; "
             "on SegFormer use gradskip, gradcam/finercam (decode-head features) or a model-agnostic method "
@@ -90,8 +91,12 @@ class SegformerRecording:
         )
 
     @property
+    def blocks(self) -> list[BlockRecord]:
+        self._no_single_sequence()
+
+    @property
     def final(self) -> Tensor:
-        return self.blocks  # raises: there is no single final stream
+        self._no_single_sequence()  # there is no single final stream
 
     def graph_tensors(self) -> list[Tensor]:
         """All captured encoder tensors that are part of the autograd graph, stage by stage (what GradSkip
@@ -111,6 +116,8 @@ class SegformerRecording:
 
 def conv_output_size(conv: nn.Conv2d, hw: tuple[int, int]) -> tuple[int, int]:
     """Spatial output size of ``conv`` for an input of size ``hw`` (PyTorch's formula)."""
+    if isinstance(conv.padding, str):
+        raise UnsupportedModelError(f"convolution with padding={conv.padding!r}: vitlens needs explicit padding sizes")
     out = []
     for i in range(2):
         k, s, p, d = conv.kernel_size[i], conv.stride[i], conv.padding[i], conv.dilation[i]
@@ -121,6 +128,10 @@ def conv_output_size(conv: nn.Conv2d, hw: tuple[int, int]) -> tuple[int, int]:
 class SegformerAdapter(Adapter):
     """HuggingFace SegFormer semantic segmentation (hierarchical stages, reduced keys). Eager attention in sessions;
     features: the decode head's fused feature map."""
+
+    #: the wrapped model; typed ``Any`` because the family's submodules and config are reached by attribute
+    #: (``nn.Module.__getattr__`` types them loosely), after :meth:`matches` and ``__init__`` checked the layout
+    model: Any
 
     family = "hf-segformer"
     capabilities = frozenset({"attention", "hierarchical", "features"})
@@ -135,12 +146,12 @@ class SegformerAdapter(Adapter):
 
     def __init__(self, model: nn.Module) -> None:
         super().__init__(model)
-        cfg = model.config
+        cfg = self.model.config
         self.num_classes = int(cfg.num_labels)
         self.in_chans = int(cfg.num_channels)
-        self.stages = list(model.segformer.stages)
-        self.readouts = list(model.decode_head.linear_projections)
-        self.classifier = getattr(model.decode_head, "classifier", None)
+        self.stages = list(self.model.segformer.stages)
+        self.readouts = list(self.model.decode_head.linear_projections)
+        self.classifier = getattr(self.model.decode_head, "classifier", None)
         if not isinstance(self.classifier, nn.Conv2d) or self.classifier.kernel_size != (1, 1):
             raise UnsupportedModelError("the SegFormer decode head has no 1x1 classifier convolution")
         if len(self.readouts) != len(self.stages):
@@ -169,7 +180,7 @@ class SegformerAdapter(Adapter):
     # -- layout --------------------------------------------------------------------------------------------------
     def stage_grids(self, input_hw: tuple[int, int]) -> list[tuple[int, int]]:
         """Token grid ``(h_s, w_s)`` of every stage for an input of size ``input_hw``."""
-        grids, hw = [], tuple(input_hw)
+        grids, hw = [], int_pair(input_hw)
         for stage in self.stages:
             hw = conv_output_size(stage.patch_embeddings.proj, hw)
             grids.append(hw)
@@ -192,7 +203,7 @@ class SegformerAdapter(Adapter):
     def check_input(self, x: Tensor) -> None:
         if x.shape[1] != self.in_chans:
             raise InputError(f"model expects {self.in_chans} input channels; got a batch with {x.shape[1]}")
-        hw = tuple(x.shape[-2:])
+        hw = int_pair(x.shape[-2:])
         for s, (stage, (gh, gw)) in enumerate(zip(self.stages, self.stage_grids(hw))):
             if gh < 1 or gw < 1:
                 raise InputError(f"input size {hw[0]}x{hw[1]} is too small for this SegFormer (stage {s + 1} is empty)")
@@ -206,7 +217,7 @@ class SegformerAdapter(Adapter):
     # -- running -------------------------------------------------------------------------------------------------
     def _forward(self, x: Tensor) -> Tensor:
         """Per-pixel logits ``(B, K, h, w)`` (``h, w`` = the stage-1 grid)."""
-        return _logits_of(self.model(pixel_values=x))
+        return logits_of(self.model(pixel_values=x))
 
     def _new_recording(self) -> SegformerRecording:
         return SegformerRecording()
@@ -214,20 +225,14 @@ class SegformerAdapter(Adapter):
     @contextlib.contextmanager
     def _explicit_attention(self) -> Iterator[None]:
         cfg = self.model.config
-        configs = {id(c): c for c in (cfg, getattr(self.model.segformer, "config", cfg))}
-        saved = {k: c._attn_implementation for k, c in configs.items()}
-        try:
-            for c in configs.values():
-                c._attn_implementation = "eager"
+        with eager_attention((cfg, getattr(self.model.segformer, "config", cfg))):
             yield
-        finally:
-            for k, c in configs.items():
-                c._attn_implementation = saved[k]
 
-    def _install_capture(self, rec: SegformerRecording, hooks: list) -> None:
+    def _install_capture(self, rec: Recording, hooks: list) -> None:
+        record = cast(SegformerRecording, rec)  # what _new_recording made (the base types it as Recording)
         for s, stage in enumerate(self.stages):
             srec = StageRecord()
-            rec.stages.append(srec)
+            record.stages.append(srec)
 
             def grid_hook(module, args, output, srec=srec):
                 srec.grid = (int(output[1]), int(output[2]))
@@ -272,7 +277,7 @@ class SegformerAdapter(Adapter):
             fmap = args[0]  # (B, C, h, w): the fused decode-head features, the classifier's input
             b, c, h, w = fmap.shape
             tokens = fmap.flatten(2).transpose(1, 2)  # (B, h·w, C), a view in the graph
-            rec.features = [tokens]
+            record.features = [tokens]
             return (tokens.transpose(1, 2).reshape(b, c, h, w), *args[1:])  # the classifier reads the recorded node
 
         hooks.append(self.classifier.register_forward_pre_hook(feature_hook))

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from typing import Iterator, Sequence
+from typing import Any, Iterator, Sequence
 
 from torch import Tensor, nn
 
 from ..errors import InputError, UnsupportedModelError
-from .base import Adapter, BlockRecord, Recording, _logits_of
+from ._hf import eager_attention
+from .base import Adapter, BlockRecord, Recording, logits_of
 
 __all__ = ["HFViTAdapter"]
 
@@ -31,6 +32,10 @@ _SUPPORTED = {
 class HFViTAdapter(Adapter):
     """HuggingFace ViT/DeiT classifiers. Eager attention is switched on for the duration of a session."""
 
+    #: the wrapped model; typed ``Any`` because the family's submodules and config are reached by attribute
+    #: (``nn.Module.__getattr__`` types them loosely), after :meth:`matches` and ``__init__`` checked the layout
+    model: Any
+
     family = "hf-vit"
     capabilities = frozenset({"attention", "tokens", "features"})
 
@@ -42,7 +47,7 @@ class HFViTAdapter(Adapter):
         super().__init__(model)
         base_name, readout = _SUPPORTED[type(model).__name__]
         self.backbone = getattr(model, base_name)
-        cfg = model.config
+        cfg = self.model.config
         self.num_prefix_tokens = 2 if base_name == "deit" else 1
         self.readout_tokens = readout
         self.num_classes = int(cfg.num_labels)
@@ -72,7 +77,7 @@ class HFViTAdapter(Adapter):
         return None
 
     def _attention_module(self, layer: nn.Module) -> nn.Module:
-        att = layer.attention
+        att: Any = layer.attention
         # transformers 4.x nests the self-attention (which returns the probabilities) one level down.
         return att.attention if hasattr(att, "attention") and isinstance(att.attention, nn.Module) else att
 
@@ -96,7 +101,7 @@ class HFViTAdapter(Adapter):
         kwargs = {"output_attentions": True} if self._capturing and _transformers_major() < 5 else {}
         if tuple(x.shape[-2:]) != self.default_size:
             kwargs["interpolate_pos_encoding"] = True
-        return _logits_of(self.model(pixel_values=x, **kwargs))
+        return logits_of(self.model(pixel_values=x, **kwargs))
 
     def _embedding_module(self) -> nn.Module:
         return self.backbone.embeddings
@@ -104,17 +109,12 @@ class HFViTAdapter(Adapter):
     @contextlib.contextmanager
     def _explicit_attention(self) -> Iterator[None]:
         cfg = self.model.config
-        configs = {id(c): c for c in (cfg, getattr(self.backbone, "config", cfg))}
-        saved = {k: c._attn_implementation for k, c in configs.items()}
-        try:
-            for c in configs.values():
-                c._attn_implementation = "eager"
+        with eager_attention((cfg, getattr(self.backbone, "config", cfg))):
             self._capturing = True
-            yield
-        finally:
-            self._capturing = False
-            for k, c in configs.items():
-                c._attn_implementation = saved[k]
+            try:
+                yield
+            finally:
+                self._capturing = False
 
     def _install_capture(self, rec: Recording, hooks: list) -> None:
         rec.blocks.extend(BlockRecord() for _ in self.layers)

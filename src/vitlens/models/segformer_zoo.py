@@ -76,6 +76,9 @@ def build_shapes_segformer() -> Any:
             "the bundled shapes-segformer model needs transformers; install it with: pip install 'vitlens[hf]'"
         ) from exc
 
+    # num_labels and attn_implementation are PretrainedConfig keywords: accepted at run time, though transformers 5's
+    # typed SegformerConfig signature lists only the model's own settings
+    base_settings: dict[str, Any] = {"num_labels": len(SEGFORMER_LABELS), "attn_implementation": "eager"}
     config = SegformerConfig(
         num_channels=3,
         num_encoder_blocks=4,
@@ -91,10 +94,9 @@ def build_shapes_segformer() -> Any:
         classifier_dropout_prob=0.0,
         drop_path_rate=0.0,
         decoder_hidden_size=64,
-        num_labels=len(SEGFORMER_LABELS),
         id2label=dict(enumerate(SEGFORMER_LABELS)),
         label2id={name: i for i, name in enumerate(SEGFORMER_LABELS)},
-        attn_implementation="eager",
+        **base_settings,
     )
     # what vitlens.images.data_config reads for HuggingFace models (the processor of this model is not shipped)
     config.image_size = SHAPES_SEGFORMER_SIZE

@@ -10,6 +10,7 @@ Finer-CAM run unchanged on both families.
 from __future__ import annotations
 
 import math
+from typing import Any
 
 from torch import Tensor, nn
 
@@ -28,6 +29,10 @@ def _pool_module(model: nn.Module) -> nn.Module | None:
 class TimmCNNAdapter(Adapter):
     """timm CNN classifiers with a global-pool head (features: the pooled feature map)."""
 
+    #: the wrapped model; typed ``Any`` because the family's submodules and config are reached by attribute
+    #: (``nn.Module.__getattr__`` types them loosely), after :meth:`matches` and ``__init__`` checked the layout
+    model: Any
+
     family = "timm-cnn"
     capabilities = frozenset({"features"})
 
@@ -45,13 +50,13 @@ class TimmCNNAdapter(Adapter):
     def __init__(self, model: nn.Module) -> None:
         super().__init__(model)
         self.num_classes = int(getattr(model, "num_classes", 0) or 0)
-        last = model.feature_info[-1]
+        last = self.model.feature_info[-1]
         self.reduction = int(last["reduction"] if isinstance(last, dict) else last.reduction)
         self.pool = _pool_module(model)
         self.in_chans = None
         first = getattr(model, "pretrained_cfg", {}).get("first_conv") if hasattr(model, "pretrained_cfg") else None
         if first:
-            mod = model.get_submodule(first) if hasattr(model, "get_submodule") else None
+            mod = self.model.get_submodule(first) if hasattr(model, "get_submodule") else None
             self.in_chans = getattr(mod, "in_channels", None)
 
     def feature_layers(self) -> list[nn.Module]:
@@ -69,7 +74,7 @@ class TimmCNNAdapter(Adapter):
         if self.in_chans is not None and x.shape[1] != self.in_chans:
             raise InputError(f"model expects {self.in_chans} input channels; got a batch with {x.shape[1]}")
 
-    def layernorms(self) -> list[nn.LayerNorm]:
+    def layernorms(self) -> list[nn.Module]:
         return []
 
     def _install_capture(self, rec: Recording, hooks: list) -> None:

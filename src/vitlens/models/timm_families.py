@@ -11,13 +11,13 @@ and name the methods that work.
 from __future__ import annotations
 
 import contextlib
-from typing import Iterator
+from typing import Any, Iterator
 
 from torch import Tensor, nn
 
 from ..errors import UnsupportedModelError
 from ._sequence import BlockParts, SequenceAdapter, lrp_limits, value_weights
-from .base import Adapter
+from .base import Adapter, int_pair
 
 __all__ = ["TimmEvaAdapter", "TimmBeitAdapter", "TimmRelPosAdapter", "REFUSED"]
 
@@ -48,10 +48,19 @@ class _TimmSequenceAdapter(SequenceAdapter):
     ``num_prefix_tokens``, ``global_pool``."""
 
     block_types: tuple[str, ...] = ()
+    #: ``(module under timm.models, class name)`` of the family's model class (what :meth:`matches` recognises)
+    timm_class: tuple[str, str] = ("", "")
+    #: whether the model takes only the input size it was built for (relative position bias tables)
+    fixed_size: bool = False
+
+    @classmethod
+    def matches(cls, model: nn.Module) -> bool:
+        family = _timm_class(*cls.timm_class) if cls.timm_class[0] else None
+        return family is not None and isinstance(model, family)
 
     def __init__(self, model: nn.Module) -> None:
         super().__init__(model)
-        for i, blk in enumerate(model.blocks):
+        for i, blk in enumerate(self.model.blocks):
             if type(blk).__name__ not in self.block_types or not hasattr(blk, "norm2"):
                 raise UnsupportedModelError(
                     f"{type(model).__name__} block {i} is {type(blk).__name__}; the {self.family} adapter reads "
@@ -63,17 +72,17 @@ class _TimmSequenceAdapter(SequenceAdapter):
                 raise UnsupportedModelError(f"{type(model).__name__} block {i}: grouped-query attention "
                                             "(fewer key/value heads than query heads) is not supported")
         self.num_prefix_tokens = int(getattr(model, "num_prefix_tokens", 1))
-        self.num_classes = int(model.num_classes)
+        self.num_classes = int(self.model.num_classes)
         pool = getattr(model, "global_pool", "token")
         self.readout_tokens = (0,) if pool == "token" and getattr(model, "cls_token", None) is not None else None
-        pe = model.patch_embed
-        self.patch_size = tuple(int(v) for v in pe.patch_size)
+        pe = self.model.patch_embed
+        self.patch_size = int_pair(pe.patch_size)
         self.in_chans = int(pe.proj.in_channels)
-        self.any_size = bool(getattr(model, "dynamic_img_size", False)) or pe.img_size is None
-        self.default_size = None if pe.img_size is None else tuple(int(v) for v in pe.img_size)
+        self.any_size = not self.fixed_size and (bool(getattr(model, "dynamic_img_size", False)) or pe.img_size is None)
+        self.default_size = None if pe.img_size is None else int_pair(pe.img_size)
         self._parts = [BlockParts(block=blk, attention=blk.attn, probs_at=blk.attn.attn_drop, probs_index=None,
                                   norm2=blk.norm2, value=value_weights(blk.attn), heads=int(blk.attn.num_heads))
-                       for blk in model.blocks]
+                       for blk in self.model.blocks]
 
     def parts(self) -> list[BlockParts]:
         return self._parts
@@ -81,7 +90,7 @@ class _TimmSequenceAdapter(SequenceAdapter):
     def grid(self, input_hw: tuple[int, int]) -> tuple[int, int]:
         pe = self.model.patch_embed
         if self.any_size and hasattr(pe, "dynamic_feat_size"):  # dynamic size (padding included)
-            return tuple(int(v) for v in pe.dynamic_feat_size(tuple(input_hw)))
+            return int_pair(pe.dynamic_feat_size(tuple(input_hw)))
         return super().grid(input_hw)
 
     def check_input(self, x: Tensor) -> None:
@@ -105,11 +114,7 @@ class TimmEvaAdapter(_TimmSequenceAdapter):
     capability_notes = {"tokens": "RoPE is tied to the token grid, so tokens cannot be dropped"}
     method_limits = lrp_limits("RoPE rotates queries and keys, q/v biases are added through F.linear, the MLP may be "
                                "gated (SwiGLU)")
-
-    @staticmethod
-    def matches(model: nn.Module) -> bool:
-        cls = _timm_class("eva", "Eva")
-        return cls is not None and isinstance(model, cls)
+    timm_class = ("eva", "Eva")
 
 
 class TimmBeitAdapter(_TimmSequenceAdapter):
@@ -120,15 +125,8 @@ class TimmBeitAdapter(_TimmSequenceAdapter):
     block_types = ("Block",)
     capability_notes = {"tokens": "the relative position bias is built for the full token grid"}
     method_limits = lrp_limits("a relative position bias enters the softmax and q/v biases are added through F.linear")
-
-    @staticmethod
-    def matches(model: nn.Module) -> bool:
-        cls = _timm_class("beit", "Beit")
-        return cls is not None and isinstance(model, cls)
-
-    def __init__(self, model: nn.Module) -> None:
-        super().__init__(model)
-        self.any_size = False
+    timm_class = ("beit", "Beit")
+    fixed_size = True
 
 
 class TimmRelPosAdapter(_TimmSequenceAdapter):
@@ -139,12 +137,5 @@ class TimmRelPosAdapter(_TimmSequenceAdapter):
     block_types = ("RelPosBlock",)
     capability_notes = {"tokens": "the relative position bias is built for the full token grid"}
     method_limits = lrp_limits("a relative position bias enters the softmax")
-
-    @staticmethod
-    def matches(model: nn.Module) -> bool:
-        cls = _timm_class("vision_transformer_relpos", "VisionTransformerRelPos")
-        return cls is not None and isinstance(model, cls)
-
-    def __init__(self, model: nn.Module) -> None:
-        super().__init__(model)
-        self.any_size = False
+    timm_class = ("vision_transformer_relpos", "VisionTransformerRelPos")
+    fixed_size = True

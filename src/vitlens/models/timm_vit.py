@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import contextlib
-from typing import Iterator, Sequence
+from typing import Any, Iterator, Sequence
 
 from torch import Tensor, nn
 
 from ..errors import InputError, UnsupportedModelError
-from .base import Adapter, BlockRecord, Recording
+from .base import Adapter, BlockRecord, Recording, int_pair
 
 __all__ = ["TimmViTAdapter"]
 
@@ -28,6 +28,10 @@ class TimmViTAdapter(Adapter):
     (``avg``, ``max``, ``avgmax``, ``map``) is treated as a pooled readout over tokens.
     """
 
+    #: the wrapped model; typed ``Any`` because the family's submodules and config are reached by attribute
+    #: (``nn.Module.__getattr__`` types them loosely), after :meth:`matches` and ``__init__`` checked the layout
+    model: Any
+
     family = "timm-vit"
     capabilities = frozenset({"attention", "tokens", "features"})
 
@@ -40,7 +44,7 @@ class TimmViTAdapter(Adapter):
         from timm.layers import Attention
         from timm.models.vision_transformer import Block
 
-        for i, blk in enumerate(model.blocks):
+        for i, blk in enumerate(self.model.blocks):
             if not isinstance(blk, Block) or type(blk.attn) is not Attention:
                 raise UnsupportedModelError(
                     f"timm model block {i} is {type(blk).__name__} with {type(getattr(blk, 'attn', None)).__name__}; "
@@ -48,14 +52,14 @@ class TimmViTAdapter(Adapter):
                     "(see docs/architecture.md to add a block family)"
                 )
         self.num_prefix_tokens = int(getattr(model, "num_prefix_tokens", 1))
-        self.num_classes = int(model.num_classes)
+        self.num_classes = int(self.model.num_classes)
         if getattr(model, "head_dist", None) is not None:  # VisionTransformerDistilled
             self.readout_tokens = (0, 1)
         elif getattr(model, "global_pool", "token") == "token" and getattr(model, "cls_token", None) is not None:
             self.readout_tokens = (0,)
         else:
             self.readout_tokens = None
-        pe = model.patch_embed
+        pe = self.model.patch_embed
         self.patch_size = tuple(pe.patch_size)
         self.dynamic = bool(getattr(pe, "dynamic_img_size", False) or getattr(model, "dynamic_img_size", False))
         self.default_size = tuple(pe.img_size) if pe.img_size is not None else None
@@ -68,8 +72,8 @@ class TimmViTAdapter(Adapter):
     def grid(self, input_hw: tuple[int, int]) -> tuple[int, int]:
         pe = self.model.patch_embed
         if self.dynamic:
-            return tuple(int(v) for v in pe.dynamic_feat_size(tuple(input_hw)))
-        return tuple(int(v) for v in pe.grid_size)
+            return int_pair(pe.dynamic_feat_size(tuple(input_hw)))
+        return int_pair(pe.grid_size)
 
     def check_input(self, x: Tensor) -> None:
         if x.shape[1] != self.in_chans:

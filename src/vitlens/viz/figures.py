@@ -27,10 +27,10 @@ from .pixels import (
     MapLike,
     MapNormalization,
     Scale,
-    _map_array,
-    _prepare_path,
     is_signed,
+    map_array,
     overlay_with_scale,
+    prepare_path,
     to_uint8,
     upsample_image,
 )
@@ -137,7 +137,7 @@ def save_figure(
         The path written.
     """
     pixels = upsample_image(image, min_side)
-    arr = _map_array(heatmap, allow_nan=True)
+    arr = map_array(heatmap, allow_nan=True)
     blended, scale, colormap = overlay_with_scale(pixels, arr, alpha, cmap, normalize, clip)
     h, w = blended.shape[:2]
     panels = [("image", pixels), (title or "explanation", blended)] if show_image else [(title or "", blended)]
@@ -154,7 +154,7 @@ def save_figure(
     _add_colorbar(fig, list(axes), colormap, scale, units, relative=False)
     if caption:
         fig.supxlabel(textwrap.fill(caption, int(12 * width)), fontsize=10)
-    path = _prepare_path(path)
+    path = prepare_path(path)
     with atomic_path(path) as tmp:  # no half-written picture survives an error or a kill
         fig.savefig(tmp, dpi=dpi, metadata=dict(metadata) if metadata else None)
     return path
@@ -285,7 +285,7 @@ def save_grid(
             scale, colormap = scales[name]
             _add_colorbar(fig, fig.add_subplot(grid[rows, c]), colormap, scale, units, relative=True,
                           location="bottom", fontsize=7.5)
-    path = _prepare_path(path)
+    path = prepare_path(path)
     with atomic_path(path) as tmp:  # no half-written picture survives an error or a kill
         fig.savefig(tmp, dpi=dpi, metadata=dict(metadata) if metadata else None)
     return path

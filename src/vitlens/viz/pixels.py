@@ -41,6 +41,8 @@ __all__ = [
     "overlay_with_scale",
     "map_to_original",
     "save_overlay",
+    "map_array",
+    "prepare_path",
 ]
 
 ImageLike = torch.Tensor | np.ndarray | Image.Image
@@ -111,8 +113,9 @@ def to_uint8(image: ImageLike) -> np.ndarray:
     return np.rint(pixels * 255.0).astype(np.uint8)
 
 
-def _map_array(heatmap: MapLike, allow_nan: bool = False) -> np.ndarray:
-    """Validated ``(H, W)`` float64 heatmap."""
+def map_array(heatmap: MapLike, allow_nan: bool = False) -> np.ndarray:
+    """Validated ``(H, W)`` float64 heatmap (leading size-1 axes dropped; infinities refused, NaN only with
+    ``allow_nan`` and never everywhere)."""
     arr = _as_numpy(heatmap)
     shape = arr.shape
     while arr.ndim > 2 and arr.shape[0] == 1:
@@ -151,7 +154,7 @@ class Scale:
 
 def is_signed(heatmap: MapLike, share: float = 0.05) -> bool:
     """Whether a map carries real evidence of both signs: its negative part holds at least ``share`` of ``Σ|h|``."""
-    arr = _map_array(heatmap)
+    arr = map_array(heatmap)
     total = float(np.abs(arr).sum())
     return total > 0 and float(-arr[arr < 0].sum()) >= share * total
 
@@ -175,7 +178,7 @@ def scale_map(heatmap: MapLike, normalize: MapNormalization = "auto", clip: floa
     ``100 - clip`` percentile) so that a few extreme pixels do not wash out the rest; values beyond saturate.
     A constant map gives a constant result, never NaN.
     """
-    arr = _map_array(heatmap)
+    arr = map_array(heatmap)
     mode = _resolve_mode(arr, normalize)
     if clip is not None and not 0.0 < float(clip) <= 100.0:
         raise InputError(f"clip must be a percentile in (0, 100], got {clip!r}")
@@ -239,7 +242,7 @@ def overlay_with_scale(
     if not 0.0 <= float(alpha) <= 1.0:
         raise InputError(f"alpha must lie in [0, 1], got {alpha!r}")
     pixels = to_uint8(image)
-    arr = _map_array(heatmap, allow_nan=True)
+    arr = map_array(heatmap, allow_nan=True)
     valid = None
     if np.isnan(arr).any():  # areas the model did not see (map_to_original): the image shows through
         valid = ~np.isnan(_resize_map(np.where(np.isnan(arr), np.nan, 0.0), pixels.shape[:2]))
@@ -296,7 +299,7 @@ def map_to_original(heatmap: MapLike, original_hw: tuple[int, int], config: Any)
     from vitlens.images import data_config, resize_shape
 
     cfg = data_config(config)
-    arr = np.nan_to_num(_map_array(heatmap, allow_nan=True), nan=0.0)
+    arr = np.nan_to_num(map_array(heatmap, allow_nan=True), nan=0.0)
     h, w = (int(v) for v in original_hw)
     out_h, out_w = cfg.size_hw
     if arr.shape != (out_h, out_w):
@@ -320,7 +323,8 @@ def map_to_original(heatmap: MapLike, original_hw: tuple[int, int], config: Any)
     return canvas
 
 
-def _prepare_path(path: str | Path) -> Path:
+def prepare_path(path: str | Path) -> Path:
+    """``path`` as a :class:`~pathlib.Path` whose parent folders exist (created if missing)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     return path
@@ -340,7 +344,7 @@ def save_overlay(
     Parent folders are created. Returns the path written.
     """
     pixels = overlay(image, heatmap, **overlay_kwargs)
-    path = _prepare_path(path)
+    path = prepare_path(path)
     if metadata:
         if path.suffix.lower() != ".png":
             raise InputError(f"metadata can only be stored in a PNG file, got '{path.name}'")
