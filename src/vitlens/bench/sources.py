@@ -219,8 +219,8 @@ def open_source(spec: str, model: nn.Module, n: int | None = None, seed: int = 0
             size = check_int("size", size, low=8, owner="data source 'scenes'")
         return SceneSource(model, n=200 if n is None else n, seed=seed, size=size)
     if name in ("planted", "cues"):
-        keys = ("seed", "decided", "cue_frac") if name == "planted" else ("seed",)
-        check_known("setting", f"data source {name!r}", opts, keys)
+        allowed = ("seed", "decided", "cue_frac") if name == "planted" else ("seed",)
+        check_known("setting", f"data source {name!r}", opts, allowed)
         seed = check_int("seed", opts.get("seed", 2026), owner=f"data source {name!r}")
         decided = opts.get("decided", "both")
         if decided not in ("cue", "object", "both"):
@@ -271,4 +271,5 @@ def open_source(spec: str, model: nn.Module, n: int | None = None, seed: int = 0
             raise InputError(f"data source {name!r} needs the setting {', '.join(missing)}, e.g. {name}:{example}")
         dataset = getattr(loaders, cls_name)(**{keys[k]: v for k, v in opts.items()})
         return LoaderSource(dataset, model, n=n)
-    raise InputError(f"unknown data source {name!r}; available: scenes, planted, cues, mnist5k, photos, folder, {', '.join(_LOADERS)}")
+    raise InputError(f"unknown data source {name!r}; available: scenes, planted, cues, mnist5k, photos, folder, "
+                     f"{', '.join(_LOADERS)}")

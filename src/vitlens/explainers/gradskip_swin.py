@@ -21,7 +21,7 @@ Every step conserves the total: ``token_maps.sum() + remainder == y``, and ``lay
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import torch
 from torch import Tensor
@@ -52,14 +52,16 @@ def _stack_padded(rows: list[Tensor]) -> Tensor:
 
 def attribute_windowed(method: Explainer, adapter: "TimmSwinAdapter", x: Tensor, target: Target
                        ) -> tuple[Attribution, Tensor, Target]:
-    from ..models.timm_swin import SwinBlockRecord, from_windows, to_windows
+    from ..models.base import int_pair
+    from ..models.timm_swin import SwinBlockRecord, SwinRecording, from_windows, to_windows
 
     o = method.options
-    with adapter.session(capture=True, conservative=bool(o["conservative"])) as rec:
+    with adapter.session(capture=True, conservative=bool(o["conservative"])) as session_rec:
+        rec = cast(SwinRecording, session_rec)
         logits = adapter.forward(x)
         tgt = method.resolve_target(target, logits)
         y = tgt(logits)
-        blocks = rec.blocks
+        blocks = [cast(SwinBlockRecord, b) for b in rec.blocks]
         merges = [(s, m) for s, m in enumerate(rec.merges) if m is not None]
         wanted = [rec.final] + [b.attn for b in blocks] + [b.h for b in blocks] + [m for _, m in merges]
         grads = torch.autograd.grad(y.sum(), wanted, allow_unused=True)
@@ -108,7 +110,7 @@ def attribute_windowed(method: Explainer, adapter: "TimmSwinAdapter", x: Tensor,
                                              _wide(g))
             lost = lost + fell
         totals.append(relevance.sum(-1) + lost)
-    gh, gw = adapter.grid(tuple(x.shape[-2:]))
+    gh, gw = adapter.grid(int_pair(x.shape[-2:]))
     if relevance.shape[1] != gh * gw:
         from ..errors import InputError
 

@@ -29,6 +29,7 @@ def head_statistics(model: nn.Module, x: Tensor, batch: int = 100) -> dict[str, 
     """
     from ..runtime import gini
     from ..models import get_adapter
+    from ..models.base import int_pair
 
     adapter = get_adapter(model, require="attention")
     g_sum: Tensor | None = None
@@ -36,7 +37,7 @@ def head_statistics(model: nn.Module, x: Tensor, batch: int = 100) -> dict[str, 
     n = 0
     for s in range(0, len(x), batch):
         xb = x[s:s + batch]
-        gh, gw = adapter.grid(tuple(xb.shape[-2:]))
+        gh, gw = adapter.grid(int_pair(xb.shape[-2:]))
         p = adapter.num_prefix_tokens
         ys, xs = torch.meshgrid(torch.arange(gh), torch.arange(gw), indexing="ij")
         pos = torch.stack([ys.flatten(), xs.flatten()], -1).double()

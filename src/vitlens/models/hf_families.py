@@ -195,7 +195,7 @@ def _is_probe(model: nn.Module) -> bool:
     return isinstance(model, LinearProbe)
 
 
-def _probe_classes(model: nn.Module) -> int:
+def _probe_classes(model: Any) -> int:
     """Outputs of a probe's head: its last ``nn.Linear``'s ``out_features``."""
     linears = [m for m in model.head.modules() if isinstance(m, nn.Linear)]
     if not linears:

@@ -93,6 +93,7 @@ class TimmSwinAdapter(Adapter):
     """timm ``SwinTransformer`` (v1): GradSkip, rollout and GAE through windows and merges, Grad-CAM/Finer-CAM on
     the last stage."""
 
+    model: Any  # a timm SwinTransformer: its parts are read by attribute after __init__ checked the layout
     family = "timm-swin"
     capabilities = frozenset({"attention", "hierarchical", "features"})
     hierarchical = True
@@ -107,12 +108,12 @@ class TimmSwinAdapter(Adapter):
     def __init__(self, model: nn.Module) -> None:
         super().__init__(model)
         self.num_classes = int(getattr(model, "num_classes", 0) or 0)
-        pe = model.patch_embed
+        pe = self.model.patch_embed
         self.patch_size = _pair(pe.patch_size)
         self.in_chans = int(pe.proj.in_channels)
         self.default_size = _pair(pe.img_size) if getattr(pe, "img_size", None) is not None else None
         self.any_size = False  # relative position bias and shift masks are built for the configured resolution
-        self.stages = list(model.layers)
+        self.stages: list[Any] = list(self.model.layers)
         for s, stage in enumerate(self.stages):
             for j, blk in enumerate(stage.blocks):
                 att = getattr(blk, "attn", None)
@@ -124,8 +125,8 @@ class TimmSwinAdapter(Adapter):
             ds = stage.downsample
             if not isinstance(ds, nn.Identity) and type(ds).__name__ != "PatchMerging":
                 raise UnsupportedModelError(f"Swin stage {s}: downsampling {type(ds).__name__} is not PatchMerging")
-        if getattr(model, "global_pool", "avg") not in ("avg",):
-            raise UnsupportedModelError(f"Swin with global_pool={model.global_pool!r}: only the average-pool "
+        if getattr(self.model, "global_pool", "avg") not in ("avg",):
+            raise UnsupportedModelError(f"Swin with global_pool={self.model.global_pool!r}: only the average-pool "
                                         "classifier is supported")
 
     # -- layout ----------------------------------------------------------------------------------------------------
@@ -167,7 +168,7 @@ class TimmSwinAdapter(Adapter):
 
     @contextlib.contextmanager
     def _explicit_attention(self) -> Iterator[None]:
-        mods = [blk.attn for blk in self.blocks()]
+        mods = [blk.attn for stage in self.stages for blk in stage.blocks]
         saved = [m.fused_attn for m in mods]
         try:
             for m in mods:
@@ -226,7 +227,7 @@ def _attn_hook(rec: SwinRecording, index: int) -> Any:
     return hook
 
 
-def _vnorm_hook(rec: SwinRecording, index: int, attn: nn.Module) -> Any:
+def _vnorm_hook(rec: SwinRecording, index: int, attn: Any) -> Any:
     heads = int(attn.num_heads)
 
     def hook(module: nn.Module, args: tuple) -> None:

@@ -128,8 +128,8 @@ def _build_shapes_transformer(kind: str, depth: int = 6, heads: int = 6, names: 
     model.patch_embed.proj = ConvStem(3, model.embed_dim)
     cfg = _shapes_cfg(architecture or {"vit": "vit_shapes_convstem8_64", "deit": "deit_distilled_shapes_convstem8_64",
                                        "gap-reg": "vit_shapes_gap_reg4_convstem8_64"}[kind], names)
-    model.pretrained_cfg = cfg
-    model.default_cfg = cfg  # timm's backwards-compatible alias
+    setattr(model, "pretrained_cfg", cfg)
+    setattr(model, "default_cfg", cfg)  # timm's backwards-compatible alias
     return model
 
 
