@@ -234,7 +234,8 @@ def test_other_input_sizes_where_the_family_allows_them(family):
     model = _model(family)
     x = torch.randn(2, 3, 48, 40, generator=torch.Generator().manual_seed(1))
     exp = vitlens.explain(model, x, method="gradskip")
-    assert exp.token_maps.shape == (2, 6, 5) and exp.maps.shape == (2, 48, 40)
+    grid = vitlens.get_adapter(model).grid((48, 40))  # (6, 5) for the patch-8 ViTs; HF Swin (patch 4): (12, 10)
+    assert exp.token_maps.shape == (2, *grid) and exp.maps.shape == (2, 48, 40)
     total = exp.token_maps.sum((1, 2)).double() + exp.remainder.double()
     torch.testing.assert_close(total, exp.scores.double(), rtol=1e-5, atol=1e-6)
 

@@ -53,8 +53,9 @@ def windowed_row(rec: Any, mats: list[Tensor], batch: int, combine: Callable[[Te
     for li in range(len(mats) - 1, -1, -1):
         b = rec.blocks[li]
         gh, gw = b.grid
-        win, padded = to_windows(r.reshape(batch, gh, gw), b.shift, b.window)
-        mixed, _ = from_windows(win[:, None, :].bmm(mats[li])[:, 0], batch, (gh, gw), padded, b.shift, b.window)
+        win, padded = to_windows(r.reshape(batch, gh, gw), b.shift, b.window, b.pad_first)
+        mixed, _ = from_windows(win[:, None, :].bmm(mats[li])[:, 0], batch, (gh, gw), padded, b.shift,
+                                  b.window, b.pad_first)
         r = combine(r, mixed.reshape(batch, -1))
         first_of_stage = li == 0 or rec.blocks[li - 1].stage != b.stage
         m = rec.merges[b.stage] if first_of_stage else None

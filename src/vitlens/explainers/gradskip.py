@@ -86,7 +86,7 @@ class GradSkip(Explainer):
         if adapter.windowed:  # Swin: docs/methods/gradskip_swin.md
             from .gradskip_swin import attribute_windowed
 
-            return attribute_windowed(self, adapter, x, target)  # type: ignore[arg-type]
+            return attribute_windowed(self, adapter, x, target)
         if adapter.hierarchical:  # SegFormer: docs/methods/gradskip_segformer.md
             from .gradskip_segformer import attribute_hierarchical
 

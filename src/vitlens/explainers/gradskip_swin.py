@@ -1,4 +1,4 @@
-"""GradSkip on windowed, hierarchical transformers (timm Swin): shifted windows and patch merging.
+"""GradSkip on windowed, hierarchical transformers (timm and HF Swin): shifted windows and patch merging.
 
 Called by :class:`~vitlens.explainers.gradskip.GradSkip` when the adapter declares ``windowed``; same options, one
 forward and one activation-only backward. The equations (``docs/methods/gradskip_swin.md``):
@@ -32,7 +32,7 @@ from ._windows import merge_handback
 from .base import Attribution, Explainer
 
 if TYPE_CHECKING:
-    from ..models.timm_swin import TimmSwinAdapter
+    from ..models.base import Adapter
 
 __all__ = ["attribute_windowed"]
 
@@ -50,7 +50,7 @@ def _stack_padded(rows: list[Tensor]) -> Tensor:
     return out
 
 
-def attribute_windowed(method: Explainer, adapter: "TimmSwinAdapter", x: Tensor, target: Target
+def attribute_windowed(method: Explainer, adapter: "Adapter", x: Tensor, target: Target
                        ) -> tuple[Attribution, Tensor, Target]:
     from ..models.base import int_pair
     from ..models.timm_swin import SwinBlockRecord, SwinRecording, from_windows, to_windows
@@ -94,9 +94,9 @@ def attribute_windowed(method: Explainer, adapter: "TimmSwinAdapter", x: Tensor,
                              float(o["eps"]))
             gh, gw = b.grid
             main = (beta * relevance).reshape(bsz, gh, gw)
-            win, padded = to_windows(main, b.shift, b.window)
+            win, padded = to_windows(main, b.shift, b.window, b.pad_first)
             back = win[:, None, :].bmm(w)[:, 0]  # relevance on each window's keys
-            back, fell = from_windows(back, bsz, (gh, gw), padded, b.shift, b.window)
+            back, fell = from_windows(back, bsz, (gh, gw), padded, b.shift, b.window, b.pad_first)
             relevance = back.reshape(bsz, -1) + (1.0 - beta) * relevance
             lost = lost + fell
         omegas.append(omega)

@@ -17,6 +17,7 @@ from ..errors import InputError, UnsupportedModelError, WeightsUnavailableError
 from .base import Adapter, BlockRecord, Recording, int_pair
 from .hf_segformer import SegformerAdapter
 from .hf_families import HFSequenceAdapter
+from .hf_swin import HFSwinAdapter
 from .hf_vit import HFViTAdapter
 from .probe import LinearProbe
 from .timm_cnn import TimmCNNAdapter
@@ -38,6 +39,7 @@ __all__ = [
     "TimmRelPosAdapter",
     "TimmSwinAdapter",
     "HFSequenceAdapter",
+    "HFSwinAdapter",
     "LinearProbe",
     "get_adapter",
     "register_adapter",
@@ -79,7 +81,7 @@ class GenericAdapter(Adapter):
 
 
 _ADAPTERS: list[type[Adapter]] = [TimmViTAdapter, TimmEvaAdapter, TimmBeitAdapter, TimmRelPosAdapter, TimmSwinAdapter,
-                                  HFViTAdapter, HFSequenceAdapter, SegformerAdapter, TimmCNNAdapter]
+                                  HFViTAdapter, HFSequenceAdapter, HFSwinAdapter, SegformerAdapter, TimmCNNAdapter]
 
 
 def register_adapter(cls: type[Adapter], first: bool = True) -> type[Adapter]:

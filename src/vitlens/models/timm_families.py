@@ -3,9 +3,9 @@ RoPE, SwiGLU, sub-LN, gated attention), ``Beit`` (relative position bias inside 
 ``VisionTransformerRelPos``. They share the capture in :mod:`._sequence`; timm's explicit attention path is switched on
 through each attention module's ``fused_attn`` flag for the duration of a session (restored in ``finally``).
 
-Families vitlens does not propagate through (``Cait``, ``XCiT``, ``LeViT``, ``PiT``, ``ConViT``, HF ``SwinForImageClassification``)
-are listed in :data:`REFUSED` with the reason; they get the generic adapter, and methods that need attention say why
-and name the methods that work.
+Families vitlens does not propagate through (``Cait``, ``XCiT``, ``LeViT``, ``PiT``, ``ConViT``) are listed in
+:data:`REFUSED` with the reason; they get the generic adapter, and methods that need attention say why and name the
+methods that work.
 """
 
 from __future__ import annotations
@@ -30,8 +30,6 @@ REFUSED = {
     "Levit": "convolutional stages with attention-bias subsampling change the token set between stages",
     "PoolingVisionTransformer": "PiT pools tokens with strided convolutions between stages",
     "ConVit": "gated positional self-attention mixes a learned positional attention into the softmax per head",
-    "SwinForImageClassification": ("HF Swin's windowed attention is not adapted yet (timm's SwinTransformer is: "
-                                   "GradSkip, rollout, GAE, Grad-CAM)"),
 }
 
 

@@ -27,10 +27,14 @@ from torch import Tensor, nn
 from ..errors import InputError, UnsupportedModelError
 from .base import Adapter, BlockRecord, Recording
 
-__all__ = ["TimmSwinAdapter", "SwinBlockRecord", "SwinRecording", "to_windows", "from_windows"]
+__all__ = ["TimmSwinAdapter", "SwinBlockRecord", "SwinRecording", "to_windows", "from_windows", "SWIN_METHOD_LIMITS",
+           "SWIN_CAPABILITY_NOTES"]
 
 _WHY = ("Swin's attention is windowed (shifted windows) and patch merging changes the token set between stages; "
         "this method's rules are defined on one token sequence")
+#: what every Swin adapter (timm, HuggingFace) declares: the methods whose rules do not apply, and why
+SWIN_METHOD_LIMITS = {m: _WHY for m in ("attn_gradcam", "transformer_attribution", "attnlrp", "cplrp", "vitcx")}
+SWIN_CAPABILITY_NOTES = {"tokens": "Swin's windows are built over the full token grid: tokens cannot be dropped"}
 
 
 @dataclass
@@ -42,6 +46,7 @@ class SwinBlockRecord(BlockRecord):
     shift: tuple[int, int] = (0, 0)
     window: tuple[int, int] = (0, 0)
     stage: int = 0
+    pad_first: bool = False  # the grid is padded before the cyclic shift (HuggingFace), not after (timm)
 
 
 @dataclass
@@ -56,31 +61,38 @@ class SwinRecording(Recording):
         return out + [m for m in self.merges if m is not None]
 
 
-def to_windows(r: Tensor, shift: tuple[int, int], window: tuple[int, int]) -> tuple[Tensor, tuple[int, int]]:
-    """Per-token values ``(B, H, W)`` → ``(B·nW, N)`` in the order a Swin block's attention sees its tokens (cyclic
-    shift by ``-shift``, zero padding at the bottom/right to a multiple of the window, windows row-major per image).
+def to_windows(r: Tensor, shift: tuple[int, int], window: tuple[int, int], pad_first: bool = False
+               ) -> tuple[Tensor, tuple[int, int]]:
+    """Per-token values ``(B, H, W)`` → ``(B·nW, N)`` in the order a Swin block's attention sees its tokens: cyclic
+    shift by ``-shift`` and zero padding at the bottom/right to a multiple of the window (timm shifts, then pads;
+    HuggingFace pads, then shifts the padded grid: ``pad_first``), then windows row-major per image.
     Returns the windows and the padded size ``(Hp, Wp)``."""
     b, h, w = r.shape
-    if any(shift):
-        r = torch.roll(r, shifts=(-shift[0], -shift[1]), dims=(1, 2))
     wh, ww = window
     ph, pw = (wh - h % wh) % wh, (ww - w % ww) % ww
-    r = F.pad(r, (0, pw, 0, ph))
+    if pad_first:
+        r = F.pad(r, (0, pw, 0, ph))
+    if any(shift):
+        r = torch.roll(r, shifts=(-shift[0], -shift[1]), dims=(1, 2))
+    if not pad_first:
+        r = F.pad(r, (0, pw, 0, ph))
     hp, wp = h + ph, w + pw
     r = r.reshape(b, hp // wh, wh, wp // ww, ww).permute(0, 1, 3, 2, 4).reshape(-1, wh * ww)
     return r, (hp, wp)
 
 
 def from_windows(rw: Tensor, batch: int, size: tuple[int, int], padded: tuple[int, int], shift: tuple[int, int],
-                 window: tuple[int, int]) -> tuple[Tensor, Tensor]:
+                 window: tuple[int, int], pad_first: bool = False) -> tuple[Tensor, Tensor]:
     """Inverse of :func:`to_windows`: ``(B·nW, N)`` → ``(B, H, W)``, and the total that fell on padding ``(B,)``."""
     wh, ww = window
     hp, wp = padded
     r = rw.reshape(batch, hp // wh, wp // ww, wh, ww).permute(0, 1, 3, 2, 4).reshape(batch, hp, wp)
     h, w = size
+    if pad_first and any(shift):
+        r = torch.roll(r, shifts=shift, dims=(1, 2))
     lost = r.sum((1, 2)) - r[:, :h, :w].sum((1, 2))
     r = r[:, :h, :w]
-    if any(shift):
+    if not pad_first and any(shift):
         r = torch.roll(r, shifts=shift, dims=(1, 2))
     return r, lost
 
@@ -98,8 +110,8 @@ class TimmSwinAdapter(Adapter):
     capabilities = frozenset({"attention", "hierarchical", "features"})
     hierarchical = True
     windowed = True
-    method_limits = {m: _WHY for m in ("attn_gradcam", "transformer_attribution", "attnlrp", "cplrp", "vitcx")}
-    capability_notes = {"tokens": "Swin's windows are built over the full token grid: tokens cannot be dropped"}
+    method_limits = SWIN_METHOD_LIMITS
+    capability_notes = SWIN_CAPABILITY_NOTES
 
     @staticmethod
     def matches(model: nn.Module) -> bool:
