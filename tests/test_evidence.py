@@ -215,3 +215,39 @@ def test_evidence_source_serves_only_verified_images():
         open_source("planted:seed=11;decided=maybe", model, n=3)
     with pytest.raises(InputError):
         open_source("planted:colour=red", model, n=3)
+
+
+def test_the_bundled_planted_model_uses_the_cue_and_bench_scores_it():
+    """planted-vit follows a conflicting cue and flips back without it; `vitlens bench` on verified images."""
+    import subprocess
+    import sys
+
+    import vitlens
+
+    model = vitlens.load_model("planted-vit")
+    sc = make_planted_scenes(120, seed=77)
+    v = verify_evidence(model, sc)
+    conflict = v["conflict"]
+    assert (v["pred"][conflict] == sc.cue_labels[conflict]).float().mean() > 0.95
+    assert v["cue_verified"].sum() > 0.5 * conflict.sum()
+    assert v["object_verified"].sum() > 0.4 * (~v["has_cue"]).sum()
+    meta = vitlens.models.zoo.model_card("planted-vit")
+    assert "What the model uses" in meta
+
+
+def test_bench_cli_runs_on_verified_evidence(tmp_path):
+    import subprocess
+    import sys
+
+    out = tmp_path / "run"
+    r = subprocess.run([sys.executable, "-m", "vitlens", "bench", "--model", "planted-vit", "--data",
+                        "planted:decided=both", "--methods", "gradskip,random", "--metrics", "evidence", "--n", "4",
+                        "--out", str(out), "--quiet"], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr
+    from vitlens.bench.store import read_rows
+
+    rows = read_rows(out / "results.sqlite", "SELECT image_id, method, output, value FROM results")
+    ids = {i for i, *_ in rows}
+    assert len(ids) == 4 and sum(i.endswith("-cue") for i in ids) == 2
+    auc = {m: [v for _, mm, o, v in rows if mm == m and o == "evidence_auc"] for m in ("gradskip", "random")}
+    assert len(auc["gradskip"]) == 4 and sum(auc["gradskip"]) > sum(auc["random"])
