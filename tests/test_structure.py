@@ -18,8 +18,6 @@ from vitlens.models._hf import eager_attention
 from vitlens.models.base import _logits_of, int_pair, logits_of
 
 SRC = Path(vitlens.__file__).parent
-# being rewritten in issue #11 (their shared scene helpers get public names there); remove when it lands
-PENDING = {"data/evidence.py", "data/multiscenes.py"}
 
 
 def _private_imports(path: Path) -> list[str]:
@@ -35,7 +33,7 @@ def test_no_private_name_is_imported_across_modules():
     offenders = {}
     for path in sorted(SRC.rglob("*.py")):
         rel = path.relative_to(SRC).as_posix()
-        if rel not in PENDING and _private_imports(path):
+        if _private_imports(path):
             offenders[rel] = _private_imports(path)
     assert offenders == {}
 
@@ -138,3 +136,14 @@ def test_explain_names_model_option_in_its_error(tmp_path, capsys):
     assert rc == 2
     assert "--model-option expects KEY=VALUE, got 'novalue'" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+
+
+def test_no_file_over_600_lines_and_no_function_over_120():
+    big = {p.relative_to(SRC).as_posix(): n for p in SRC.rglob("*.py") if (n := p.read_text().count("\n")) > 600}
+    assert big == {}
+    long_functions = []
+    for p in SRC.rglob("*.py"):
+        for node in ast.walk(ast.parse(p.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno >= 120:
+                long_functions.append(f"{p.relative_to(SRC).as_posix()}:{node.name}")
+    assert long_functions == []
