@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..errors import InputError, UnsupportedModelError
-from .base import Adapter, BlockRecord, Recording
+from .base import Adapter, BlockRecord, Recording, switched
 
 __all__ = ["BlockParts", "SequenceAdapter", "LRP_METHODS", "lrp_limits", "value_weights"]
 
@@ -102,18 +102,7 @@ class SequenceAdapter(Adapter):
             raise UnsupportedModelError(f"{type(self.model).__name__} has no patch size")
         return input_hw[0] // self.patch_size[0], input_hw[1] // self.patch_size[1]
 
-    @staticmethod
-    @contextlib.contextmanager
-    def _flags(modules: Sequence[nn.Module], name: str, value: object) -> Iterator[None]:
-        """Set attribute ``name`` of every module to ``value`` for the duration of the context."""
-        saved = [getattr(m, name) for m in modules]
-        try:
-            for m in modules:
-                setattr(m, name, value)
-            yield
-        finally:
-            for m, old in zip(modules, saved):
-                setattr(m, name, old)
+    _flags = staticmethod(switched)  # set an attribute of several modules for a context (restored on exit)
 
     def _install_capture(self, rec: Recording, hooks: list) -> None:
         parts = self.parts()

@@ -24,7 +24,7 @@ from torch import Tensor, nn
 
 from ..errors import InputError, UnsupportedModelError
 
-__all__ = ["Adapter", "BlockRecord", "Recording", "conservative_layernorm_hook", "int_pair", "logits_of",
+__all__ = ["Adapter", "BlockRecord", "Recording", "conservative_layernorm_hook", "int_pair", "logits_of", "switched",
            "normalisation_layers"]
 
 
@@ -420,6 +420,20 @@ def int_pair(value: Iterable[Any]) -> tuple[int, int]:
     0-d tensors): how spatial sizes and token grids are passed around."""
     h, w = value
     return int(h), int(w)
+
+
+@contextlib.contextmanager
+def switched(modules: Sequence[Any], name: str, value: object) -> Iterator[None]:
+    """Set attribute ``name`` of every module to ``value`` for the duration of the context, restored on exit (also
+    after an exception); e.g. timm's ``fused_attn = False`` for explicit attention."""
+    saved = [getattr(m, name) for m in modules]
+    try:
+        for m in modules:
+            setattr(m, name, value)
+        yield
+    finally:
+        for m, old in zip(modules, saved):
+            setattr(m, name, old)
 
 
 def logits_of(out: Any) -> Tensor:

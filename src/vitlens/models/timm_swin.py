@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..errors import InputError, UnsupportedModelError
-from .base import Adapter, BlockRecord, Recording
+from .base import Adapter, BlockRecord, Recording, switched
 
 __all__ = ["TimmSwinAdapter", "SwinBlockRecord", "SwinRecording", "to_windows", "from_windows", "SWIN_METHOD_LIMITS",
            "SWIN_CAPABILITY_NOTES"]
@@ -180,15 +180,8 @@ class TimmSwinAdapter(Adapter):
 
     @contextlib.contextmanager
     def _explicit_attention(self) -> Iterator[None]:
-        mods = [blk.attn for stage in self.stages for blk in stage.blocks]
-        saved = [m.fused_attn for m in mods]
-        try:
-            for m in mods:
-                m.fused_attn = False
+        with switched([blk.attn for stage in self.stages for blk in stage.blocks], "fused_attn", False):
             yield
-        finally:
-            for m, old in zip(mods, saved):
-                m.fused_attn = old
 
     def _install_capture(self, rec: Recording, hooks: list) -> None:
         assert isinstance(rec, SwinRecording)

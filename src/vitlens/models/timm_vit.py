@@ -8,7 +8,7 @@ from typing import Any, Iterator, Sequence
 from torch import Tensor, nn
 
 from ..errors import InputError, UnsupportedModelError
-from .base import Adapter, BlockRecord, Recording, int_pair
+from .base import Adapter, BlockRecord, Recording, int_pair, switched
 
 __all__ = ["TimmViTAdapter"]
 
@@ -94,15 +94,8 @@ class TimmViTAdapter(Adapter):
 
     @contextlib.contextmanager
     def _explicit_attention(self) -> Iterator[None]:
-        attns = [blk.attn for blk in self.model.blocks]
-        saved = [a.fused_attn for a in attns]
-        try:
-            for a in attns:
-                a.fused_attn = False
+        with switched([blk.attn for blk in self.model.blocks], "fused_attn", False):
             yield
-        finally:
-            for a, flag in zip(attns, saved):
-                a.fused_attn = flag
 
     def _install_capture(self, rec: Recording, hooks: list) -> None:
         blocks = list(self.model.blocks)
