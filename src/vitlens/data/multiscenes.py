@@ -49,13 +49,7 @@ from .scenes import (
     check_int,
     distractor_mask,
     fill,
-    grid,
-    in_polygon,
-    rotate,
-    RING_INNER,
-    unit_area,
-    unit_polygon,
-    MAX_TILT,
+    object_mask,
 )
 
 __all__ = [
@@ -244,31 +238,6 @@ def make_multi_scenes(n: int, seed: int = 0, size: int = 64, min_objects: int = 
 # ----------------------------------------------------------------------------------------------------------------------
 
 
-def _shape_mask(rng: np.random.Generator, size: int, label: int, area_range: tuple[float, float]) -> np.ndarray:
-    """Draw area (fraction of the image, uniform in ``area_range``), rotation and position of a class object fully
-    inside the image; return its ``(size, size)`` bool mask. Same geometry as the single-object scenes."""
-    x, y = grid(size)
-    area = rng.uniform(*area_range) * size * size
-    r = float(np.sqrt(area / unit_area(label)))
-    theta = int(rng.integers(4)) * np.pi / 2 + rng.uniform(-MAX_TILT, MAX_TILT)
-    verts = unit_polygon(label)
-    if verts is not None:
-        verts = rotate(verts, theta) * r
-        lo, hi = verts.min(axis=0), verts.max(axis=0)
-    else:
-        lo, hi = np.array([-r, -r]), np.array([r, r])
-    margin = 1.0
-    cx = rng.uniform(margin - lo[0], max(margin - lo[0], size - margin - hi[0]))
-    cy = rng.uniform(margin - lo[1], max(margin - lo[1], size - margin - hi[1]))
-    if verts is not None:
-        return in_polygon(x, y, verts + np.array([cx, cy]))
-    d2 = (x - cx) ** 2 + (y - cy) ** 2
-    mask = d2 <= r * r
-    if CLASS_NAMES[label] == "ring":
-        mask &= d2 >= (RING_INNER * r) ** 2
-    return mask
-
-
 def _place_objects(rng: np.random.Generator, size: int, classes: np.ndarray) -> list[np.ndarray] | None:
     """Full masks of the objects in drawing order such that every object keeps ``MIN_VISIBLE_FRACTION`` of its area
     visible under the later ones; ``None`` if some object found no placement in ``_MAX_TRIES`` draws."""
@@ -278,7 +247,7 @@ def _place_objects(rng: np.random.Generator, size: int, classes: np.ndarray) -> 
     visible: list[np.ndarray] = []
     for c in classes:
         for _ in range(_MAX_TRIES):
-            mask = _shape_mask(rng, size, int(c), area_range)
+            mask = object_mask(rng, size, int(c), area_range)
             ok = all((vis & ~mask).sum() >= MIN_VISIBLE_FRACTION * f.sum() for vis, f in zip(visible, full))
             if ok:
                 break

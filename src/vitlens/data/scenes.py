@@ -294,10 +294,12 @@ def unit_area(label: int) -> float:
     return 0.5 * abs(float(np.dot(xs, np.roll(ys, -1)) - np.dot(ys, np.roll(xs, -1))))
 
 
-def object_mask(rng: np.random.Generator, size: int, label: int) -> np.ndarray:
-    """Draw scale, rotation and position of the class object and return its ``(size, size)`` bool mask."""
+def object_mask(rng: np.random.Generator, size: int, label: int,
+                area_range: tuple[float, float] = AREA_RANGE) -> np.ndarray:
+    """Draw scale (area uniform in ``area_range`` of the image), rotation and position of the class object, fully
+    inside the image, and return its ``(size, size)`` bool mask."""
     x, y = grid(size)
-    area = rng.uniform(*AREA_RANGE) * size * size
+    area = rng.uniform(*area_range) * size * size
     r = math.sqrt(area / unit_area(label))
     # a random multiple of 90 degrees plus a random tilt of up to MAX_TILT (disk and ring are rotation-invariant)
     theta = int(rng.integers(4)) * math.pi / 2 + rng.uniform(-MAX_TILT, MAX_TILT)
