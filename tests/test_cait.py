@@ -192,6 +192,13 @@ def test_a_cait_with_other_blocks_falls_back_to_model_agnostic_methods():
     with pytest.raises(UnsupportedModelError, match="TalkingHeadAttn.*methods that work on this model: .*gradient"):
         vitlens.explain(model, _x(1), method="gradskip")
     assert torch.isfinite(vitlens.explain(model, _x(1), method="gradient").maps).all()
+    no_class_attention = _cait(depth=1, depth_token_only=0)  # the head would read the learned CLS token only
+    with pytest.raises(UnsupportedModelError, match="no class-attention blocks: the head reads the learned CLS"):
+        vitlens.explain(no_class_attention, _x(1), method="gradskip")
+    pooled = _cait(depth=2, depth_token_only=0, global_pool="avg")  # fine: the SA stage alone, patch mean readout
+    exp = vitlens.explain(pooled, _x(2), method="gradskip")
+    torch.testing.assert_close(exp.token_maps.sum((1, 2)).double() + exp.remainder.double(), exp.scores.double(),
+                               rtol=1e-5, atol=1e-7)
 
 
 def test_other_input_sizes_are_refused_clearly():

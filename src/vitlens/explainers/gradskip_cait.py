@@ -15,12 +15,14 @@ one forward and one activation-only backward. Equations (``docs/methods/gradskip
    weighted by ``‖v‖`` forms ``W̃``), head sparsity = Gini of ``|A'|`` rows, and the fallback for a row without
    positive flow is ``Σ_q ω_q · rownorm(|A'_q|)`` (so every row of ``W̃`` sums to 1 also where ``A'`` is negative).
 
-``token_maps.sum() + remainder == y``; ``layer_totals`` records the total after every block.
+``token_maps.sum() + remainder == y``; ``layer_totals`` records the total after every block. As on the plain path, each
+block's terms are computed inside the backward pass (tensor hooks on its mixing tensor and on ``h``), so the
+``(B, H, T, T)`` gradients of all blocks are never held at once.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
@@ -40,20 +42,59 @@ def _wide(t: Tensor) -> Tensor:
     return t.detach().to(torch.promote_types(t.dtype, torch.float32))
 
 
-def _block_terms(method: Explainer, attn: Tensor, grad: Tensor | None, value: Tensor, u: Tensor, h: Tensor,
-                 grad_h: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
-    """``(ω (B, H), W̃ (B, T, T_k), β (B, T))`` of one block from its mixing tensor and gradients."""
-    o = method.options
-    attn, vnorm = _wide(attn), _wide(value).norm(dim=-1)
-    rows = magnitude_rows(attn)
-    with torch.no_grad():
-        flow = attn * _wide(grad) if grad is not None else torch.zeros_like(attn)
-        omega = head_weights_from_flow(rows, flow, o["head_weighting"], float(o["alpha"]), float(o["grad_threshold"]),
-                                       o["head_subset"])
-        w = weighted_attention(rows, flow, vnorm, omega)
-        u, h = _wide(u), _wide(h)
-        beta = skip_gate(u, h, torch.zeros_like(h) if grad_h is None else _wide(grad_h), o["skip"], float(o["eps"]))
-    return omega, w, beta
+class _Steps:
+    """Per-block terms ``ω``, ``W̃`` (from the mixing tensor and its gradient) and ``β`` (from ``u``, ``h`` and
+    ``∂y/∂h``), computed as the backward produces each gradient; the block's captures are dropped once used."""
+
+    def __init__(self, method: Explainer, rec: Any) -> None:
+        self.method = method
+        self.saved: list[dict[str, Any]] = []
+        for b in rec.blocks:
+            assert b.attn is not None and b.value is not None and b.u is not None and b.h is not None
+            with torch.no_grad():
+                vnorm = b.value.norm(dim=-1)  # (B, H, T_k); the values are a view of the qkv / v output
+            self.saved.append({"attn": b.attn, "vnorm": vnorm, "u": b.u, "h": b.h})
+            b.attn = b.value = b.u = b.h = None
+        n = len(self.saved)
+        self.omega: list[Tensor | None] = [None] * n
+        self.w: list[Tensor | None] = [None] * n
+        self.beta: list[Tensor | None] = [None] * n
+
+    def backward(self, y: Tensor, final: Tensor) -> Tensor | None:
+        """Run the backward from ``y``; returns ``∂y/∂final`` (``None`` if ``y`` does not depend on it)."""
+        first = self.saved[0]  # SA block 0: every other block lies between it and the readout
+        for li, cap in enumerate(self.saved[1:], start=1):
+            cap["attn"].register_hook(lambda g, li=li: self._attn_step(li, g))
+            cap["h"].register_hook(lambda g, li=li: self._h_step(li, g))
+        grads = torch.autograd.grad(y, [final, first["attn"], first["h"]], allow_unused=True)
+        self._attn_step(0, grads[1])
+        self._h_step(0, grads[2])
+        for li in range(1, len(self.saved)):  # blocks the gradient never reached (CA blocks of an avg readout)
+            if self.w[li] is None:
+                self._attn_step(li, None)
+            if self.beta[li] is None:
+                self._h_step(li, None)
+        return grads[0]
+
+    def _attn_step(self, li: int, grad: Tensor | None) -> None:
+        o = self.method.options
+        cap = self.saved[li]
+        attn, vnorm = _wide(cap.pop("attn")), _wide(cap.pop("vnorm"))
+        with torch.no_grad():
+            rows = magnitude_rows(attn)  # Gini and the fallback on |A'|; a softmax stays itself
+            flow = attn * _wide(grad) if grad is not None else torch.zeros_like(attn)
+            omega = head_weights_from_flow(rows, flow, o["head_weighting"], float(o["alpha"]),
+                                           float(o["grad_threshold"]), o["head_subset"])
+            self.w[li] = weighted_attention(rows, flow, vnorm, omega)
+            self.omega[li] = omega
+
+    def _h_step(self, li: int, grad: Tensor | None) -> None:
+        o = self.method.options
+        cap = self.saved[li]
+        u, h = _wide(cap.pop("u")), _wide(cap.pop("h"))
+        with torch.no_grad():
+            self.beta[li] = skip_gate(u, h, torch.zeros_like(h) if grad is None else _wide(grad), o["skip"],
+                                      float(o["eps"]))
 
 
 def attribute_class_attention(method: Explainer, adapter: "Adapter", x: Tensor, target: Target
@@ -66,43 +107,39 @@ def attribute_class_attention(method: Explainer, adapter: "Adapter", x: Tensor, 
         logits = adapter.forward(x)
         tgt = method.resolve_target(target, logits)
         y = tgt(logits)
-        blocks = list(rec.blocks)
         n_sa = int(getattr(rec, "self_attention"))
-        assert rec.final is not None and all(b.attn is not None and b.h is not None for b in blocks)
-        wanted = [rec.final] + [b.attn for b in blocks] + [b.h for b in blocks]
-        grads = torch.autograd.grad(y.sum(), wanted, allow_unused=True)
-    n = len(blocks)
-    g_attn, g_h = grads[1:1 + n], grads[1 + n:]
+        final = rec.final
+        assert final is not None
+        steps = _Steps(method, rec)
+        grad_final = steps.backward(y.sum(), final)
+    n = len(steps.saved)
     y = _wide(y)
-    final = _wide(rec.final)
-    g_final = torch.zeros_like(final) if grads[0] is None else _wide(grads[0])
+    final = _wide(final)
+    g_final = torch.zeros_like(final) if grad_final is None else _wide(grad_final)
     relevance = readout_relevance(final, g_final, y, adapter.readout_tokens, 1)  # (B, 1 + N) on [CLS, patches]
     bsz, t = relevance.shape
     totals = [relevance.sum(-1)]
-    omegas: list[Tensor] = [relevance.new_zeros(0)] * n
     betas: list[Tensor] = [relevance.new_zeros(0)] * n
     for li in range(n - 1, n_sa - 1, -1):  # class-attention blocks: only CLS is updated
-        b = blocks[li]
-        assert b.attn is not None and b.value is not None and b.u is not None and b.h is not None
-        omega, w, beta = _block_terms(method, b.attn, g_attn[li], b.value, b.u, b.h, g_h[li])
+        w, beta = steps.w[li], steps.beta[li]
+        assert w is not None and beta is not None
         main = beta[:, 0] * relevance[:, 0]  # (B,)
         relevance = torch.cat([(relevance[:, :1] - main[:, None]), relevance[:, 1:]], dim=1) + main[:, None] * w[:, 0]
-        omegas[li], betas[li] = omega, torch.cat([beta, beta.new_zeros(bsz, t - 1)], dim=1)
+        betas[li] = torch.cat([beta, beta.new_zeros(bsz, t - 1)], dim=1)
         totals.append(relevance.sum(-1))
     remainder = relevance[:, 0]  # left on the learned CLS token
     relevance = relevance[:, 1:]
     for li in range(n_sa - 1, -1, -1):  # self-attention blocks on the patch tokens, as in the plain ViT
-        b = blocks[li]
-        assert b.attn is not None and b.value is not None and b.u is not None and b.h is not None
-        omega, w, beta = _block_terms(method, b.attn, g_attn[li], b.value, b.u, b.h, g_h[li])
+        w, beta = steps.w[li], steps.beta[li]
+        assert w is not None and beta is not None
         relevance = (beta * relevance)[:, None, :].bmm(w)[:, 0] + (1.0 - beta) * relevance
-        omegas[li], betas[li] = omega, torch.cat([beta.new_zeros(bsz, 1), beta], dim=1)
+        betas[li] = torch.cat([beta.new_zeros(bsz, 1), beta], dim=1)
         totals.append(relevance.sum(-1) + remainder)
     gh, gw = adapter.grid(int_pair(x.shape[-2:]))
     if relevance.shape[1] != gh * gw:
         raise InputError(f"{relevance.shape[1]} patch tokens do not fill the {gh}x{gw} token grid")
     extras = {
-        "head_weights": torch.stack(omegas, dim=1),  # (B, L, H): SA blocks, then CA blocks
+        "head_weights": torch.stack([w for w in steps.omega if w is not None], dim=1),  # (B, L, H): SA, then CA
         "beta_main": torch.stack(betas, dim=1),  # (B, L, 1 + N) on [CLS, patches]; 0 where the block keeps the token
         "layer_totals": torch.stack(totals[::-1], dim=1),  # (B, L+1): input of block 0 … readout
     }

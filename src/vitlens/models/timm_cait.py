@@ -95,6 +95,9 @@ class TimmCaitAdapter(Adapter):
         if pool not in ("token", "avg"):
             raise UnsupportedModelError(f"Cait with global_pool={pool!r}: only the 'token' and 'avg' classifiers are "
                                         "supported")
+        if pool == "token" and not len(m.blocks_token_only or []):
+            raise UnsupportedModelError("Cait with global_pool='token' and no class-attention blocks: the head reads "
+                                        "the learned CLS token, which no block updates")
         self.num_prefix_tokens = 1  # the final stream is [CLS, patches]
         self.readout_tokens = (0,) if pool == "token" else None
         self.num_classes = int(m.num_classes)
