@@ -36,16 +36,16 @@ __all__ = ["TimmCaitAdapter", "CaitRecording", "CAIT_METHOD_LIMITS", "CAIT_CAPAB
 _LRP = ("talking-heads attention mixes the heads linearly before and after the softmax, and the class-attention "
         "blocks update the CLS token only; its LRP rules are written for the plain ViT block (qkv, proj, fc1, fc2 "
         "as nn.Linear calls, softmax(q·kᵀ/√d) per head)")
-_ONE_SEQUENCE = ("it reads every block's tokens as one sequence (block index → the same tokens); CaiT's "
-                 "self-attention blocks hold the patch tokens only and its class-attention blocks the CLS token only")
+_SPLIT = "CaiT's self-attention blocks hold the patch tokens only and its class-attention blocks the CLS token only"
 #: methods whose rules do not apply to CaiT, and why
 CAIT_METHOD_LIMITS = {
     **{m: _LRP for m in ("attnlrp", "cplrp", "transformer_attribution")},
     "attn_gradcam": "it reads the CLS row of a block's attention; CaiT's self-attention blocks have no CLS token",
-    "vitcx": _ONE_SEQUENCE,
+    "vitcx": f"it reads a block's patch tokens by block index over one token sequence; {_SPLIT}",
 }
 #: what CaiT does not offer, and why
-CAIT_CAPABILITY_NOTES = {"tokens": f"TIS and MUTEX need token dropping with per-block token features: {_ONE_SEQUENCE}"}
+CAIT_CAPABILITY_NOTES = {"tokens": "TIS and MUTEX read every block's tokens as one sequence (TIS: the concatenated block "
+                                   f"outputs, MUTEX: a token graph per block); {_SPLIT}"}
 
 
 @dataclass
