@@ -204,3 +204,10 @@ def test_a_cait_with_other_blocks_falls_back_to_model_agnostic_methods():
 def test_other_input_sizes_are_refused_clearly():
     with pytest.raises(vitlens.InputError, match="Cait expects 32x32 inputs; got 48x48"):
         vitlens.explain(_cait(1, 1), torch.randn(1, 3, 48, 48), method="gradskip")
+
+
+def test_head_statistics_refuse_cait_clearly():
+    from vitlens.metrics.heads import head_statistics
+
+    with pytest.raises(UnsupportedModelError, match="head_statistics reads one attention matrix .*Cait"):
+        head_statistics(_cait(1, 1), _x(1))
