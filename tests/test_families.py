@@ -128,7 +128,16 @@ def test_capture_session_leaves_the_forward_unchanged(family):
     torch.testing.assert_close(logits.detach(), ref, rtol=1e-4, atol=1e-5)
     assert len(rec.blocks) == len(adapter.blocks())
     t = x.shape[0]
-    for blk in rec.blocks:
+    for i, blk in enumerate(rec.blocks):
+        if adapter.class_attention:  # CaiT: SA blocks on the N patch tokens, then CA blocks with one CLS row
+            n = rec.final.shape[1] - 1
+            if i < rec.self_attention:  # the talking-heads mixing tensor (not row-stochastic: tests/test_cait.py)
+                assert blk.attn.shape[0] == t and blk.attn.shape[2:] == (n, n) and blk.u.shape[1] == n
+            else:
+                assert blk.attn.shape[0] == t and blk.attn.shape[2:] == (1, n + 1) and blk.u.shape[1] == 1
+                torch.testing.assert_close(blk.attn.detach().sum(-1), torch.ones(blk.attn.shape[:-1]))
+            assert blk.value.shape[:3] == blk.attn.shape[:2] + blk.attn.shape[-1:]
+            continue
         torch.testing.assert_close(blk.attn.detach().sum(-1), torch.ones(blk.attn.shape[:-1]), rtol=1e-5, atol=1e-5)
         if adapter.windowed:  # Swin: one attention per window, B·nW rows of N = window-area tokens
             n = blk.window[0] * blk.window[1]

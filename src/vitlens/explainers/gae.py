@@ -44,6 +44,14 @@ class GAE(Explainer):
 
             row = windowed_row(rec, [m.float() for m in maps], x.shape[0], lambda r, mixed: r + mixed)
             return Attribution(values=self.on_grid(adapter, row, image_size(x))), logits.detach(), tgt
+        if adapter.class_attention:  # CaiT: R ← R + Ā·R through the class-attention rows, then the SA blocks
+            from ._class_attention import class_attention_row, readout_start
+
+            n_sa = int(getattr(rec, "self_attention"))
+            start = readout_start(adapter.readout_tokens, maps[-1].shape[-1], x.shape[0], maps[0].float())
+            patches, _ = class_attention_row(start, [m.float()[:, 0] for m in maps[n_sa:]],
+                                             [m.float() for m in maps[:n_sa]], add=True)
+            return Attribution(values=self.on_grid(adapter, patches, image_size(x))), logits.detach(), tgt
         row = readout_row(relevance_rollout(maps), adapter.readout_tokens, adapter.num_prefix_tokens)
         values, _ = token_map(adapter, row, x)
         return Attribution(values=values), logits.detach(), tgt

@@ -85,7 +85,7 @@ class GradCAM(Explainer):
     def attribute(self, adapter: Adapter, x: Tensor, target: Target) -> tuple[Attribution, Tensor, Target]:
         i = _block_index(adapter, self.options["layer"])
         logits, tgt, (u,), (g,) = self.forward_and_gradients(adapter, x, target, lambda rec: [_features(rec, i)])
-        cam = token_gradcam(u, g, adapter.num_prefix_tokens)
+        cam = token_gradcam(u, g, adapter.feature_prefix_tokens())
         return Attribution(values=self.on_grid(adapter, cam, image_size(x), features=True)), logits, tgt
 
 
@@ -229,7 +229,7 @@ class FinerCAM(Explainer):
         i = _block_index(adapter, self.options["layer"])
         logits, tgt, (u,), (g,) = self.forward_and_gradients(adapter, x, target, lambda rec: [_features(rec, i)],
                                                              retarget=self._retarget)
-        cam = token_gradcam(u, g, adapter.num_prefix_tokens)
+        cam = token_gradcam(u, g, adapter.feature_prefix_tokens())
         assert isinstance(tgt, FinerContrast)  # what self._retarget made
         att = Attribution(values=self.on_grid(adapter, cam, image_size(x), features=True), extras={"references": tgt.versus})
         return att, logits, tgt

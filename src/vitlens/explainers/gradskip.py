@@ -87,6 +87,10 @@ class GradSkip(Explainer):
             from .gradskip_swin import attribute_windowed
 
             return attribute_windowed(self, adapter, x, target)
+        if adapter.class_attention:  # CaiT: docs/methods/gradskip_cait.md
+            from .gradskip_cait import attribute_class_attention
+
+            return attribute_class_attention(self, adapter, x, target)
         if adapter.hierarchical:  # SegFormer: docs/methods/gradskip_segformer.md
             from .gradskip_segformer import attribute_hierarchical
 

@@ -36,7 +36,7 @@ def fuse_heads(attn: Tensor, mode: str = "mean") -> Tensor:
 
 
 def discard_lowest(fused: Tensor, ratio: float, protect: tuple[int, ...] = (), per: str = "matrix") -> Tensor:
-    """Zero the lowest entries of each image's fused ``(T, T)`` attention matrix.
+    """Zero the lowest entries of each image's fused ``(T, T)`` attention matrix (or ``(1, T)`` row).
 
     ``per="matrix"`` (default, as the widely used implementation jacobgil/vit-explain): the ``⌊ratio·T²⌋`` lowest
     entries of the whole matrix of one image. ``per="row"``: the ``⌊ratio·T⌋`` lowest entries of every row.
@@ -48,14 +48,14 @@ def discard_lowest(fused: Tensor, ratio: float, protect: tuple[int, ...] = (), p
     """
     if ratio <= 0:
         return fused
-    b, t, _ = fused.shape
-    flat = fused.reshape(b, t * t) if per == "matrix" else fused
+    b, t, tk = fused.shape  # (B, T, T); CaiT's class attention: one row (B, 1, 1 + N), where both kinds agree
+    flat = fused.reshape(b, t * tk) if per == "matrix" else fused
     k = int(flat.shape[-1] * ratio)
     if k == 0:
         return fused
     drop = torch.zeros_like(flat, dtype=torch.bool)
     drop.scatter_(-1, flat.topk(k, dim=-1, largest=False).indices, True)
-    drop = drop.reshape(b, t, t)
+    drop = drop.reshape(b, t, tk)
     for r in protect:
         drop[:, r, r] = False
     return fused.masked_fill(drop, 0.0)
@@ -116,6 +116,8 @@ class AttentionRollout(Explainer):
                 mats.append(a / a.sum(dim=-1, keepdim=True))
             row = windowed_row(rec, mats, x.shape[0], lambda r, mixed: mixed)
             return Attribution(values=self.on_grid(adapter, row, image_size(x))), logits.detach(), tgt
+        if adapter.class_attention:  # CaiT: docs/methods/gradskip_cait.md
+            return self._class_attention(adapter, rec, attns, x), logits.detach(), tgt
         joint = None
         for attn in attns:
             fused = discard_lowest(fuse_heads(attn.detach().float(), o["head_fusion"]), o["discard_ratio"], protect,
@@ -127,3 +129,27 @@ class AttentionRollout(Explainer):
         row = readout_row(joint, adapter.readout_tokens, adapter.num_prefix_tokens)
         values, remainder = token_map(adapter, row, x)
         return Attribution(values=values, remainder=remainder), logits.detach(), tgt
+
+    def _class_attention(self, adapter: Adapter, rec: Any, attns: list, x: Tensor) -> Attribution:
+        """CaiT: the readout row through the class-attention rows (``½·fuse_h A + ½·e_CLS``, normalised), then the
+        self-attention blocks with ``fuse_h rownorm(|A'|)`` of the talking-heads mixing tensor in place of ``A``."""
+        from ._class_attention import class_attention_row, magnitude_rows, readout_start
+
+        o = self.options
+        n_sa = int(rec.self_attention)
+        sa, ca = [], []
+        for i, attn in enumerate(attns):
+            a = attn.detach().float()
+            if i < n_sa:
+                fused = discard_lowest(fuse_heads(magnitude_rows(a), o["head_fusion"]), o["discard_ratio"], (),
+                                       o["discard_per"])
+                m = 0.5 * fused + 0.5 * torch.eye(fused.shape[-1], device=fused.device, dtype=fused.dtype)
+                sa.append(m / m.sum(dim=-1, keepdim=True))
+            else:
+                fused = discard_lowest(fuse_heads(a, o["head_fusion"]), o["discard_ratio"], (0,), o["discard_per"])
+                row = 0.5 * fused[:, 0]
+                row[:, 0] += 0.5
+                ca.append(row / row.sum(dim=-1, keepdim=True))
+        start = readout_start(adapter.readout_tokens, attns[-1].shape[-1], x.shape[0], sa[0])
+        patches, cls_left = class_attention_row(start, ca, sa, add=False)
+        return Attribution(values=self.on_grid(adapter, patches, image_size(x)), remainder=cls_left)

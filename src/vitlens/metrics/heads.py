@@ -32,6 +32,11 @@ def head_statistics(model: nn.Module, x: Tensor, batch: int = 100) -> dict[str, 
     from ..models.base import int_pair
 
     adapter = get_adapter(model, require="attention")
+    if adapter.windowed or adapter.class_attention:  # per-window / two-phase attention: not one (T, T) grid per block
+        from ..errors import UnsupportedModelError
+
+        raise UnsupportedModelError(f"head_statistics reads one attention matrix over the token grid per block; "
+                                    f"{type(model).__name__} ({adapter.family}) does not have one")
     g_sum: Tensor | None = None
     d_sum: Tensor | None = None
     n = 0

@@ -20,6 +20,7 @@ from .hf_families import HFSequenceAdapter
 from .hf_swin import HFSwinAdapter
 from .hf_vit import HFViTAdapter
 from .probe import LinearProbe
+from .timm_cait import TimmCaitAdapter
 from .timm_cnn import TimmCNNAdapter
 from .timm_families import REFUSED, TimmBeitAdapter, TimmEvaAdapter, TimmRelPosAdapter
 from .timm_swin import TimmSwinAdapter
@@ -38,6 +39,7 @@ __all__ = [
     "TimmBeitAdapter",
     "TimmRelPosAdapter",
     "TimmSwinAdapter",
+    "TimmCaitAdapter",
     "HFSequenceAdapter",
     "HFSwinAdapter",
     "LinearProbe",
@@ -81,7 +83,8 @@ class GenericAdapter(Adapter):
 
 
 _ADAPTERS: list[type[Adapter]] = [TimmViTAdapter, TimmEvaAdapter, TimmBeitAdapter, TimmRelPosAdapter, TimmSwinAdapter,
-                                  HFViTAdapter, HFSequenceAdapter, HFSwinAdapter, SegformerAdapter, TimmCNNAdapter]
+                                  TimmCaitAdapter, HFViTAdapter, HFSequenceAdapter, HFSwinAdapter, SegformerAdapter,
+                                  TimmCNNAdapter]
 
 
 def register_adapter(cls: type[Adapter], first: bool = True) -> type[Adapter]:

@@ -126,6 +126,12 @@ class Adapter:
             hierarchical code path dispatch on it.
         windowed: the attention runs inside (shifted) windows of the token grid (Swin); GradSkip then takes its
             windowed path (``explainers/gradskip_swin.py``).
+        class_attention: the model ends in class-attention blocks that update the CLS token only (CaiT). The
+            recording holds the self-attention blocks first (patch tokens only; ``attn`` is the tensor that
+            multiplies the values, which need not be row-stochastic, e.g. talking heads), then the class-attention
+            blocks (``attn`` ``(B, H, 1, 1 + N)``: one row from CLS over [CLS, patches]; ``u``, ``h``: the CLS stream
+            ``(B, 1, D)``); ``final`` is ``[CLS, patches]``. GradSkip, rollout and GAE then take their
+            class-attention path (``explainers/gradskip_cait.py``).
         method_limits: method name → why the method's rules do not apply to this family (checked by
             :meth:`check_method`; e.g. LRP rules on gated MLPs).
         capability_notes: capability → why this family does not offer it (used in the error a method that needs it
@@ -144,6 +150,7 @@ class Adapter:
     capabilities: frozenset[str] = frozenset()
     hierarchical: bool = False
     windowed: bool = False
+    class_attention: bool = False
     method_limits: dict[str, str] = {}
     capability_notes: dict[str, str] = {}
 
@@ -227,6 +234,11 @@ class Adapter:
         """The grid of the feature layers' tokens (Grad-CAM's map); default :meth:`grid`. Hierarchical families whose
         features are on a coarser grid (Swin's last stage) override it."""
         return self.grid(input_hw)
+
+    def feature_prefix_tokens(self) -> int:
+        """Tokens before the patch tokens in the feature layers' tensors (what Grad-CAM leaves out); default
+        :attr:`num_prefix_tokens`. CaiT: 0 (its CLS token joins only in the class-attention blocks)."""
+        return self.num_prefix_tokens
 
     def grid(self, input_hw: tuple[int, int]) -> tuple[int, int]:
         """Token grid ``(gh, gw)`` for an input of spatial size ``input_hw``."""

@@ -83,6 +83,8 @@ def _sharpen(model: nn.Module, gain: float = 3.0) -> nn.Module:
                 p[: 2 * (p.shape[0] // 3)].mul_(gain)
             elif name.endswith(("q_proj.weight", "k_proj.weight")):
                 p.mul_(gain)
+            elif name.endswith(("attn.proj_l.weight", "attn.proj_w.weight")):  # CaiT talking heads: near identity,
+                p.add_(torch.eye(p.shape[0], dtype=p.dtype))  # as trained ones are (random init makes A' ≈ 0)
     return model
 
 
@@ -112,7 +114,8 @@ FAMILIES: list[Family] = [
            "vitlens.models.LinearProbe", _probe("DINOv3ViTModel", "DINOv3ViTConfig", "cls", num_register_tokens=4)),
     Family("HF DINOv2 + linear head", "transformers Dinov2Model in vitlens.models.LinearProbe (CLS + patch mean)",
            _probe("Dinov2Model", "Dinov2Config", "cls+mean")),
-    Family("timm CaiT", "timm Cait", _timm("cait_xxs24_224", depth=2), note="refused"),
+    Family("timm CaiT", "timm Cait (talking-heads self-attention, then class-attention blocks on CLS)",
+           _timm("cait_xxs24_224", depth=2, init_values=0.5)),
     Family("timm Swin", "timm SwinTransformer (shifted windows, patch merging)",
            _timm("swin_tiny_patch4_window7_224", False, img_size=32, patch_size=4, window_size=4, embed_dim=24,
                  depths=(2, 2), num_heads=(2, 4), num_classes=5)),

@@ -3,7 +3,7 @@ RoPE, SwiGLU, sub-LN, gated attention), ``Beit`` (relative position bias inside 
 ``VisionTransformerRelPos``. They share the capture in :mod:`._sequence`; timm's explicit attention path is switched on
 through each attention module's ``fused_attn`` flag for the duration of a session (restored in ``finally``).
 
-Families vitlens does not propagate through (``Cait``, ``XCiT``, ``LeViT``, ``PiT``, ``ConViT``) are listed in
+Families vitlens does not propagate through (``XCiT``, ``LeViT``, ``PiT``, ``ConViT``) are listed in
 :data:`REFUSED` with the reason; they get the generic adapter, and methods that need attention say why and name the
 methods that work.
 """
@@ -23,8 +23,6 @@ __all__ = ["TimmEvaAdapter", "TimmBeitAdapter", "TimmRelPosAdapter", "REFUSED"]
 
 #: timm / HF class name → why relevance propagation is not offered (model-agnostic methods still work).
 REFUSED = {
-    "Cait": "class-attention blocks (queries from CLS only) and talking-heads attention that mixes heads after the "
-            "softmax are not a row-stochastic token mixing per head",
     "Xcit": "cross-covariance attention mixes channels, not tokens",
     "LevitDistilled": "convolutional stages with attention-bias subsampling change the token set between stages",
     "Levit": "convolutional stages with attention-bias subsampling change the token set between stages",
