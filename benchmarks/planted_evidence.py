@@ -18,7 +18,8 @@ bottom-25% sparse heads — on verified images (``cues`` data source), scored by
 and the evidence metrics. Differences are paired per image (95% interval) per seed; across seeds the mean of the
 three per-seed means with a t interval (2 degrees of freedom).
 
-Both runs resume (rerun the command); every number in the docs comes from these commands.
+Both runs resume (rerun the command); every number in the docs comes from these commands (``--doc`` rewrites the
+generated part and keeps a hand-written ``## Reading`` section at the end).
 """
 
 from __future__ import annotations
@@ -290,7 +291,9 @@ def main(argv: list[str] | None = None) -> int:
         title = ("# Faithfulness on verified evidence: planted-vit" if a.part == "planted" else
                  "# GradSkip's head claims on models with heterogeneous heads")
         Path(a.doc).parent.mkdir(parents=True, exist_ok=True)
-        Path(a.doc).write_text(title + "\n\n" + text)
+        old = Path(a.doc).read_text() if Path(a.doc).is_file() else ""
+        reading = old[old.index("\n## Reading"):] if "\n## Reading" in old else ""  # hand-written, kept
+        Path(a.doc).write_text(title + "\n\n" + text + reading)
     return 0
 
 
