@@ -27,13 +27,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default=None)
     a = p.parse_args(argv)
     x = torch.randn(4, 3, 32, 32, generator=torch.Generator().manual_seed(0))
-    rows = ["| family | fp16: min corr | fp16: max abs(Σ + rem − y) | bf16: min corr | bf16: max abs(Σ + rem − y) |",
-            "|---|---|---|---|---|"]
+    rows = ["| family | fp32: max abs(Σ + rem − y) | fp16: min corr | fp16: max abs(Σ + rem − y) | bf16: min corr | "
+            "bf16: max abs(Σ + rem − y) |", "|---|---|---|---|---|---|"]
     for fam in FAMILIES:
         if fam.note == "refused" or "gradskip" not in vitlens.get_adapter(build(fam.name)).working_methods():
             continue
         ref = vitlens.explain(build(fam.name), x, method="gradskip")
-        cells = []
+        err32 = (ref.token_maps.sum((1, 2)).double() + ref.remainder.double() - ref.scores.double()).abs().max()
+        cells = [f"{float(err32):.1e}"]
         for dt in (torch.float16, torch.bfloat16):
             e = vitlens.explain(build(fam.name).to(dt), x, method="gradskip")
             err = (e.token_maps.sum((1, 2)).double() + e.remainder.double() - e.scores.double()).abs().max()

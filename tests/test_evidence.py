@@ -251,3 +251,21 @@ def test_bench_cli_runs_on_verified_evidence(tmp_path):
     assert len(ids) == 4 and sum(i.endswith("-cue") for i in ids) == 2
     auc = {m: [v for _, mm, o, v in rows if mm == m and o == "evidence_auc"] for m in ("gradskip", "random")}
     assert len(auc["gradskip"]) == 4 and sum(auc["gradskip"]) > sum(auc["random"])
+
+
+@pytest.mark.parametrize("name", ["cues-vit-12h", "cues-vit-12h-s1", "cues-vit-12h-s2"])
+def test_the_cue_models_are_12_head_models_that_use_the_evidence(name):
+    import vitlens
+    from vitlens.metrics.heads import head_statistics
+
+    model = vitlens.load_model(name)
+    assert len(model.blocks) == 8 and model.blocks[0].attn.num_heads == 12 and model.num_classes == 8
+    assert tuple(model.pretrained_cfg["label_names"]) == CUE_CLASS_NAMES
+    sc = make_cue_scenes(96, seed=123)
+    v = verify_evidence(model, sc)
+    assert (v["pred"] == sc.labels).float().mean() > 0.9
+    assert v["object_verified"].sum() > 0.7 * len(sc)
+    st = head_statistics(model, vitlens.load_images(sc.images[:16], model))
+    assert st["gini"].shape == (8, 12) and st["distance"].shape == (8, 12)
+    assert ((st["gini"] >= 0) & (st["gini"] <= 1)).all() and (st["distance"] >= 0).all()
+    assert (st["gini"].amax(1) - st["gini"].amin(1)).mean() > 0.1  # heads differ within a layer
