@@ -15,7 +15,7 @@ import vitlens
 from vitlens.errors import UnsupportedModelError
 from vitlens.explainers import get_method
 from vitlens.explainers.registry import requirements
-from vitlens.models.catalogue import FAMILIES, build
+from vitlens.models.catalogue import FAMILIES, build, why_not
 
 from conftest import model_fingerprint
 
@@ -293,3 +293,10 @@ def test_explicit_attention_context_is_restored(family):
             assert _fingerprint(model) != before  # something was switched
             raise KeyError("inside")
     assert _fingerprint(model) == before
+
+
+@pytest.mark.parametrize("family", [f.name for f in FAMILIES if why_not(build(f.name), "aha") is None])
+def test_aha_runs_where_the_table_says_it_does(family):
+    """The supported-models table probes AHA's feature reader; where it says ✓ an (untrained) explainer runs."""
+    exp = get_method("aha", explainer="untrained", refine_steps=0).explain(_model(family), _x(2))
+    assert exp.maps.shape == (2, 32, 32) and torch.isfinite(exp.maps).all()

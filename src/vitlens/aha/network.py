@@ -90,7 +90,10 @@ class FeatureBackbone:
         self.model = model
         adapter = get_adapter(model)
         self.adapter = adapter
-        self.tokens = "tokens" in adapter.capabilities
+        # token blocks: any single-sequence family whose blocks vitlens reads (not Swin/SegFormer stages, not CaiT's
+        # class-attention blocks); their outputs are (B, prefix + patches, D)
+        self.tokens = ("tokens" in adapter.capabilities or "attention" in adapter.capabilities) and not (
+            adapter.hierarchical or adapter.class_attention)
         if self.tokens:
             self.modules: list[nn.Module] = list(adapter.blocks())
             self.module_names = [f"block {i}" for i in range(len(self.modules))]
@@ -117,14 +120,17 @@ class FeatureBackbone:
         t = out[0] if isinstance(out, (tuple, list)) else out
         if self.tokens:
             gh, gw = self.adapter.grid(hw)
-            p = self.adapter.num_prefix_tokens
+            p = self.adapter.feature_prefix_tokens()
             t = t[:, p:p + gh * gw]
             return t.reshape(t.shape[0], gh, gw, t.shape[-1]).permute(0, 3, 1, 2)
         c = self.channels[k]
         if t.ndim == 4 and t.shape[1] != c and t.shape[-1] == c:  # NHWC (Swin-style)
             t = t.permute(0, 3, 1, 2)
         if t.ndim != 4:
-            raise UnsupportedModelError(f"feature {self.module_names[self.depths[k]]} has shape {tuple(t.shape)}")
+            raise UnsupportedModelError(
+                f"AHA reads the target's features as (B, C, h, w) maps or vitlens token blocks; feature "
+                f"{self.module_names[self.depths[k]]} of {type(self.model).__name__} has shape {tuple(t.shape)} "
+                "(train the explainer with a separate backbone: AHANet(target, backbone=...))")
         return t
 
     def __call__(self, x: Tensor) -> tuple[list[Tensor], Tensor]:
@@ -161,6 +167,7 @@ def _vit_width(model: nn.Module) -> int:
         if isinstance(v, int):
             return v
     cfg = getattr(model, "config", None)
+    cfg = getattr(cfg, "vision_config", None) or cfg  # CLIP / SigLIP classifiers keep it in the vision config
     if cfg is not None and isinstance(getattr(cfg, "hidden_size", None), int):
         return int(cfg.hidden_size)
     raise UnsupportedModelError(f"cannot find the token width of {type(model).__name__}")
