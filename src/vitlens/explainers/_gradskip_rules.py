@@ -5,11 +5,13 @@ head-weighted attention ``W̃`` and the skip gate ``β_main``. Equations: ``docs
 
 from __future__ import annotations
 
+from typing import Any, Callable, Sequence
+
 import numpy as np
 import torch
 from torch import Tensor
 
-__all__ = ["gini", "head_weights", "head_weights_from_flow", "readout_relevance", "skip_gate", "weighted_attention"]
+__all__ = ["block_backward", "gini", "head_weights", "head_weights_from_flow", "readout_relevance", "skip_gate", "weighted_attention"]
 
 
 def gini(p: Tensor) -> Tensor:
@@ -141,3 +143,28 @@ def skip_gate(u: Tensor, h: Tensor, grad_h: Tensor, mode: str = "adaptive", eps:
     c_main = ((h - u) * grad_h).sum(-1).abs()
     c_skip = (u * grad_h).sum(-1).abs()
     return c_main / (c_main + c_skip + float(eps))
+
+
+def block_backward(y: Tensor, final: Tensor, saved: Sequence[dict[str, Any]],
+                   attn_step: Callable[[int, Tensor | None], None], h_step: Callable[[int, Tensor | None], None],
+                   attn_done: Callable[[int], bool], h_done: Callable[[int], bool]) -> Tensor | None:
+    """The backward that reduces each block's gradients as autograd produces them.
+
+    Tensor hooks on every block's captured attention (``saved[l]["attn"]``) and post-attention residual
+    (``saved[l]["h"]``) call ``attn_step(l, grad)`` / ``h_step(l, grad)``; the backward itself asks only for
+    ``∂y/∂final`` and block 0's two gradients (nothing below block 0's attention runs). Blocks the gradient never
+    reached are reduced with ``None``. Returns ``∂y/∂final`` (``None`` if ``y`` does not depend on it).
+    """
+    first = saved[0]
+    for li, cap in enumerate(saved[1:], start=1):
+        cap["attn"].register_hook(lambda g, li=li: attn_step(li, g))
+        cap["h"].register_hook(lambda g, li=li: h_step(li, g))
+    grads = torch.autograd.grad(y, [final, first["attn"], first["h"]], allow_unused=True)
+    attn_step(0, grads[1])
+    h_step(0, grads[2])
+    for li in range(1, len(saved)):
+        if not attn_done(li):
+            attn_step(li, None)
+        if not h_done(li):
+            h_step(li, None)
+    return grads[0]

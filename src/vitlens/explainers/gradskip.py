@@ -18,8 +18,15 @@ from ..models import Adapter
 from ..models.base import int_pair
 from ..models._readout import readout_only
 from ..targets import Target
-from ._gradskip_rules import (gini, head_weights, head_weights_from_flow, readout_relevance, skip_gate,
-                              weighted_attention)
+from ._gradskip_rules import (
+    block_backward,
+    gini,
+    head_weights,
+    head_weights_from_flow,
+    readout_relevance,
+    skip_gate,
+    weighted_attention,
+)
 from .base import Attribution, Explainer
 from .registry import register
 
@@ -205,19 +212,9 @@ class _BlockSteps:
 
     def backward(self, y: Tensor, final: Tensor) -> Tensor:
         """Run the backward from ``y``; returns ``∂y/∂x_L``."""
-        first = self.saved[0]
-        for li, cap in enumerate(self.saved[1:], start=1):
-            cap["attn"].register_hook(lambda g, li=li: self._attn_step(li, g))
-            cap["h"].register_hook(lambda g, li=li: self._h_step(li, g))
-        grads = torch.autograd.grad(y, [final, first["attn"], first["h"]], allow_unused=True)
-        self._attn_step(0, grads[1])
-        self._h_step(0, grads[2])
-        for li in range(1, len(self.saved)):  # blocks the gradient never reached
-            if self.w[li] is None:
-                self._attn_step(li, None)
-            if self.beta[li] is None:
-                self._h_step(li, None)
-        return torch.zeros_like(final) if grads[0] is None else grads[0]
+        g = block_backward(y, final, self.saved, self._attn_step, self._h_step, lambda li: self.w[li] is not None,
+                           lambda li: self.beta[li] is not None)
+        return torch.zeros_like(final) if g is None else g
 
     def _attn_step(self, li: int, grad: Tensor | None) -> None:
         o = self.explainer.options

@@ -29,7 +29,13 @@ from torch import Tensor
 
 from ..targets import Target
 from ._class_attention import magnitude_rows
-from ._gradskip_rules import head_weights_from_flow, readout_relevance, skip_gate, weighted_attention
+from ._gradskip_rules import (
+    block_backward,
+    head_weights_from_flow,
+    readout_relevance,
+    skip_gate,
+    weighted_attention,
+)
 from .base import Attribution, Explainer
 
 if TYPE_CHECKING:
@@ -61,20 +67,10 @@ class _Steps:
         self.beta: list[Tensor | None] = [None] * n
 
     def backward(self, y: Tensor, final: Tensor) -> Tensor | None:
-        """Run the backward from ``y``; returns ``∂y/∂final`` (``None`` if ``y`` does not depend on it)."""
-        first = self.saved[0]  # SA block 0: every other block lies between it and the readout
-        for li, cap in enumerate(self.saved[1:], start=1):
-            cap["attn"].register_hook(lambda g, li=li: self._attn_step(li, g))
-            cap["h"].register_hook(lambda g, li=li: self._h_step(li, g))
-        grads = torch.autograd.grad(y, [final, first["attn"], first["h"]], allow_unused=True)
-        self._attn_step(0, grads[1])
-        self._h_step(0, grads[2])
-        for li in range(1, len(self.saved)):  # blocks the gradient never reached (CA blocks of an avg readout)
-            if self.w[li] is None:
-                self._attn_step(li, None)
-            if self.beta[li] is None:
-                self._h_step(li, None)
-        return grads[0]
+        """Run the backward from ``y``; returns ``∂y/∂final`` (``None`` if ``y`` does not depend on it). Blocks the
+        gradient never reaches (CA blocks of an avg readout) are reduced with zero gradients."""
+        return block_backward(y, final, self.saved, self._attn_step, self._h_step, lambda li: self.w[li] is not None,
+                              lambda li: self.beta[li] is not None)
 
     def _attn_step(self, li: int, grad: Tensor | None) -> None:
         o = self.method.options

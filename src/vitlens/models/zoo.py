@@ -230,7 +230,7 @@ BUNDLED: dict[str, BundledModel] = {
     "planted-vit": BundledModel(
         name="planted-vit",
         build=build_planted_vit,
-        train_command="python -m vitlens.training.shapes --model planted-vit --threads 1 --out src/vitlens/models/weights",
+        train_command="python -m vitlens.training.shapes --model planted-vit --out src/vitlens/models/weights",
         description=(
             "timm ViT as shapes-vit (conv stem, CLS readout, 6 blocks x 6 heads, dim 192) trained on 64x64 "
             "planted-cue scenes: a small checkerboard cue decides the label where present, the object otherwise"
