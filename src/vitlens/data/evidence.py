@@ -42,6 +42,7 @@ from vitlens.data.scenes import (
     check_int,
     tight_box,
     render_parts,
+    selection,
 )
 from vitlens.errors import InputError
 
@@ -100,7 +101,7 @@ class EvidenceScenes(Scenes):
 
     def subset(self, idx: Union[int, slice, Sequence[int], np.ndarray, torch.Tensor]) -> "EvidenceScenes":
         base = Scenes.subset(self, idx)
-        sel = _selector(len(self), idx)
+        sel = selection(idx, len(self))
         return EvidenceScenes(
             images=base.images, labels=base.labels, masks=base.masks, boxes=base.boxes,
             class_names=self.class_names, indices=base.indices, seed=self.seed,
@@ -139,15 +140,6 @@ class EvidenceScenes(Scenes):
                                                               self.cue_masks),
             kind=self.kind, cue_frac=self.cue_frac, draw_object=self.draw_object, draw_cue=self.draw_cue,
         )
-
-
-def _selector(n: int, idx: Union[int, slice, Sequence[int], np.ndarray, torch.Tensor]) -> Union[slice, torch.Tensor]:
-    if isinstance(idx, slice):
-        return idx
-    t = torch.as_tensor(np.asarray(idx) if not isinstance(idx, torch.Tensor) else idx)
-    if t.dtype == torch.bool:
-        return t.nonzero().flatten()
-    return t.long().reshape(-1)
 
 
 def make_planted_scenes(n: int = 200, seed: int = 0, size: int = 64, start: int = 0, cue_frac: float = 0.5

@@ -50,6 +50,7 @@ from .scenes import (
     distractor_mask,
     fill,
     object_mask,
+    selection,
 )
 
 __all__ = [
@@ -158,17 +159,7 @@ class MultiScenes:
     def subset(self, idx: Union[int, slice, Sequence[int], np.ndarray, torch.Tensor]) -> "MultiScenes":
         """The scenes selected by ``idx`` (int, slice, sequence/array/tensor of ints or a bool mask); keeps the batch
         dimension."""
-        if isinstance(idx, slice):
-            sel: Union[slice, torch.Tensor] = idx
-        else:
-            t = idx if isinstance(idx, torch.Tensor) else torch.as_tensor(np.asarray(idx))
-            if t.dtype == torch.bool:
-                if tuple(t.shape) != (len(self),):
-                    raise InputError(f"bool subset mask must have shape ({len(self)},), got {tuple(t.shape)}")
-                t = t.nonzero().flatten()
-            elif t.is_floating_point() or t.is_complex():
-                raise InputError(f"subset indices must be integers, got dtype {t.dtype}")
-            sel = t.long().reshape(-1)
+        sel = selection(idx, len(self))
         return MultiScenes(
             images=self.images[sel],
             label_maps=self.label_maps[sel],

@@ -113,17 +113,7 @@ class Scenes:
 
         The result always keeps the batch dimension (an int selects a batch of one).
         """
-        if isinstance(idx, slice):
-            sel: Union[slice, torch.Tensor] = idx
-        else:
-            t = torch.as_tensor(np.asarray(idx) if not isinstance(idx, torch.Tensor) else idx)
-            if t.dtype == torch.bool:
-                if tuple(t.shape) != (len(self),):
-                    raise InputError(f"bool subset mask must have shape ({len(self)},), got {tuple(t.shape)}")
-                t = t.nonzero().flatten()
-            elif t.is_floating_point() or t.is_complex():
-                raise InputError(f"subset indices must be integers, got dtype {t.dtype}")
-            sel = t.long().reshape(-1)
+        sel = selection(idx, len(self))
         return Scenes(
             images=self.images[sel],
             labels=self.labels[sel],
@@ -133,6 +123,22 @@ class Scenes:
             indices=None if self.indices is None else self.indices[sel],
             seed=self.seed,
         )
+
+
+def selection(idx: Union[int, slice, Sequence[int], np.ndarray, torch.Tensor], n: int
+              ) -> Union[slice, torch.Tensor]:
+    """``idx`` (an int, a slice, a sequence/array/tensor of ints or a bool mask over ``n`` items) as a slice or a 1-d
+    long tensor that selects along the batch dimension (an int selects a batch of one)."""
+    if isinstance(idx, slice):
+        return idx
+    t = torch.as_tensor(np.asarray(idx) if not isinstance(idx, torch.Tensor) else idx)
+    if t.dtype == torch.bool:
+        if tuple(t.shape) != (n,):
+            raise InputError(f"bool subset mask must have shape ({n},), got {tuple(t.shape)}")
+        t = t.nonzero().flatten()
+    elif t.is_floating_point() or t.is_complex():
+        raise InputError(f"subset indices must be integers, got dtype {t.dtype}")
+    return t.long().reshape(-1)
 
 
 def check_int(name: str, value: object, lo: int, hi: int | None = None) -> int:
