@@ -91,36 +91,13 @@ def fmt(m: float, h: float) -> str:
 # ----------------------------------------------------------------------------------------------------------------------
 
 
-def verification(model: torch.nn.Module, n: int = 2000, seed: int = 2026) -> dict[str, float]:
-    from vitlens.data.evidence import make_planted_scenes
-    from vitlens.metrics import verify_evidence
-
-    sc = make_planted_scenes(n, seed=seed)
-    v = verify_evidence(model, sc)
-    # the same scenes with no cue anywhere: where a cue was planted, the prediction once it is removed
-    pred_plain = torch.where(v["has_cue"], v["pred_without"], v["pred"])
-    conflict, has = v["conflict"], v["has_cue"]
-    follows = conflict & (v["pred"] == sc.cue_labels)
-    flips = follows & (v["pred_without"] == sc.object_labels)
-    obj_right = ~has & (v["pred"] == sc.object_labels)
-    obj_flip = obj_right & (v["pred_without"] != sc.object_labels)
-    return {
-        "n": n,
-        "accuracy": float((v["pred"] == sc.labels).float().mean()),
-        "accuracy_no_cue_scenes": float((pred_plain == sc.object_labels).float().mean()),
-        "conflicting": int(conflict.sum()),
-        "follows_cue": float(follows.sum() / conflict.sum()),
-        "flip_rate_cue": float(flips.sum() / follows.sum().clamp_min(1)),
-        "no_cue": int((~has).sum()),
-        "object_right": float(obj_right.sum() / (~has).sum()),
-        "flip_rate_object": float(obj_flip.sum() / obj_right.sum().clamp_min(1)),
-    }
-
-
 def run_planted(a: argparse.Namespace) -> str:
     model = vitlens.load_model("planted-vit")
     t0 = time.time()
-    ver = verification(model)
+    from vitlens.data.evidence import make_planted_scenes
+    from vitlens.metrics.evidence import evidence_use
+
+    ver = evidence_use(model, make_planted_scenes(2000, seed=2026))
     names = [m for m in vitlens.methods() if m != "aha"]
     ok, skipped = applicable(model, names)
     methods = [(m, dict(REDUCED.get(m, {}))) for m in ok] + ABLATIONS
@@ -147,27 +124,28 @@ def run_planted(a: argparse.Namespace) -> str:
                 d = vals.get((lab, o), {})
                 cells.append(fmt(*ci([v for k, v in d.items() if k.endswith("-" + group)])))
         rows.append(f"| {lab} | " + " | ".join(cells) + " |")
-    # what a map that knows nothing scores on share: the evidence's share of the image
-    from vitlens.bench.sources import open_source
-
-    src = open_source("planted:seed=2026;decided=both", model, n=2 * a.n)
-    area = {g: ci([float(src.masks[i].float().mean()) for i, gg in enumerate(src.groups) if gg == g])
-            for g in ("cue", "object")}
+    # what a map that knows nothing scores on share: the evidence's share of the image, regenerated from the ids
+    # ("planted-<seed>-<index>-<group>") of the images the run scored
+    area: dict[str, list[float]] = {"cue": [], "object": []}
+    for image_id in vals[(labels[0], outs[0])]:
+        _, seed, index, group = image_id.rsplit("-", 3)
+        sc = make_planted_scenes(1, seed=int(seed), start=int(index))
+        area[group].append(float((sc.cue_masks if group == "cue" else sc.object_masks)[0].float().mean()))
     cmd = "python benchmarks/planted_evidence.py " + " ".join(sys.argv[1:])
     text = (
         "## What planted-vit uses (causal check)\n\n"
         f"On {ver['n']:,} fresh planted scenes (seed 2026): accuracy {ver['accuracy']:.1%} (label = the cue where one "
-        f"is planted); on the same scenes without any cue {ver['accuracy_no_cue_scenes']:.1%}. Of the "
+        f"is planted); on the same scenes without any cue {ver['accuracy_cue_removed']:.1%}. Of the "
         f"{ver['conflicting']} images whose cue conflicts with the object, the model follows the cue in "
         f"{ver['follows_cue']:.1%}; removing the cue flips those predictions back to the object's class in "
-        f"**{ver['flip_rate_cue']:.1%}** (cue flip rate). Of the {ver['no_cue']} images without a cue it names the "
-        f"object's class in {ver['object_right']:.1%}; removing the object changes those predictions in "
-        f"**{ver['flip_rate_object']:.1%}** (object flip rate). Only images where the flip happened count below.\n\n"
+        f"**{ver['cue_flip_rate']:.1%}** (cue flip rate). Of the {ver['no_cue']} images without a cue it names the "
+        f"object's class in {ver['accuracy_without_cue']:.1%}; removing the object changes those predictions in "
+        f"**{ver['object_flip_rate']:.1%}** (object flip rate). Only images where the flip happened count below.\n\n"
         f"## Every method on verified evidence ({a.n} cue-decided + {a.n} object-decided images)\n\n"
         "Share: positive relevance on the evidence ÷ all positive relevance; pointing: the map's maximum is on the "
         "evidence (0 px tolerance); rank AUC: P(random evidence pixel outranks a random other pixel), 0.5 = chance. "
-        f"The evidence covers {area['cue'][0]:.1%} of the image for the cue (8×8 px) and "
-        f"{area['object'][0]:.1%} for the object on average: the share a map that knows nothing would get. "
+        f"The evidence covers {ci(area['cue'])[0]:.1%} of the image for the cue (8×8 px) and "
+        f"{ci(area['object'])[0]:.1%} for the object on average: the share a map that knows nothing would get. "
         "Mean ± 95% interval over images; the predicted class (= the label, on verified images).\n\n"
         + head + "\n".join(rows) + "\n\n"
         f"Command: `{cmd.strip()}` ({time.time() - t0:.0f} s; vitlens {vitlens.__version__}, torch "
@@ -210,7 +188,7 @@ def run_heads(a: argparse.Namespace) -> str:
             ("evidence/evidence_auc", "rank AUC"), ("evidence/evidence_share", "share")]
     labels = [spec_label(m, o) for _, m, o in HEAD_VARIANTS]
     per_seed: dict[str, dict[tuple[str, str], tuple[float, float]]] = {}
-    diffs: dict[str, dict[tuple[str, str], tuple[float, float]]] = {}
+    runs: dict[str, dict[tuple[str, str], dict[str, float]]] = {}  # model → its per-image values
     stats_text, spreads = [], {}
     for name in models:
         model = vitlens.load_model(name)
@@ -219,14 +197,8 @@ def run_heads(a: argparse.Namespace) -> str:
         cfg = BenchConfig(model=name, data="cues:seed=2026", methods=[(m, o) for _, m, o in HEAD_VARIANTS],
                           metrics=[ID, EVIDENCE], n=a.n, batch_size=20)
         run_dir = Path(run_benchmark(cfg, f"{a.out or 'runs/heads'}-{name}", progress=not a.quiet))
-        vals = per_image(run_dir)
-        per_seed[name], diffs[name] = {}, {}
-        for lab in labels:
-            for o, _ in outs:
-                d = vals[(lab, o)]
-                per_seed[name][(lab, o)] = ci(list(d.values()))
-                base = vals[(labels[0], o)]
-                diffs[name][(lab, o)] = ci([d[k] - base[k] for k in d])
+        runs[name] = per_image(run_dir)
+        per_seed[name] = {(lab, o): ci(list(runs[name][(lab, o)].values())) for lab in labels for o, _ in outs}
     # the seed's three claims as paired contrasts, per seed and pooled over seeds
     contrasts = [("adaptive − uniform", labels[0], labels[1]),
                  ("α 0.5 − α 0", labels[0], labels[2]), ("α 0.5 − α 1", labels[0], labels[5]),
@@ -238,8 +210,7 @@ def run_heads(a: argparse.Namespace) -> str:
         for o, oname in outs:
             cells, means, signs = [], [], []
             for name in models:
-                run_vals = per_image(Path(f"{a.out or 'runs/heads'}-{name}"))
-                da, db = run_vals[(la, o)], run_vals[(lb, o)]
+                da, db = runs[name][(la, o)], runs[name][(lb, o)]
                 m, h = ci([da[k] - db[k] for k in da])
                 cells.append(fmt(m, h))
                 means.append(m)

@@ -225,14 +225,10 @@ def _planted(seed: int, index: int, size: int, cue_frac: float, draw_object: boo
             img[:, cy:cy + side, cx:cx + side] = np.clip(patch, 0.0, 1.0)
     else:
         cue_label = -1
-    if not draw_object:
-        obj_mask = np.zeros_like(obj_mask)
-    if not draw_cue:
-        cue_mask_out = np.zeros_like(cue_mask)
-    else:
-        cue_mask_out = cue_mask
     label = cue_label if has_cue else obj_label
-    return img, label, obj_mask, obj_label, cue_mask_out, cue_label
+    # masks of what is drawn: an element left out has an empty mask
+    return (img, label, obj_mask if draw_object else np.zeros_like(obj_mask), obj_label,
+            cue_mask if draw_cue else np.zeros_like(cue_mask), cue_label)
 
 
 def _dilate(mask: np.ndarray, r: int) -> np.ndarray:

@@ -11,7 +11,13 @@ import numpy as np
 import torch
 from torch import Tensor
 
-__all__ = ["block_backward", "gini", "head_weights", "head_weights_from_flow", "readout_relevance", "skip_gate", "weighted_attention"]
+__all__ = ["block_backward", "gini", "wide", "head_weights", "head_weights_from_flow", "readout_relevance", "skip_gate", "weighted_attention"]
+
+
+def wide(t: Tensor) -> Tensor:
+    """``t`` detached, in float32 if it is a half-precision tensor (float64 stays float64): the propagation runs in
+    at least float32 whatever the model's dtype."""
+    return t.detach().to(torch.promote_types(t.dtype, torch.float32))
 
 
 def gini(p: Tensor) -> Tensor:

@@ -19,6 +19,7 @@ from ..models.base import int_pair
 from ..models._readout import readout_only
 from ..targets import Target
 from ._gradskip_rules import (
+    wide,
     block_backward,
     gini,
     head_weights,
@@ -113,9 +114,9 @@ class GradSkip(Explainer):
             steps.take(rec)
             grad_final = steps.backward(y.sum(), rec.final)
         # the propagation runs in at least float32 (fp16/bf16 models and autocast: docs/methods/gradskip.md)
-        y = _wide(y)
+        y = wide(y)
         t = steps.tokens
-        relevance = readout_relevance(_wide(rec.final), _wide(grad_final), y, adapter.readout_tokens,
+        relevance = readout_relevance(wide(rec.final), wide(grad_final), y, adapter.readout_tokens,
                                       adapter.num_prefix_tokens)
         relevance = _pad_tokens(relevance, t)  # readout path: the final stream holds the readout tokens only
         totals = [relevance.sum(-1)]
@@ -141,11 +142,6 @@ class GradSkip(Explainer):
     def _gate(self, u: Tensor, h: Tensor, grad_h: Tensor) -> Tensor:
         """``β_main`` per token ``(B, T)`` (:func:`~._gradskip_rules.skip_gate` with this method's options)."""
         return skip_gate(u, h, grad_h, self.options["skip"], float(self.options["eps"]))
-
-
-def _wide(t: Tensor) -> Tensor:
-    """``t`` detached, in float32 if it is a half-precision tensor (float64 stays float64)."""
-    return t.detach().to(torch.promote_types(t.dtype, torch.float32))
 
 
 def _pad_tokens(v: Tensor, t: int) -> Tensor:
@@ -219,9 +215,9 @@ class _BlockSteps:
     def _attn_step(self, li: int, grad: Tensor | None) -> None:
         o = self.explainer.options
         cap = self.saved[li]
-        attn, vnorm = _wide(cap.pop("attn")), _wide(cap.pop("vnorm"))
+        attn, vnorm = wide(cap.pop("attn")), wide(cap.pop("vnorm"))
         with torch.no_grad():
-            flow_terms = attn * _wide(grad) if grad is not None else torch.zeros_like(attn)
+            flow_terms = attn * wide(grad) if grad is not None else torch.zeros_like(attn)
             omega = head_weights_from_flow(attn, flow_terms, o["head_weighting"], float(o["alpha"]),
                                   float(o["grad_threshold"]), o["head_subset"])
             self.w[li] = self.explainer._weighted_attention(attn, flow_terms, vnorm, omega)
@@ -229,7 +225,7 @@ class _BlockSteps:
 
     def _h_step(self, li: int, grad: Tensor | None) -> None:
         cap = self.saved[li]
-        u, h = _wide(cap.pop("u")), _wide(cap.pop("h"))
+        u, h = wide(cap.pop("u")), wide(cap.pop("h"))
         with torch.no_grad():
-            beta = self.explainer._gate(u, h, torch.zeros_like(h) if grad is None else _wide(grad))
+            beta = self.explainer._gate(u, h, torch.zeros_like(h) if grad is None else wide(grad))
             self.beta[li] = _pad_tokens(beta, self.tokens)

@@ -30,6 +30,7 @@ from torch import Tensor
 from ..targets import Target
 from ._class_attention import magnitude_rows
 from ._gradskip_rules import (
+    wide,
     block_backward,
     head_weights_from_flow,
     readout_relevance,
@@ -42,10 +43,6 @@ if TYPE_CHECKING:
     from ..models.base import Adapter
 
 __all__ = ["attribute_class_attention"]
-
-
-def _wide(t: Tensor) -> Tensor:
-    return t.detach().to(torch.promote_types(t.dtype, torch.float32))
 
 
 class _Steps:
@@ -75,10 +72,10 @@ class _Steps:
     def _attn_step(self, li: int, grad: Tensor | None) -> None:
         o = self.method.options
         cap = self.saved[li]
-        attn, vnorm = _wide(cap.pop("attn")), _wide(cap.pop("vnorm"))
+        attn, vnorm = wide(cap.pop("attn")), wide(cap.pop("vnorm"))
         with torch.no_grad():
             rows = magnitude_rows(attn)  # Gini and the fallback on |A'|; a softmax stays itself
-            flow = attn * _wide(grad) if grad is not None else torch.zeros_like(attn)
+            flow = attn * wide(grad) if grad is not None else torch.zeros_like(attn)
             omega = head_weights_from_flow(rows, flow, o["head_weighting"], float(o["alpha"]),
                                            float(o["grad_threshold"]), o["head_subset"])
             self.w[li] = weighted_attention(rows, flow, vnorm, omega)
@@ -87,9 +84,9 @@ class _Steps:
     def _h_step(self, li: int, grad: Tensor | None) -> None:
         o = self.method.options
         cap = self.saved[li]
-        u, h = _wide(cap.pop("u")), _wide(cap.pop("h"))
+        u, h = wide(cap.pop("u")), wide(cap.pop("h"))
         with torch.no_grad():
-            self.beta[li] = skip_gate(u, h, torch.zeros_like(h) if grad is None else _wide(grad), o["skip"],
+            self.beta[li] = skip_gate(u, h, torch.zeros_like(h) if grad is None else wide(grad), o["skip"],
                                       float(o["eps"]))
 
 
@@ -109,9 +106,9 @@ def attribute_class_attention(method: Explainer, adapter: "Adapter", x: Tensor, 
         steps = _Steps(method, rec)
         grad_final = steps.backward(y.sum(), final)
     n = len(steps.saved)
-    y = _wide(y)
-    final = _wide(final)
-    g_final = torch.zeros_like(final) if grad_final is None else _wide(grad_final)
+    y = wide(y)
+    final = wide(final)
+    g_final = torch.zeros_like(final) if grad_final is None else wide(grad_final)
     relevance = readout_relevance(final, g_final, y, adapter.readout_tokens, 1)  # (B, 1 + N) on [CLS, patches]
     bsz, t = relevance.shape
     totals = [relevance.sum(-1)]

@@ -27,7 +27,7 @@ import torch
 from torch import Tensor
 
 from ..targets import Target
-from ._gradskip_rules import head_weights_from_flow, readout_relevance, skip_gate, weighted_attention
+from ._gradskip_rules import head_weights_from_flow, readout_relevance, skip_gate, weighted_attention, wide
 from ._windows import merge_handback
 from .base import Attribution, Explainer
 
@@ -35,10 +35,6 @@ if TYPE_CHECKING:
     from ..models.base import Adapter
 
 __all__ = ["attribute_windowed"]
-
-
-def _wide(t: Tensor) -> Tensor:
-    return t.detach().to(torch.promote_types(t.dtype, torch.float32))
 
 
 def _stack_padded(rows: list[Tensor]) -> Tensor:
@@ -68,9 +64,9 @@ def attribute_windowed(method: Explainer, adapter: "Adapter", x: Tensor, target:
     n = len(blocks)
     g_final = grads[0]
     g_attn, g_h, g_merge = grads[1:1 + n], grads[1 + n:1 + 2 * n], dict(zip([s for s, _ in merges], grads[1 + 2 * n:]))
-    y = _wide(y)
-    final = _wide(rec.final)
-    relevance = readout_relevance(final, torch.zeros_like(final) if g_final is None else _wide(g_final), y, None, 0)
+    y = wide(y)
+    final = wide(rec.final)
+    relevance = readout_relevance(final, torch.zeros_like(final) if g_final is None else wide(g_final), y, None, 0)
     bsz = x.shape[0]
     lost = torch.zeros_like(y)
     totals = [relevance.sum(-1)]
@@ -78,19 +74,19 @@ def attribute_windowed(method: Explainer, adapter: "Adapter", x: Tensor, target:
     for li in range(n - 1, -1, -1):
         b = blocks[li]
         assert isinstance(b, SwinBlockRecord) and b.attn is not None and b.vnorm is not None
-        attn, vnorm = _wide(b.attn), _wide(b.vnorm)
+        attn, vnorm = wide(b.attn), wide(b.vnorm)
         nw = attn.shape[0] // bsz
         heads, tok = attn.shape[1], attn.shape[2]
         with torch.no_grad():
-            flow = attn * _wide(g_attn[li]) if g_attn[li] is not None else torch.zeros_like(attn)
+            flow = attn * wide(g_attn[li]) if g_attn[li] is not None else torch.zeros_like(attn)
             # the layer's heads over all of its windows: (B, H, nW·N, N)
             per_image = attn.reshape(bsz, nw, heads, tok, tok).transpose(1, 2).reshape(bsz, heads, nw * tok, tok)
             flow_img = flow.reshape(bsz, nw, heads, tok, tok).transpose(1, 2).reshape(bsz, heads, nw * tok, tok)
             omega = head_weights_from_flow(per_image, flow_img, o["head_weighting"], float(o["alpha"]),
                                            float(o["grad_threshold"]), o["head_subset"])
             w = weighted_attention(attn, flow, vnorm, omega.repeat_interleave(nw, dim=0))  # (B·nW, N, N)
-            u, h = _wide(b.u), _wide(b.h)
-            beta = skip_gate(u, h, torch.zeros_like(h) if g_h[li] is None else _wide(g_h[li]), o["skip"],
+            u, h = wide(b.u), wide(b.h)
+            beta = skip_gate(u, h, torch.zeros_like(h) if g_h[li] is None else wide(g_h[li]), o["skip"],
                              float(o["eps"]))
             gh, gw = b.grid
             main = (beta * relevance).reshape(bsz, gh, gw)
@@ -106,8 +102,8 @@ def attribute_windowed(method: Explainer, adapter: "Adapter", x: Tensor, target:
             m = rec.merges[b.stage]
             assert m is not None
             g = g_merge[b.stage]
-            relevance, fell = merge_handback(relevance, _wide(m), torch.zeros_like(_wide(m)) if g is None else
-                                             _wide(g))
+            relevance, fell = merge_handback(relevance, wide(m), torch.zeros_like(wide(m)) if g is None else
+                                             wide(g))
             lost = lost + fell
         totals.append(relevance.sum(-1) + lost)
     gh, gw = adapter.grid(int_pair(x.shape[-2:]))

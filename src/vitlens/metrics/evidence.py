@@ -28,7 +28,7 @@ from ..errors import InputError
 from .base import Metric, MetricResult, check_maps, register_metric
 from .localisation import energy_inside, pointing_game
 
-__all__ = ["Evidence", "evidence_auc", "verify_evidence"]
+__all__ = ["Evidence", "evidence_auc", "evidence_use", "verify_evidence"]
 
 
 def evidence_auc(maps: Tensor, masks: Tensor) -> Tensor:
@@ -122,3 +122,39 @@ def verify_evidence(model: nn.Module, scenes: Any, batch: int = 250) -> dict[str
     obj_ok = ~has_cue & (pred == scenes.object_labels) & (pred_without != scenes.object_labels)
     return {"pred": pred, "pred_without": pred_without, "cue_verified": cue_ok, "object_verified": obj_ok,
             "verified": cue_ok | obj_ok, "conflict": conflict, "has_cue": has_cue}
+
+
+def evidence_use(model: nn.Module, scenes: Any, batch: int = 250) -> dict[str, Any]:
+    """What ``model`` uses on ``scenes`` (:class:`vitlens.data.evidence.EvidenceScenes`), summarised from
+    :func:`verify_evidence`: the numbers the model cards and the evidence benchmark report.
+
+    Planted scenes: ``accuracy`` (label = the cue where one is planted), ``accuracy_with_cue``,
+    ``accuracy_without_cue`` (scenes without a cue), ``accuracy_cue_removed`` (every scene with its cue removed),
+    ``conflicting`` / ``no_cue`` (counts), ``follows_cue`` (share of conflicting scenes predicted as the cue's class),
+    ``cue_flip_rate`` (share of those that flip back to the object's class once the cue is removed),
+    ``object_flip_rate`` (share of correct no-cue predictions that change once the object is removed),
+    ``cue_verified`` / ``object_verified`` (counts). Cue scenes: ``accuracy``, ``evidence_flip_rate``, ``verified``.
+    """
+    v = verify_evidence(model, scenes, batch)
+    has, conflict = v["has_cue"], v["conflict"]
+    right = v["pred"] == scenes.labels
+    rec: dict[str, Any] = {"n": len(scenes), "accuracy": float(right.float().mean())}
+    if scenes.kind != "planted":
+        rec.update({"evidence_flip_rate": float(v["object_verified"].sum() / right.sum().clamp_min(1)),
+                    "verified": int(v["object_verified"].sum())})
+        return rec
+    follows = conflict & (v["pred"] == scenes.cue_labels)
+    plain = torch.where(has, v["pred_without"], v["pred"])  # every scene with its cue removed
+    rec.update({
+        "accuracy_with_cue": float(right[has].float().mean()),
+        "accuracy_without_cue": float(right[~has].float().mean()),
+        "accuracy_cue_removed": float((plain == scenes.object_labels).float().mean()),
+        "conflicting": int(conflict.sum()),
+        "no_cue": int((~has).sum()),
+        "follows_cue": float(follows.sum() / conflict.sum().clamp_min(1)),
+        "cue_flip_rate": float(v["cue_verified"].sum() / follows.sum().clamp_min(1)),
+        "object_flip_rate": float(v["object_verified"].sum() / (~has & right).sum().clamp_min(1)),
+        "cue_verified": int(v["cue_verified"].sum()),
+        "object_verified": int(v["object_verified"].sum()),
+    })
+    return rec

@@ -16,6 +16,7 @@ Everything an adapter changes on the model (hooks, fused/eager attention switche
 from __future__ import annotations
 
 import contextlib
+import numbers
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
@@ -427,9 +428,13 @@ class Adapter:
         return hook
 
 
-def int_pair(value: Iterable[Any]) -> tuple[int, int]:
+def int_pair(value: Iterable[Any] | int) -> tuple[int, int]:
     """``(h, w)`` as two Python ints, from any two-element sequence (``torch.Size``, tuple, list of ints or
-    0-d tensors): how spatial sizes and token grids are passed around."""
+    0-d tensors) or one int (a square size): how spatial sizes and token grids are passed around."""
+    if isinstance(value, int):
+        return value, value
+    if isinstance(value, numbers.Integral):  # numpy integers
+        return int(value), int(value)
     h, w = value
     return int(h), int(w)
 

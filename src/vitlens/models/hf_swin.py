@@ -34,14 +34,10 @@ from torch import Tensor, nn
 
 from ..errors import InputError, UnsupportedModelError
 from ._hf import eager_attention
-from .base import Adapter, Recording, int_pair, logits_of
-from .timm_swin import SWIN_CAPABILITY_NOTES, SWIN_METHOD_LIMITS, SwinBlockRecord, SwinRecording
+from .base import Recording, int_pair, logits_of
+from .timm_swin import SwinAdapter, SwinBlockRecord, SwinRecording
 
 __all__ = ["HFSwinAdapter"]
-
-
-def _pair(v: Any) -> tuple[int, int]:
-    return (int(v[0]), int(v[1])) if isinstance(v, (tuple, list)) else (int(v), int(v))
 
 
 def _arg(args: tuple, kwargs: dict, pos: int, name: str) -> Any:
@@ -49,17 +45,11 @@ def _arg(args: tuple, kwargs: dict, pos: int, name: str) -> Any:
     return args[pos] if len(args) > pos else kwargs[name]
 
 
-class HFSwinAdapter(Adapter):
+class HFSwinAdapter(SwinAdapter):
     """HuggingFace ``SwinForImageClassification``: GradSkip, rollout and GAE through windows and merges,
     Grad-CAM/Finer-CAM on the last stage."""
 
-    model: Any  # a transformers SwinForImageClassification: its parts are read by attribute after __init__ checked them
     family = "hf-swin"
-    capabilities = frozenset({"attention", "hierarchical", "features"})
-    hierarchical = True
-    windowed = True
-    method_limits = SWIN_METHOD_LIMITS
-    capability_notes = SWIN_CAPABILITY_NOTES
 
     @staticmethod
     def matches(model: nn.Module) -> bool:
@@ -71,9 +61,9 @@ class HFSwinAdapter(Adapter):
         cfg = self.model.config
         self.backbone = self.model.swin
         self.num_classes = int(cfg.num_labels)
-        self.patch_size = _pair(cfg.patch_size)
+        self.patch_size = int_pair(cfg.patch_size)
         self.in_chans = int(cfg.num_channels)
-        self.default_size = _pair(cfg.image_size)
+        self.default_size = int_pair(cfg.image_size)
         self.any_size = True  # no absolute position embeddings by default; with them, the forward interpolates
         self.stages: list[Any] = list(self.backbone.encoder.layers)
         for s, stage in enumerate(self.stages):
@@ -128,7 +118,7 @@ class HFSwinAdapter(Adapter):
             raise InputError(f"input size {h}x{w} is not a multiple of the patch size {ph}x{pw}")
         for s, (stage, (gh, gw)) in enumerate(zip(self.stages, self.stage_grids((h, w)))):
             for blk in stage.blocks:
-                table = _pair(blk.attention.relative_position_bias.window_size)
+                table = int_pair(blk.attention.relative_position_bias.window_size)
                 if min(gh, gw) < table[0]:
                     raise InputError(
                         f"input size {h}x{w} gives stage {s} a {gh}x{gw} token grid, smaller than its {table[0]}x"
@@ -140,7 +130,7 @@ class HFSwinAdapter(Adapter):
         side = max(self.patch_size)
         while True:
             grids = self.stage_grids((side, side))
-            if all(min(g) >= _pair(b.attention.relative_position_bias.window_size)[0]
+            if all(min(g) >= int_pair(b.attention.relative_position_bias.window_size)[0]
                    for st, g in zip(self.stages, grids) for b in st.blocks):
                 return f"{side}x{side}"
             side += max(self.patch_size)
@@ -156,9 +146,6 @@ class HFSwinAdapter(Adapter):
         return logits_of(self.model(pixel_values=x, **kwargs))
 
     # -- capture ---------------------------------------------------------------------------------------------------
-    def _new_recording(self) -> SwinRecording:
-        return SwinRecording()
-
     @contextlib.contextmanager
     def _explicit_attention(self) -> Iterator[None]:
         configs = [self.model.config] + [m.config for m in self.model.modules()
@@ -208,7 +195,7 @@ def _window_hook(rec: SwinRecording, index: int, layer: Any) -> Callable:
     def hook(module: nn.Module, args: tuple, kwargs: dict) -> None:
         brec = rec.blocks[index]
         assert isinstance(brec, SwinBlockRecord)
-        brec.shift, brec.window = _pair(layer.shift_size), _pair(layer.window_size)
+        brec.shift, brec.window = int_pair(layer.shift_size), int_pair(layer.window_size)
         x = _arg(args, kwargs, 0, "hidden_states").detach()
         with torch.no_grad():
             v = att.v_proj(x)

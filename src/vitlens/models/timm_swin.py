@@ -25,9 +25,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..errors import InputError, UnsupportedModelError
-from .base import Adapter, BlockRecord, Recording, switched
+from .base import Adapter, BlockRecord, Recording, int_pair, switched
 
-__all__ = ["TimmSwinAdapter", "SwinBlockRecord", "SwinRecording", "to_windows", "from_windows", "SWIN_METHOD_LIMITS",
+__all__ = ["SwinAdapter", "TimmSwinAdapter", "SwinBlockRecord", "SwinRecording", "to_windows", "from_windows", "SWIN_METHOD_LIMITS",
            "SWIN_CAPABILITY_NOTES"]
 
 _WHY = ("Swin's attention is windowed (shifted windows) and patch merging changes the token set between stages; "
@@ -97,21 +97,26 @@ def from_windows(rw: Tensor, batch: int, size: tuple[int, int], padded: tuple[in
     return r, lost
 
 
-def _pair(v: Any) -> tuple[int, int]:
-    return (int(v[0]), int(v[1])) if isinstance(v, (tuple, list)) else (int(v), int(v))
+class SwinAdapter(Adapter):
+    """What the timm and HF Swin adapters share: the capabilities and limits of windowed attention and the
+    recording type; each family fills in where its parts are."""
 
-
-class TimmSwinAdapter(Adapter):
-    """timm ``SwinTransformer`` (v1): GradSkip, rollout and GAE through windows and merges, Grad-CAM/Finer-CAM on
-    the last stage."""
-
-    model: Any  # a timm SwinTransformer: its parts are read by attribute after __init__ checked the layout
-    family = "timm-swin"
+    model: Any  # a Swin classifier: its parts are read by attribute after __init__ checked the layout
     capabilities = frozenset({"attention", "hierarchical", "features"})
     hierarchical = True
     windowed = True
     method_limits = SWIN_METHOD_LIMITS
     capability_notes = SWIN_CAPABILITY_NOTES
+
+    def _new_recording(self) -> SwinRecording:
+        return SwinRecording()
+
+
+class TimmSwinAdapter(SwinAdapter):
+    """timm ``SwinTransformer`` (v1): GradSkip, rollout and GAE through windows and merges, Grad-CAM/Finer-CAM on
+    the last stage."""
+
+    family = "timm-swin"
 
     @staticmethod
     def matches(model: nn.Module) -> bool:
@@ -121,9 +126,9 @@ class TimmSwinAdapter(Adapter):
         super().__init__(model)
         self.num_classes = int(getattr(model, "num_classes", 0) or 0)
         pe = self.model.patch_embed
-        self.patch_size = _pair(pe.patch_size)
+        self.patch_size = int_pair(pe.patch_size)
         self.in_chans = int(pe.proj.in_channels)
-        self.default_size = _pair(pe.img_size) if getattr(pe, "img_size", None) is not None else None
+        self.default_size = int_pair(pe.img_size) if getattr(pe, "img_size", None) is not None else None
         self.any_size = False  # relative position bias and shift masks are built for the configured resolution
         self.stages: list[Any] = list(self.model.layers)
         for s, stage in enumerate(self.stages):
@@ -175,9 +180,6 @@ class TimmSwinAdapter(Adapter):
         return super().classifier_modules()
 
     # -- capture ---------------------------------------------------------------------------------------------------
-    def _new_recording(self) -> SwinRecording:
-        return SwinRecording()
-
     @contextlib.contextmanager
     def _explicit_attention(self) -> Iterator[None]:
         with switched([blk.attn for stage in self.stages for blk in stage.blocks], "fused_attn", False):
@@ -194,7 +196,7 @@ class TimmSwinAdapter(Adapter):
 
                 hooks.append(stage.downsample.register_forward_pre_hook(merge_hook))
             for blk in stage.blocks:
-                rec.blocks.append(SwinBlockRecord(stage=s, shift=_pair(blk.shift_size), window=_pair(blk.window_size)))
+                rec.blocks.append(SwinBlockRecord(stage=s, shift=int_pair(blk.shift_size), window=int_pair(blk.window_size)))
                 hooks.append(blk.register_forward_pre_hook(self._swin_u_hook(rec, index), with_kwargs=True))
                 hooks.append(blk.norm2.register_forward_pre_hook(self._record_h_hook(rec, index)))
                 hooks.append(blk.attn.softmax.register_forward_hook(_attn_hook(rec, index)))

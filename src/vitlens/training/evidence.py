@@ -31,35 +31,14 @@ MAKER = {"shapes": "make_scenes", "planted": "make_planted_scenes", "cues": "mak
 def evidence_record(build: Callable[[], torch.nn.Module], weights: Path, kind: str, n: int, seed: int
                     ) -> dict[str, Any]:
     """The shipped model's use of the evidence on ``n`` test scenes of ``kind`` (``planted`` or ``cues``), checked
-    causally by removing it (:func:`vitlens.metrics.verify_evidence`)."""
+    causally by removing it (:func:`vitlens.metrics.evidence_use`)."""
     from vitlens.data.evidence import make_cue_scenes, make_planted_scenes
-    from vitlens.metrics import verify_evidence
+    from vitlens.metrics.evidence import evidence_use
     from vitlens.training.common import load_stored
 
     model = load_stored(build, weights)
     sc = make_planted_scenes(n, seed=seed) if kind == "planted" else make_cue_scenes(n, seed=seed)
-    v = verify_evidence(model, sc)
-    has, conflict = v["has_cue"], v["conflict"]
-    right = v["pred"] == sc.labels
-    rec: dict[str, Any] = {"n": n, "seed": seed}
-    if kind == "planted":
-        follows = conflict & (v["pred"] == sc.cue_labels)
-        obj_right = ~has & right
-        rec.update({
-            "accuracy_with_cue": float(right[has].float().mean()),
-            "accuracy_without_cue": float(right[~has].float().mean()),
-            "conflicting": int(conflict.sum()),
-            "follows_cue": float(follows.sum() / conflict.sum().clamp_min(1)),
-            "cue_flip_rate": float(v["cue_verified"].sum() / follows.sum().clamp_min(1)),
-            "object_flip_rate": float(v["object_verified"].sum() / obj_right.sum().clamp_min(1)),
-            "cue_verified": int(v["cue_verified"].sum()),
-            "object_verified": int(v["object_verified"].sum()),
-        })
-    else:
-        rec.update({"accuracy": float(right.float().mean()),
-                    "evidence_flip_rate": float(v["object_verified"].sum() / right.sum().clamp_min(1)),
-                    "verified": int(v["object_verified"].sum())})
-    return rec
+    return {**evidence_use(model, sc), "seed": seed}
 
 
 def evidence_card_lines(rec: dict[str, Any] | None) -> list[str]:
