@@ -15,9 +15,10 @@ __all__ = ["Column", "column_info", "metric_title", "metric_sentence", "protocol
            "GROUP_QUESTION"]
 
 #: Groups in table order, and the question each answers.
-GROUP_ORDER = ("Faithfulness", "Localisation", "Segmentation", "Other", "Cost")
+GROUP_ORDER = ("Faithfulness", "Evidence", "Localisation", "Segmentation", "Other", "Cost")
 GROUP_QUESTION = {
     "Faithfulness": "does the map rank pixels by their effect on the prediction?",
+    "Evidence": "is the relevance on what the model provably used?",
     "Localisation": "does the map point at the object?",
     "Segmentation": "does the map, thresholded, cover the object?",
     "Other": "other measurements",
@@ -35,6 +36,9 @@ _OUTPUTS: dict[tuple[str, str], tuple[str, str, int]] = {
     ("faithfulness_violation", "violation"): ("violation", "Faithfulness", 6),
     ("pointing_game", "pointing_game"): ("pointing game", "Localisation", 0),
     ("pointing_game", "energy_inside"): ("relevance in object", "Localisation", 1),
+    ("evidence", "evidence_share"): ("relevance on evidence", "Evidence", 0),
+    ("evidence", "evidence_pointing"): ("pointing at evidence", "Evidence", 1),
+    ("evidence", "evidence_auc"): ("evidence rank AUC", "Evidence", 2),
     ("segmentation", "pa"): ("pixel accuracy", "Segmentation", 0),
     ("segmentation", "iou_fg"): ("IoU object", "Segmentation", 1),
     ("segmentation", "iou_bg"): ("IoU background", "Segmentation", 2),
@@ -58,6 +62,11 @@ _SENTENCES = {
     "pointing_game": (
         "Pointing game: a hit when the map's maximum lies on the object; relevance in object: the share of the "
         "positive relevance that falls inside the object's mask."
+    ),
+    "evidence": (
+        "On images where the model's use of the evidence was verified (removing it flips the prediction): the share "
+        "of the positive relevance on that evidence, whether the map's maximum lies on it, and the probability that "
+        "a random evidence pixel outranks a random other pixel (0.5 = chance)."
     ),
     "segmentation": (
         "The map is thresholded (Otsu) into object / background and compared with the object's mask: pixel "
