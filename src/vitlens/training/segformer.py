@@ -43,12 +43,8 @@ AdamW cost several times the forward and backward passes on this CPU.
 from __future__ import annotations
 
 import argparse
-import datetime as _dt
-import hashlib
-import json
+import functools
 import math
-import platform
-import shlex
 import sys
 import time
 from pathlib import Path
@@ -69,19 +65,24 @@ from vitlens.models.zoo import BUNDLED, WEIGHTS_DIR
 from vitlens.runtime import write_model_card
 from vitlens.training.common import (
     BatchSampler,
-    add_common_options,
     cpu_has_bf16,
-    cpu_name,
     describe_load,
     dihedral,
+    export_weights,
     fmt_time,
     load_average,
     load_stored,
     lr_factor,
+    meta_head,
+    meta_schedule,
+    meta_timing,
+    meta_weights_and_software,
     normalise,
     param_groups,
-    save_fp16_weights,
+    parse_with_common_options,
     set_lr,
+    training_parser,
+    write_meta,
 )
 
 __all__ = ["main", "confusion_matrix", "confusion_scores", "evaluate", "predict_label_maps"]
@@ -92,10 +93,8 @@ DEFAULT_STEPS = 900
 
 
 def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(
-        prog="python -m vitlens.training.segformer",
-        description="Train the bundled shapes-segformer on multi-object scenes; write weights, metadata and card.",
-    )
+    p = training_parser("segformer", "Train the bundled shapes-segformer on multi-object scenes; write weights, "
+                                     "metadata and card.")
     p.add_argument("--seed", type=int, default=0, help="seed of torch and of the training data (default 0)")
     p.add_argument("--steps", type=int, default=DEFAULT_STEPS, help=f"optimiser steps (default {DEFAULT_STEPS})")
     p.add_argument("--n-train", type=int, default=10_000, help="training scenes (default 10000)")
@@ -106,15 +105,13 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=1,
                    help="intra-op threads, fixed for the whole run (default 1; the weights depend on it, see above)")
     p.add_argument("--target", type=float, default=0.80, help="held-out mIoU for exit code 0 (default 0.80)")
-    p.add_argument("--eval-every", type=int, default=0,
-                   help="print the mIoU on the first 200 test scenes every N steps (0: never; does not change training)")
-    add_common_options(p, out=WEIGHTS_DIR, batch_size=128, lr=1e-2, weight_decay=0.01)
-    return p.parse_args(argv)
+    return parse_with_common_options(p, argv, out=WEIGHTS_DIR, batch_size=128, lr=1e-2, weight_decay=0.01,
+                                     eval_every="print the mIoU on the first 200 test scenes (does not change "
+                                                "training)")
 
 
-def _normalise(x: torch.Tensor) -> torch.Tensor:
-    """``(B, 3, H, W)`` in [0, 1] → normalised with the model's mean/std."""
-    return normalise(x, SHAPES_SEGFORMER_MEAN, SHAPES_SEGFORMER_STD)
+#: ``(B, 3, H, W)`` in [0, 1] → normalised with the model's mean/std.
+_normalise = functools.partial(normalise, mean=SHAPES_SEGFORMER_MEAN, std=SHAPES_SEGFORMER_STD)
 
 
 @torch.no_grad()
@@ -324,7 +321,6 @@ def _run(argv: Sequence[str] | None) -> int:
     if args.steps < 1 or args.n_train < 1 or args.n_test < 1 or args.batch_size < 1 or args.threads < 1:
         raise SystemExit("--steps, --n-train, --n-test, --batch-size and --threads must be >= 1")
 
-    import transformers
     from tqdm import tqdm
 
     torch.set_num_threads(args.threads)
@@ -369,19 +365,14 @@ def _run(argv: Sequence[str] | None) -> int:
 
     # ---- export and re-measure on the shipped weights ---------------------------------------------------------------
     out: Path = args.out
-    out.mkdir(parents=True, exist_ok=True)
-    w_path = out / f"{NAME}.safetensors"
-    save_fp16_weights(model, w_path, NAME, args.seed, mode=0o644)
+    w_path = export_weights(model, out, NAME, args.seed, mode=0o644)
 
     scores = evaluate(load_stored(build_shapes_segformer, w_path), x_test, y_test)
 
     total_time = time.perf_counter() - t0
-    data = w_path.read_bytes()
     load, load_note = describe_load(loads, args.threads, training_time, cpu_time)
     meta = {
-        "name": NAME,
-        "command": "python -m vitlens.training.segformer " + shlex.join(argv_list),
-        "seed": args.seed,
+        **meta_head(NAME, "segformer", argv_list, args.seed),
         "train_data_seed": train_seed,
         "test_data_seed": test_seed,
         "n_train": n,
@@ -391,42 +382,24 @@ def _run(argv: Sequence[str] | None) -> int:
         "normalisation": {"mean": list(SHAPES_SEGFORMER_MEAN), "std": list(SHAPES_SEGFORMER_STD)},
         "logits_resolution": "1/4 of the input (H/4, W/4); upsampled bilinearly for evaluation",
         "init": args.init,
-        "batch_size": bs,
-        "lr": args.lr,
-        "min_lr_frac": args.min_lr_frac,
-        "weight_decay": args.weight_decay,
-        "warmup_frac": args.warmup_frac,
+        **meta_schedule(args),
+        "batch_size": bs,  # the option, capped at the training-set size
         "augmentation": "random horizontal flip, vertical flip, transpose (image and label map together)",
         "loss": "per-pixel cross-entropy on logits upsampled bilinearly to the label-map size",
         "precision": "bf16 autocast" if use_bf16 else "fp32",
         "steps": args.steps,
         "epochs": args.steps * bs / n,
-        "training_time_s": round(training_time, 1),
-        "total_time_s": round(total_time, 1),
-        "cpu_time_s": round(cpu_time, 1),
-        "load_average": load,
-        "load_note": load_note,
+        **meta_timing(training_time, total_time, cpu_time, load, load_note),
         "metric": "pooled confusion matrix over all test pixels; IoU = TP/(TP+FP+FN); mIoU over all 7 labels",
         "test_miou": scores["miou"],
         "test_pixel_accuracy": scores["pixel_accuracy"],
         "per_class_iou": scores["iou"],
         "per_class_recall": scores["accuracy"],
         "test_miou_fp32_before_export": fp32_scores["miou"],
-        "n_params": n_params,
-        "weights_file": w_path.name,
-        "weights_dtype": "float16",
-        "weights_bytes": len(data),
-        "weights_sha256": hashlib.sha256(data).hexdigest(),
-        "threads": args.threads,
-        "cpu": cpu_name(),
-        "torch_version": torch.__version__,
-        "transformers_version": transformers.__version__,
-        "numpy_version": np.__version__,
-        "python_version": platform.python_version(),
-        "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        **meta_weights_and_software(w_path, n_params, args.threads, "transformers"),
         "train_command": BUNDLED[NAME].train_command,
     }
-    (out / f"{NAME}.json").write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
+    write_meta(out, NAME, meta)
     _write_card(out / f"{NAME}.md", meta)
 
     log(f"held-out mIoU {scores['miou']:.4f} (fp32 before export {fp32_scores['miou']:.4f}), pixel accuracy "

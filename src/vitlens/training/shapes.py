@@ -32,12 +32,8 @@ What it does (all on CPU, ``torch.set_num_threads(2)`` by default):
 from __future__ import annotations
 
 import argparse
-import datetime as _dt
-import hashlib
-import json
+import functools
 import math
-import platform
-import shlex
 import sys
 import time
 from pathlib import Path
@@ -47,36 +43,46 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-
 from vitlens.models.zoo import BUNDLED, SHAPES_MEAN, SHAPES_STD, WEIGHTS_DIR
-from vitlens.training.evidence import DATA_SENTENCE, MAKER, evidence_card_lines, evidence_record
-from vitlens.training.common import attention_gini as _attention_gini
 from vitlens.runtime import write_model_card
 from vitlens.training.common import (
     BatchSampler,
     ThreadChooser,
-    add_common_options,
     card_class_table,
     card_gini_table,
     card_software_lines,
     cpu_has_bf16,
-    cpu_name,
     describe_load,
     dihedral,
     explicit_attention,
+    export_weights,
     fmt_time,
     gini,
     gini_record,
     load_average,
+    log_classifier_result,
     lr_factor,
     make_scenes_parallel,
+    meta_head,
+    meta_schedule,
+    meta_timing,
+    meta_weights_and_software,
     mimetic_init,
     normalise,
     param_groups,
+    parse_with_common_options,
     remeasure,
-    save_fp16_weights,
     set_lr,
     sincos_pos_init,
+    training_parser,
+    write_meta,
+)
+from vitlens.training.common import attention_gini as _attention_gini
+from vitlens.training.evidence import (
+    DATA_SENTENCE,
+    MAKER,
+    evidence_card_lines,
+    evidence_record,
 )
 
 __all__ = ["main", "attention_gini", "gini", "MODELS"]
@@ -135,10 +141,8 @@ def _names(name: str) -> tuple[str, ...]:
 
 
 def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(
-        prog="python -m vitlens.training.shapes",
-        description="Train the bundled shapes-vit model on synthetic scenes and write weights, metadata and card.",
-    )
+    p = training_parser("shapes", "Train the bundled shapes-vit model on synthetic scenes and write weights, "
+                                  "metadata and card.")
     p.add_argument("--model", choices=sorted(MODELS), default="shapes-vit", help="which bundled model to train")
     p.add_argument("--teacher", default="shapes-vit",
                    help="shapes-deit only: bundled model whose predictions train the DIST head (default shapes-vit)")
@@ -175,14 +179,12 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
                    help="attention initialisation (default mimetic)")
     p.add_argument("--pos-init", choices=["timm", "sincos"], default="timm",
                    help="initial values of the (learned) position embeddings")
-    p.add_argument("--eval-every", type=int, default=0, help="evaluate on 500 test images every N steps (0: never)")
-    add_common_options(p, out=WEIGHTS_DIR, batch_size=128, lr=1e-3, weight_decay=0.05)
-    return p.parse_args(argv)
+    return parse_with_common_options(p, argv, out=WEIGHTS_DIR, batch_size=128, lr=1e-3, weight_decay=0.05,
+                                     eval_every="evaluate on 500 test images")
 
 
-def _normalise(x: torch.Tensor) -> torch.Tensor:
-    """``(B, 3, H, W)`` in [0, 1] → normalised with the bundled model's mean/std."""
-    return normalise(x, SHAPES_MEAN, SHAPES_STD)
+#: ``(B, 3, H, W)`` in [0, 1] → normalised with the bundled model's mean/std.
+_normalise = functools.partial(normalise, mean=SHAPES_MEAN, std=SHAPES_STD)
 
 
 def _aux_targets(masks: torch.Tensor, labels: torch.Tensor, patch: int, num_classes: int
@@ -457,10 +459,7 @@ def _export(args: argparse.Namespace, name: str, model: Any, x_test: torch.Tenso
             ) -> tuple[Path, float, dict[str, dict[str, Any]], np.ndarray]:
     """Store the weights as float16 safetensors and re-measure the stored model: ``(weights path, test accuracy,
     per-class accuracy, attention Gini (layers, heads))``."""
-    out: Path = args.out
-    out.mkdir(parents=True, exist_ok=True)
-    w_path = out / f"{name}.safetensors"
-    save_fp16_weights(model, w_path, name, args.seed, mode=0o644)
+    w_path = export_weights(model, args.out, name, args.seed, mode=0o644)
     shipped, test_acc, per_class = remeasure(BUNDLED[name].build, w_path, x_test, y_test, _names(name), _predict)
     gini_lh = attention_gini(shipped, x_test[:500])
     return w_path, test_acc, per_class, gini_lh
@@ -518,14 +517,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     out: Path = args.out
     w_path, test_acc, per_class, gini_lh = _export(args, name, model, x_test, y_test)
 
-    import timm as _timm
-
     total_time = time.perf_counter() - t0
-    data = w_path.read_bytes()
     meta = {
-        "name": name,
-        "command": "python -m vitlens.training.shapes " + shlex.join(argv_list),
-        "seed": args.seed,
+        **meta_head(name, "shapes", argv_list, args.seed),
         "train_data_seed": train_seed,
         "test_data_seed": test_seed,
         "n_train": len(x_train),
@@ -534,11 +528,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "class_names": list(_names(name)),
         "data": kind,
         "normalisation": {"mean": list(SHAPES_MEAN), "std": list(SHAPES_STD)},
-        "batch_size": bs,
-        "lr": args.lr,
-        "min_lr_frac": args.min_lr_frac,
-        "weight_decay": args.weight_decay,
-        "warmup_frac": args.warmup_frac,
+        **meta_schedule(args),
         "label_smoothing": args.label_smoothing,
         "init": args.init,
         "aux_weight": args.aux_weight,
@@ -550,40 +540,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         "epochs": step * bs / n,
         "stopped_by_time_budget": time_limited,
         "minutes_budget": args.minutes,
-        "training_time_s": round(training_time, 1),
-        "total_time_s": round(total_time, 1),
-        "cpu_time_s": round(cpu_time, 1),
-        "load_average": load,
-        "load_note": load_note,
+        **meta_timing(training_time, total_time, cpu_time, load, load_note),
         "test_accuracy": test_acc,
         "test_accuracy_fp32_before_export": acc_fp32,
         "per_class_accuracy": per_class,
         "attention_gini": gini_record(gini_lh, "per head: Gini of each attention row, averaged over rows and the "
                                                "first 500 test images"),
-        "n_params": n_params,
-        "weights_file": w_path.name,
-        "weights_dtype": "float16",
-        "weights_bytes": len(data),
-        "weights_sha256": hashlib.sha256(data).hexdigest(),
-        "threads": args.threads,
-        "cpu": platform.processor() or platform.machine(),
-        "torch_version": torch.__version__,
-        "timm_version": _timm.__version__,
-        "numpy_version": np.__version__,
-        "python_version": platform.python_version(),
-        "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        **meta_weights_and_software(w_path, n_params, args.threads, "timm"),
         "train_command": BUNDLED[name].train_command,
     }
-    meta["cpu"] = cpu_name()
     if kind != "shapes":  # what the model uses, checked causally on the test scenes (vitlens.metrics.verify_evidence)
         meta["evidence_use"] = evidence_record(BUNDLED[name].build, w_path, kind, args.n_test, test_seed)
-    (out / f"{name}.json").write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
+    write_meta(out, name, meta)
     _write_card(out / f"{name}.md", meta, gini_lh)
 
-    log(f"test accuracy {test_acc:.4f} (fp32 before export {acc_fp32:.4f}); per class: "
-        + ", ".join(f"{k} {v['accuracy']:.3f}" for k, v in per_class.items()))
-    for li, r in enumerate(gini_lh):
-        log(f"layer {li}: head Gini min {r.min():.3f} mean {r.mean():.3f} max {r.max():.3f}")
+    log_classifier_result(log, test_acc, acc_fp32, per_class, gini_lh, digits=3)
     log(f"wrote {w_path}, {name}.json, {name}.md to {out} (total {total_time:.1f} s)")
     return 0 if test_acc >= target_acc else 1
 
