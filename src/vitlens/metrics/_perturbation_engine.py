@@ -290,6 +290,16 @@ class MetricInputs:
         grid = (scores.shape[-2], scores.shape[-1])
         return scores.reshape(self.x.shape[0], -1), grid, size, (self.x.shape[-2], self.x.shape[-1])
 
+    @property
+    def batch(self) -> int:
+        """The number of images ``B``."""
+        return int(self.x.shape[0])
+
+    def sources(self, kinds: Sequence[str], settings: Mapping[str, Any]) -> Tensor:
+        """The perturbation sources: the images, then one baseline batch per entry of ``kinds`` (``(B·(1 + len(kinds)),
+        C, H, W)``; source ``i + k·B`` is image ``i``'s ``k``-th baseline)."""
+        return torch.cat([self.x] + [self.baseline(kind, settings) for kind in kinds])
+
     def baseline(self, kind: str, settings: Mapping[str, Any]) -> Tensor:
         return make_baseline(kind, self.x, self.cfg, mean_color=settings.get("mean_color"),
                              blur_kernel=settings.get("blur_kernel", 11), blur_sigma=settings.get("blur_sigma", 5.0),

@@ -161,18 +161,16 @@ class InsertionDeletion(PerturbationMetric):
 
     def compute(self, maps: Tensor, *, model: nn.Module | None = None, x: Tensor | None = None,
                 targets: TargetSpec = None, **_: Any) -> MetricResult:
-        s = self.settings
         inp = MetricInputs(self, maps, model, x, targets)
-        b = inp.x.shape[0]
+        s, b = self.settings, inp.batch
         scores, grid, size, hw = inp.features(s["granularity"])
         n = grid[0] * grid[1]
         ranks = pixel_ranks(feature_ranks(scores), grid, size, hw)
         steps = s["steps"]
         ks = (2 * torch.arange(steps + 1, device=inp.device) * n + steps) // (2 * steps)  # round half up
         same = s["deletion_baseline"] == s["insertion_baseline"]
-        del_base = inp.baseline(s["deletion_baseline"], s)
-        sources = [inp.x, del_base] if same else [inp.x, del_base, inp.baseline(s["insertion_baseline"], s)]
-        src = torch.cat(sources)
+        kinds = [s["deletion_baseline"]] + ([] if same else [s["insertion_baseline"]])
+        src = inp.sources(kinds, s)
         ins_off = b if same else 2 * b
         tgt = inp.targets
         zero = torch.zeros(1, device=inp.device)
@@ -246,9 +244,8 @@ class PositiveNegativePerturbation(PerturbationMetric):
 
     def compute(self, maps: Tensor, *, model: nn.Module | None = None, x: Tensor | None = None,
                 targets: TargetSpec = None, **_: Any) -> MetricResult:
-        s = self.settings
         inp = MetricInputs(self, maps, model, x, targets)
-        b = inp.x.shape[0]
+        s, b = self.settings, inp.batch
         scores, grid, size, hw = inp.features(s["granularity"])
         n = scores.shape[1]
         pos = pixel_ranks(feature_ranks(scores, descending=True), grid, size, hw)
@@ -256,11 +253,10 @@ class PositiveNegativePerturbation(PerturbationMetric):
         ranks = torch.cat([pos, neg])
         ks = torch.tensor([0] + [math.floor(f * n + 1e-9) for f in s["fractions"]], device=inp.device)
         m = len(s["fractions"])
-        src = torch.cat([inp.x, inp.baseline(s["baseline"], s)])
-        tgt = inp.targets
+        src = inp.sources([s["baseline"]], s)
         zero = torch.zeros(1, device=inp.device)
         jobs, j_orig, img = inp.jobs_with_originals()
-        kk, per, tg = ks[1:].repeat(b), img.repeat_interleave(m), tgt.repeat_interleave(m)
+        kk, per, tg = ks[1:].repeat(b), img.repeat_interleave(m), inp.targets.repeat_interleave(m)
         j_pos = jobs.add(row=per, lo=zero, hi=kk, top=per + b, rest=per, target=tg)
         j_neg = jobs.add(row=per + b, lo=zero, hi=kk, top=per + b, rest=per, target=tg)
         out = inp.score(src, ranks, jobs, s["score"], self.batch_size)
@@ -316,9 +312,8 @@ class FaithfulnessViolation(PerturbationMetric):
 
     def compute(self, maps: Tensor, *, model: nn.Module | None = None, x: Tensor | None = None,
                 targets: TargetSpec = None, **_: Any) -> MetricResult:
-        s = self.settings
         inp = MetricInputs(self, maps, model, x, targets)
-        b = inp.x.shape[0]
+        s, b = self.settings, inp.batch
         w, grid, size, hw = inp.features(s["patch_size"])
         n = w.shape[1]
         k = min(s["k"], n)
@@ -326,12 +321,11 @@ class FaithfulnessViolation(PerturbationMetric):
         ranks = pixel_ranks(order_ranks, grid, size, hw)
         order = torch.sort(w.abs(), dim=1, descending=True, stable=True).indices[:, :k]
         w_top = w.gather(1, order)  # (B, k), signed
-        src = torch.cat([inp.x, inp.baseline(s["baseline"], s)])
-        tgt = inp.targets
+        src = inp.sources([s["baseline"]], s)
         jobs, j_orig, img = inp.jobs_with_originals()
         lo = torch.arange(k, device=inp.device).repeat(b)
         per = img.repeat_interleave(k)
-        j_rm = jobs.add(row=per, lo=lo, hi=lo + 1, top=per + b, rest=per, target=tgt.repeat_interleave(k))
+        j_rm = jobs.add(row=per, lo=lo, hi=lo + 1, top=per + b, rest=per, target=inp.targets.repeat_interleave(k))
         out = inp.score(src, ranks, jobs, s["score"], self.batch_size)
         delta = out[j_orig][:, None] - out[j_rm].view(b, k)  # (B, k)
         wt = w_top.to(delta.dtype)
