@@ -45,6 +45,7 @@ from .scenes import (
     MAX_SIZE,
     MIN_SIZE,
     PIXEL_NOISE,
+    SceneSet,
     background,
     check_int,
     distractor_mask,
@@ -78,7 +79,7 @@ _MAX_TRIES = 60  # placements tried per object before the whole scene is re-draw
 
 
 @dataclass(frozen=True, eq=False)
-class MultiScenes:
+class MultiScenes(SceneSet):
     """A batch of multi-object scenes with per-pixel ground truth.
 
     Attributes:
@@ -102,27 +103,8 @@ class MultiScenes:
     seed: int | None = None
 
     def __post_init__(self) -> None:
-        if self.images.ndim != 4 or self.images.shape[1] != 3:
-            raise InputError(f"MultiScenes.images must have shape (N, 3, H, W), got {tuple(self.images.shape)}")
-        n, _, h, w = self.images.shape
         k = len(self.class_names)
-        if tuple(self.label_maps.shape) != (n, h, w):
-            raise InputError(f"MultiScenes.label_maps must have shape ({n}, {h}, {w}), "
-                             f"got {tuple(self.label_maps.shape)}")
-        if tuple(self.present.shape) != (n, k):
-            raise InputError(f"MultiScenes.present must have shape ({n}, {k}), got {tuple(self.present.shape)}")
-        if self.objects.ndim != 2 or self.objects.shape[0] != n:
-            raise InputError(f"MultiScenes.objects must have shape ({n}, M), got {tuple(self.objects.shape)}")
-        if self.indices is not None and tuple(self.indices.shape) != (n,):
-            raise InputError(f"MultiScenes.indices must have shape ({n},), got {tuple(self.indices.shape)}")
-
-    def __len__(self) -> int:
-        return int(self.images.shape[0])
-
-    @property
-    def size(self) -> int:
-        """Image side in pixels (``H == W``)."""
-        return int(self.images.shape[-1])
+        self.check_shapes(lambda n, h, w: {"label_maps": (n, h, w), "present": (n, k), "objects": (n, "M")})
 
     @property
     def num_labels(self) -> int:

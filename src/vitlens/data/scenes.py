@@ -27,7 +27,7 @@ import math
 import operator
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Sequence, Union
+from typing import Callable, Sequence, Union
 
 import numpy as np
 import torch
@@ -35,6 +35,7 @@ import torch
 from vitlens.errors import InputError
 
 __all__ = [
+    "SceneSet",
     "CLASS_NAMES",
     "DISTRACTOR_NAMES",
     "AREA_RANGE",
@@ -63,8 +64,41 @@ PIXEL_NOISE = 0.02
 MAX_TILT = math.radians(20.0)  # objects are rotated by k * 90 degrees plus a tilt in [-20, 20] degrees  # std of the fine per-pixel noise added to the whole image
 
 
+class SceneSet:
+    """What the scene containers (:class:`Scenes`, :class:`~vitlens.data.multiscenes.MultiScenes`) share: ``images``
+    ``(N, 3, H, W)`` with ``H == W``, their count and side, and the check of the other fields' shapes."""
+
+    images: torch.Tensor
+    indices: torch.Tensor | None
+
+    def check_shapes(self, expected: Callable[[int, int, int], dict[str, tuple[int | str, ...]]]) -> None:
+        """Raise :class:`InputError` unless ``images`` is ``(N, 3, H, W)`` and every field named in
+        ``expected(N, H, W)`` has its shape (a ``str`` entry: any size, named so in the message); ``indices`` must be
+        ``(N,)`` unless it is ``None``."""
+        owner = type(self).__name__
+        if self.images.ndim != 4 or self.images.shape[1] != 3:
+            raise InputError(f"{owner}.images must have shape (N, 3, H, W), got {tuple(self.images.shape)}")
+        n, _, h, w = (int(v) for v in self.images.shape)
+        shapes = expected(n, h, w)
+        if self.indices is not None:
+            shapes["indices"] = (n,)
+        for name, shape in shapes.items():
+            got = tuple(getattr(self, name).shape)
+            if len(got) != len(shape) or any(isinstance(e, int) and e != g for e, g in zip(shape, got)):
+                text = "(" + ", ".join(str(e) for e in shape) + ("," if len(shape) == 1 else "") + ")"
+                raise InputError(f"{owner}.{name} must have shape {text}, got {got}")
+
+    def __len__(self) -> int:
+        return int(self.images.shape[0])
+
+    @property
+    def size(self) -> int:
+        """Image side in pixels (``H == W``)."""
+        return int(self.images.shape[-1])
+
+
 @dataclass(frozen=True, eq=False)
-class Scenes:
+class Scenes(SceneSet):
     """A batch of synthetic scenes with ground truth.
 
     Attributes:
@@ -87,26 +121,7 @@ class Scenes:
     seed: int | None = None
 
     def __post_init__(self) -> None:
-        n = self.images.shape[0]
-        if self.images.ndim != 4 or self.images.shape[1] != 3:
-            raise InputError(f"Scenes.images must have shape (N, 3, H, W), got {tuple(self.images.shape)}")
-        h, w = self.images.shape[2:]
-        if tuple(self.labels.shape) != (n,):
-            raise InputError(f"Scenes.labels must have shape ({n},), got {tuple(self.labels.shape)}")
-        if tuple(self.masks.shape) != (n, h, w):
-            raise InputError(f"Scenes.masks must have shape ({n}, {h}, {w}), got {tuple(self.masks.shape)}")
-        if tuple(self.boxes.shape) != (n, 4):
-            raise InputError(f"Scenes.boxes must have shape ({n}, 4), got {tuple(self.boxes.shape)}")
-        if self.indices is not None and tuple(self.indices.shape) != (n,):
-            raise InputError(f"Scenes.indices must have shape ({n},), got {tuple(self.indices.shape)}")
-
-    def __len__(self) -> int:
-        return int(self.images.shape[0])
-
-    @property
-    def size(self) -> int:
-        """Image side in pixels (``H == W``)."""
-        return int(self.images.shape[-1])
+        self.check_shapes(lambda n, h, w: {"labels": (n,), "masks": (n, h, w), "boxes": (n, 4)})
 
     def subset(self, idx: Union[int, slice, Sequence[int], np.ndarray, torch.Tensor]) -> "Scenes":
         """Return the scenes selected by ``idx`` (an int, a slice, a sequence/array/tensor of ints or a bool mask).

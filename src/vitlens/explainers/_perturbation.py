@@ -12,7 +12,7 @@ from torch import Tensor
 from ..errors import InputError, TargetError
 from ..models import Adapter
 from ..targets import Target, class_score
-from .base import Explainer
+from .base import Explainer, check_choices
 
 __all__ = ["SCORE_KINDS", "check_positive_int", "check_score", "resolve", "target_scores", "score_token_subsets",
            "coverage_average"]
@@ -32,8 +32,7 @@ def check_positive_int(options: dict[str, Any], *names: str) -> None:
 
 def check_score(options: dict[str, Any]) -> None:
     """Raise :class:`InputError` unless ``options["score"]`` is one of :data:`SCORE_KINDS`."""
-    if options["score"] not in SCORE_KINDS:
-        raise InputError(f"score must be one of {SCORE_KINDS}, got {options['score']!r}")
+    check_choices(options, score=SCORE_KINDS)
 
 
 def resolve(target: Target, logits: Tensor) -> Target:

@@ -20,12 +20,11 @@ from typing import Any, Callable
 import torch
 from torch import Tensor
 
-from ..errors import InputError
 from ..models import Adapter
 from ..targets import Target
 from ._attention import token_map
 from ._lrp import BlockLinears, LinearTaps
-from .base import Attribution, Explainer
+from .base import Attribution, Explainer, check_choices
 from .registry import register
 
 __all__ = ["AttnLRP", "CPLRP", "scale_grad", "identity_rule", "attention_rule"]
@@ -81,9 +80,7 @@ class _GradientInputLRP(Explainer):
     defaults: dict[str, Any] = {"activation_rule": "identity"}
 
     def check_options(self) -> None:
-        rule = self.options["activation_rule"]
-        if rule not in _ACTIVATION_RULES:
-            raise InputError(f"activation_rule must be one of {_ACTIVATION_RULES}, got {rule!r}")
+        check_choices(self.options, activation_rule=_ACTIVATION_RULES)
 
     def attribute(self, adapter: Adapter, x: Tensor, target: Target) -> tuple[Attribution, Tensor, Target]:
         act = identity_rule if self.options["activation_rule"] == "identity" else None

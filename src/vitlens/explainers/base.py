@@ -23,7 +23,7 @@ from ..models._readout import readout_only
 from ..models.base import Recording, logits_of
 from ..targets import Target, TargetSpec, make_target
 
-__all__ = ["Explainer", "Explanation", "Attribution", "Cost", "CostMeter", "image_size", "upsample_tokens",
+__all__ = ["Explainer", "check_choices", "Explanation", "Attribution", "Cost", "CostMeter", "image_size", "upsample_tokens",
            "validate_batch"]
 
 
@@ -218,6 +218,13 @@ def validate_batch(x: Any) -> Tensor:
         bad = (~torch.isfinite(x)).flatten(1).any(1).nonzero().flatten().tolist()
         raise InputError(f"the batch contains NaN or inf values (images {bad[:5]})")
     return x
+
+
+def check_choices(options: dict[str, Any], **allowed: Sequence[str]) -> None:
+    """Raise :class:`InputError` unless each option named in ``allowed`` has one of its allowed values."""
+    for name, values in allowed.items():
+        if options[name] not in values:
+            raise InputError(f"{name} must be one of {values}, got {options[name]!r}")
 
 
 def image_size(x: Tensor) -> tuple[int, int]:

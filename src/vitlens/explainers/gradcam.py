@@ -17,7 +17,7 @@ from torch import Tensor
 from ..errors import InputError, TargetError
 from ..models import Adapter
 from ..targets import Target
-from .base import Attribution, Explainer, image_size
+from .base import Attribution, Explainer, check_choices, image_size
 from .registry import register
 
 __all__ = ["GradCAM", "FinerCAM", "AttentionGradCAM", "FinerContrast", "similar_classes", "class_scores"]
@@ -58,8 +58,22 @@ def token_gradcam(u: Tensor, grad: Tensor, num_prefix: int) -> Tensor:
     return (feats * weights).sum(dim=-1).clamp_min(0)
 
 
+class _OneLayer(Explainer):
+    """The machinery of the class-activation methods: one feature layer, chosen by the ``layer`` option (an int block
+    index, negative counting from the end), on the model's token grid."""
+
+    level = "token"
+
+    def check_options(self) -> None:
+        _check_layer(self.options)
+
+    def layer_index(self, adapter: Adapter) -> int:
+        """The ``layer`` option as a non-negative index into ``adapter.feature_layers()`` (checked against it)."""
+        return _block_index(adapter, self.options["layer"])
+
+
 @register
-class GradCAM(Explainer):
+class GradCAM(_OneLayer):
     """Grad-CAM (Selvaraju et al., ICCV 2017) on the token features of a ViT, ``(B, gh, gw)``.
 
     Features: the residual stream entering block ``layer`` (default the last block), which is the input of that
@@ -76,14 +90,10 @@ class GradCAM(Explainer):
 
     name = "gradcam"
     requires = "features"
-    level = "token"
     defaults: dict[str, Any] = {"layer": -1}
 
-    def check_options(self) -> None:
-        _check_layer(self.options)
-
     def attribute(self, adapter: Adapter, x: Tensor, target: Target) -> tuple[Attribution, Tensor, Target]:
-        i = _block_index(adapter, self.options["layer"])
+        i = self.layer_index(adapter)
         logits, tgt, (u,), (g,) = self.forward_and_gradients(adapter, x, target, lambda rec: [_features(rec, i)])
         cam = token_gradcam(u, g, adapter.feature_prefix_tokens())
         return Attribution(values=self.on_grid(adapter, cam, image_size(x), features=True)), logits, tgt
@@ -176,7 +186,7 @@ class FinerContrast(Target):
 
 
 @register
-class FinerCAM(Explainer):
+class FinerCAM(_OneLayer):
     """Finer-CAM (Zhang et al., CVPR 2025): Grad-CAM of the contrast between the target class and its most similar
     classes, ``(B, gh, gw)``.
 
@@ -199,12 +209,11 @@ class FinerCAM(Explainer):
 
     name = "finercam"
     requires = "features"
-    level = "token"
     defaults: dict[str, Any] = {"references": 3, "gamma": 1.0, "weighting": "mean", "layer": -1}
 
     def check_options(self) -> None:
+        super().check_options()
         o = self.options
-        _check_layer(o)
         k = o["references"]
         if isinstance(k, bool) or not isinstance(k, int) or k < 1:
             raise InputError(f"references must be a positive int, got {k!r}")
@@ -214,8 +223,7 @@ class FinerCAM(Explainer):
             raise InputError(f"gamma must be a number, got {o['gamma']!r}") from None
         if not gamma == gamma or gamma in (float("inf"), float("-inf")):
             raise InputError(f"gamma must be finite, got {o['gamma']!r}")
-        if o["weighting"] not in _WEIGHTINGS:
-            raise InputError(f"weighting must be one of {_WEIGHTINGS}, got {o['weighting']!r}")
+        check_choices(o, weighting=_WEIGHTINGS)
 
     def _retarget(self, tgt: Target, logits: Tensor) -> FinerContrast:
         n_classes = logits.shape[1]
@@ -226,7 +234,7 @@ class FinerCAM(Explainer):
         return FinerContrast(tgt, versus, float(self.options["gamma"]), self.options["weighting"])
 
     def attribute(self, adapter: Adapter, x: Tensor, target: Target) -> tuple[Attribution, Tensor, Target]:
-        i = _block_index(adapter, self.options["layer"])
+        i = self.layer_index(adapter)
         logits, tgt, (u,), (g,) = self.forward_and_gradients(adapter, x, target, lambda rec: [_features(rec, i)],
                                                              retarget=self._retarget)
         cam = token_gradcam(u, g, adapter.feature_prefix_tokens())
@@ -236,7 +244,7 @@ class FinerCAM(Explainer):
 
 
 @register
-class AttentionGradCAM(Explainer):
+class AttentionGradCAM(_OneLayer):
     """Attention Grad-CAM, the "GC" baseline of Chefer et al. (CVPR 2021) and MDA, ``(B, gh, gw)``.
 
     At block ``layer`` (default the last): the readout row of every head's attention over the patch tokens, weighted
@@ -253,14 +261,10 @@ class AttentionGradCAM(Explainer):
 
     name = "attn_gradcam"
     requires = "attention"
-    level = "token"
     defaults: dict[str, Any] = {"layer": -1}
 
-    def check_options(self) -> None:
-        _check_layer(self.options)
-
     def attribute(self, adapter: Adapter, x: Tensor, target: Target) -> tuple[Attribution, Tensor, Target]:
-        i = _block_index(adapter, self.options["layer"])
+        i = self.layer_index(adapter)
         logits, tgt, (attn,), (grad,) = self.forward_and_gradients(adapter, x, target,
                                                                    lambda rec: [rec.blocks[i].attn])
         p = adapter.num_prefix_tokens

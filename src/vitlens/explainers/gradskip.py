@@ -15,11 +15,10 @@ from torch import Tensor, nn
 
 from ..errors import InputError
 from ..models import Adapter
-from ..models.base import int_pair
 from ..models._readout import readout_only
+from ..models.base import int_pair
 from ..targets import Target
 from ._gradskip_rules import (
-    wide,
     block_backward,
     gini,
     head_weights,
@@ -27,8 +26,9 @@ from ._gradskip_rules import (
     readout_relevance,
     skip_gate,
     weighted_attention,
+    wide,
 )
-from .base import Attribution, Explainer
+from .base import Attribution, Explainer, check_choices
 from .registry import register
 
 __all__ = ["GradSkip", "gini", "head_weights", "readout_relevance"]
@@ -69,10 +69,7 @@ class GradSkip(Explainer):
 
     def check_options(self) -> None:
         o = self.options
-        if o["head_weighting"] not in _HEAD_MODES:
-            raise InputError(f"head_weighting must be one of {_HEAD_MODES}, got {o['head_weighting']!r}")
-        if o["skip"] not in _SKIP_MODES:
-            raise InputError(f"skip must be one of {_SKIP_MODES}, got {o['skip']!r}")
+        check_choices(o, head_weighting=_HEAD_MODES, skip=_SKIP_MODES)
         if not 0.0 <= float(o["alpha"]) <= 1.0:
             raise InputError(f"alpha must be in [0, 1], got {o['alpha']}")
         if not 0.0 <= float(o["grad_threshold"]) < 1.0:

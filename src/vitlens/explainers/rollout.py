@@ -15,7 +15,7 @@ from ..errors import InputError
 from ..models import Adapter
 from ..targets import Target
 from ._attention import readout_row, token_map
-from .base import Attribution, Explainer, image_size
+from .base import Attribution, Explainer, check_choices, image_size
 from .registry import register
 
 __all__ = ["AttentionRollout", "fuse_heads", "discard_lowest", "readout_row", "token_map"]
@@ -82,10 +82,7 @@ class AttentionRollout(Explainer):
 
     def check_options(self) -> None:
         o = self.options
-        if o["head_fusion"] not in _FUSIONS:
-            raise InputError(f"head_fusion must be one of {_FUSIONS}, got {o['head_fusion']!r}")
-        if o["discard_per"] not in _DISCARD_PER:
-            raise InputError(f"discard_per must be one of {_DISCARD_PER}, got {o['discard_per']!r}")
+        check_choices(o, head_fusion=_FUSIONS, discard_per=_DISCARD_PER)
         try:
             ratio = float(o["discard_ratio"])
         except (TypeError, ValueError):

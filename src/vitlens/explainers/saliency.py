@@ -16,7 +16,7 @@ from ..models import Adapter
 from ..targets import Target
 from ._gradients import check_rows, clean_forward, input_gradient, input_gradients
 from ._random import image_seed
-from .base import Attribution, Explainer
+from .base import Attribution, Explainer, check_choices
 from .registry import register
 
 __all__ = ["Gradient", "SmoothGrad", "reduce_channels", "input_gradients", "REDUCTIONS"]
@@ -38,8 +38,7 @@ def reduce_channels(grad: Tensor, how: str) -> Tensor:
 
 
 def _check_reduce(options: dict[str, Any]) -> None:
-    if options["reduce"] not in REDUCTIONS:
-        raise InputError(f"reduce must be one of {REDUCTIONS}, got {options['reduce']!r}")
+    check_choices(options, reduce=REDUCTIONS)
 
 
 @register

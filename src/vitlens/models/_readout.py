@@ -24,7 +24,6 @@ from __future__ import annotations
 import contextlib
 from typing import Any, Iterator
 
-import torch
 import torch.nn.functional as F
 from torch import Tensor
 

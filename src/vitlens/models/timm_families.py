@@ -11,7 +11,7 @@ methods that work.
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Iterator
+from typing import Iterator
 
 from torch import Tensor, nn
 
@@ -113,25 +113,29 @@ class TimmEvaAdapter(_TimmSequenceAdapter):
     timm_class = ("eva", "Eva")
 
 
-class TimmBeitAdapter(_TimmSequenceAdapter):
+class _TimmRelativeBiasAdapter(_TimmSequenceAdapter):
+    """What timm's relative-position-bias families share: the bias tables are built for the full token grid, so the
+    input size is fixed and tokens cannot be dropped."""
+
+    capability_notes = {"tokens": "the relative position bias is built for the full token grid"}
+    fixed_size = True
+
+
+class TimmBeitAdapter(_TimmRelativeBiasAdapter):
     """timm ``Beit`` (BEiT, BEiT v2): relative position bias added inside the softmax, per block or shared; the
     probabilities include it. Fixed input size (the bias tables are built for the model's token grid)."""
 
     family = "timm-beit"
     block_types = ("Block",)
-    capability_notes = {"tokens": "the relative position bias is built for the full token grid"}
     method_limits = lrp_limits("a relative position bias enters the softmax and q/v biases are added through F.linear")
     timm_class = ("beit", "Beit")
-    fixed_size = True
 
 
-class TimmRelPosAdapter(_TimmSequenceAdapter):
+class TimmRelPosAdapter(_TimmRelativeBiasAdapter):
     """timm ``VisionTransformerRelPos``: relative position bias (or MLP log-coordinate bias) inside the softmax, per
     block or shared. Fixed input size; pre-norm ``RelPosBlock`` only (``ResPostRelPosBlock`` is refused)."""
 
     family = "timm-vit-relpos"
     block_types = ("RelPosBlock",)
-    capability_notes = {"tokens": "the relative position bias is built for the full token grid"}
     method_limits = lrp_limits("a relative position bias enters the softmax")
     timm_class = ("vision_transformer_relpos", "VisionTransformerRelPos")
-    fixed_size = True

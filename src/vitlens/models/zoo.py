@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import torch
 
@@ -192,64 +192,43 @@ class BundledModel:
     class_names: tuple[str, ...] = field(default_factory=tuple)
 
 
+def _scene_model(name: str, build: Callable[[], torch.nn.Module], description: str, options: str = "",
+                 class_names: Sequence[str] = CLASS_NAMES) -> BundledModel:
+    """The spec of a bundled model trained on 64x64 scenes by ``python -m vitlens.training.shapes``."""
+    return BundledModel(
+        name=name, build=build, description=description, input_size=(3, 64, 64), class_names=tuple(class_names),
+        train_command=f"python -m vitlens.training.shapes --model {name} {options}--out src/vitlens/models/weights",
+    )
+
+
 #: Name → spec of every bundled model.
 BUNDLED: dict[str, BundledModel] = {
-    "shapes-vit": BundledModel(
-        name="shapes-vit",
-        build=build_shapes_vit,
-        train_command="python -m vitlens.training.shapes --model shapes-vit --out src/vitlens/models/weights",
-        description=(
-            "timm ViT (8-px tokens from a conv stem, CLS readout, 6 blocks x 6 heads, dim 192) trained on 64x64 "
-            "synthetic scenes, 6 classes"
-        ),
-        input_size=(3, 64, 64),
-        class_names=tuple(CLASS_NAMES),
+    "shapes-vit": _scene_model(
+        "shapes-vit", build_shapes_vit,
+        "timm ViT (8-px tokens from a conv stem, CLS readout, 6 blocks x 6 heads, dim 192) trained on 64x64 "
+        "synthetic scenes, 6 classes",
     ),
-    "shapes-deit": BundledModel(
-        name="shapes-deit",
-        build=build_shapes_deit,
-        train_command="python -m vitlens.training.shapes --model shapes-deit --out src/vitlens/models/weights",
-        description=(
-            "timm distilled DeiT (CLS + DIST tokens, 8-px tokens from a conv stem, 6 blocks x 6 heads, dim 192) "
-            "trained on 64x64 synthetic scenes with shapes-vit as teacher, 6 classes"
-        ),
-        input_size=(3, 64, 64),
-        class_names=tuple(CLASS_NAMES),
+    "shapes-deit": _scene_model(
+        "shapes-deit", build_shapes_deit,
+        "timm distilled DeiT (CLS + DIST tokens, 8-px tokens from a conv stem, 6 blocks x 6 heads, dim 192) "
+        "trained on 64x64 synthetic scenes with shapes-vit as teacher, 6 classes",
     ),
-    "shapes-vit-gap-reg": BundledModel(
-        name="shapes-vit-gap-reg",
-        build=build_shapes_vit_gap_reg,
-        train_command="python -m vitlens.training.shapes --model shapes-vit-gap-reg --out src/vitlens/models/weights",
-        description=(
-            "timm ViT with 4 register tokens and global-average-pool readout (8-px tokens from a conv stem, "
-            "6 blocks x 6 heads, dim 192) trained on 64x64 synthetic scenes, 6 classes"
-        ),
-        input_size=(3, 64, 64),
-        class_names=tuple(CLASS_NAMES),
+    "shapes-vit-gap-reg": _scene_model(
+        "shapes-vit-gap-reg", build_shapes_vit_gap_reg,
+        "timm ViT with 4 register tokens and global-average-pool readout (8-px tokens from a conv stem, "
+        "6 blocks x 6 heads, dim 192) trained on 64x64 synthetic scenes, 6 classes",
     ),
-    "planted-vit": BundledModel(
-        name="planted-vit",
-        build=build_planted_vit,
-        train_command="python -m vitlens.training.shapes --model planted-vit --out src/vitlens/models/weights",
-        description=(
-            "timm ViT as shapes-vit (conv stem, CLS readout, 6 blocks x 6 heads, dim 192) trained on 64x64 "
-            "planted-cue scenes: a small checkerboard cue decides the label where present, the object otherwise"
-        ),
-        input_size=(3, 64, 64),
-        class_names=tuple(CLASS_NAMES),
+    "planted-vit": _scene_model(
+        "planted-vit", build_planted_vit,
+        "timm ViT as shapes-vit (conv stem, CLS readout, 6 blocks x 6 heads, dim 192) trained on 64x64 "
+        "planted-cue scenes: a small checkerboard cue decides the label where present, the object otherwise",
     ),
     **{
-        name: BundledModel(
-            name=name,
-            build=build_cues_vit_12h,
-            train_command=(f"python -m vitlens.training.shapes --model {name} --threads 1 --n-train 20000 "
-                           "--out src/vitlens/models/weights"),
-            description=(
-                "timm ViT (conv stem, CLS readout, 8 blocks x 12 heads, dim 192) trained on 64x64 scenes whose 8 "
-                f"classes need different cues (shape, texture, colour, count); training seed {seed}"
-            ),
-            input_size=(3, 64, 64),
-            class_names=CUE_CLASS_NAMES,
+        name: _scene_model(
+            name, build_cues_vit_12h,
+            "timm ViT (conv stem, CLS readout, 8 blocks x 12 heads, dim 192) trained on 64x64 scenes whose 8 "
+            f"classes need different cues (shape, texture, colour, count); training seed {seed}",
+            options="--threads 1 --n-train 20000 ", class_names=CUE_CLASS_NAMES,
         )
         for name, seed in (("cues-vit-12h", 0), ("cues-vit-12h-s1", 1), ("cues-vit-12h-s2", 2))
     },
