@@ -1,5 +1,6 @@
-"""Structure of the package (issue #11): no private name imported across modules, and the shared helpers that
-replaced the private imports and the duplicated code behave as the code they replaced."""
+"""Structure of the package (issue #11): no private name imported across modules, no import cycle (counting the
+imports inside functions too), and the shared helpers that replaced the private imports and the duplicated code behave
+as the code they replaced."""
 
 from __future__ import annotations
 
@@ -42,6 +43,103 @@ def test_the_scan_sees_private_imports(tmp_path):
     f = tmp_path / "m.py"
     f.write_text("from .a import _hidden, public\nfrom b import __version__\n")
     assert _private_imports(f) == ["1: from .a import _hidden"]
+
+
+def _imports(path: Path, module: str, package: list[str], known: set[str]) -> set[str]:
+    """The vitlens modules ``module`` imports anywhere in its file (also inside functions; ``if TYPE_CHECKING:``
+    blocks are type-only and left out), without its own submodules (a package's ``__init__`` re-exporting them)."""
+    tree = ast.parse(path.read_text())
+    typing_only = {id(n) for node in ast.walk(tree) if isinstance(node, ast.If)
+                   and getattr(node.test, "id", getattr(node.test, "attr", None)) == "TYPE_CHECKING"
+                   for b in node.body for n in ast.walk(b)}
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if id(node) in typing_only:
+            continue
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = ".".join(package[: len(package) - node.level + 1] + [node.module or ""]) if node.level else node.module
+            base = (base or "").rstrip(".")
+            names = [base] + [f"{base}.{a.name}" for a in node.names]
+        else:
+            continue
+        found |= {n for n in names if n in known and n != module and not n.startswith(module + ".")}
+    return found
+
+
+def import_graph(root: Path) -> dict[str, set[str]]:
+    """Module → the modules of the same tree it imports."""
+    files = {}
+    for path in root.rglob("*.py"):
+        parts = list(path.relative_to(root.parent).with_suffix("").parts)
+        if parts[-1] == "__init__":  # a package: relative imports start from the package itself
+            parts = parts[:-1]
+            files[".".join(parts)] = (path, parts)
+        else:
+            files[".".join(parts)] = (path, parts[:-1])
+    return {m: _imports(p, m, pkg, set(files)) for m, (p, pkg) in files.items()}
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan's algorithm, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found = []
+    for start in sorted(graph):
+        if start in index:
+            continue
+        work = [(start, iter(sorted(graph[start])))]
+        index[start] = low[start] = len(index)
+        stack.append(start)
+        on_stack.add(start)
+        while work:
+            v, edges = work[-1]
+            w = next(edges, None)
+            if w is not None:
+                if w not in index:
+                    index[w] = low[w] = len(index)
+                    stack.append(w)
+                    on_stack.add(w)
+                    work.append((w, iter(sorted(graph[w]))))
+                elif w in on_stack:
+                    low[v] = min(low[v], index[w])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[v])
+            if low[v] == index[v]:
+                comp = []
+                while True:
+                    w = stack.pop()
+                    on_stack.discard(w)
+                    comp.append(w)
+                    if w == v:
+                        break
+                if len(comp) > 1:
+                    found.append(sorted(comp))
+    return found
+
+
+def test_no_import_cycle_even_through_imports_inside_functions():
+    graph = import_graph(SRC)
+    assert len(graph) > 100 and "vitlens.models.base" in graph["vitlens.explainers.base"]
+    assert cycles(graph) == []
+
+
+def test_the_cycle_scan_sees_cycles_inside_functions(tmp_path):
+    pkg = tmp_path / "pkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("from . import a, b\n")
+    (pkg / "a.py").write_text("from .b import g\n")
+    (pkg / "b.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .c import x\n"
+                              "def g():\n    from . import a\n")
+    (pkg / "c.py").write_text("from .b import g\n")
+    graph = import_graph(pkg)
+    assert graph["pkg.b"] == {"pkg", "pkg.a"} and graph["pkg"] == set()
+    assert cycles(graph) == [["pkg.a", "pkg.b"]]
 
 
 def test_logits_of_reads_every_output_kind_and_keeps_its_old_name():

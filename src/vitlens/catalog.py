@@ -6,6 +6,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from .errors import VitlensError
+
 __all__ = ["ModelInfo", "MethodInfo", "list_models", "describe_methods"]
 
 
@@ -107,7 +109,7 @@ def describe_methods() -> list[MethodInfo]:
         cls = classes[name]
         try:
             cost = _cost_words(cls().declared_cost())
-        except Exception:  # a method whose defaults need external input (e.g. weights): no cost without them
+        except VitlensError:  # a method whose defaults need external input (e.g. weights): no cost without them
             cost = "depends on its settings"
         doc = (cls.__doc__ or "").strip().split("\n")[0]
         out.append(MethodInfo(name, _DESCRIPTIONS.get(name, doc), cost))

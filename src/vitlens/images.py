@@ -41,11 +41,8 @@ Documented choices:
 
 from __future__ import annotations
 
-import dataclasses
 import math
-import sys
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -53,7 +50,12 @@ import numpy as np
 import torch
 from PIL import Image, ImageOps, UnidentifiedImageError
 
-from vitlens.errors import ImageLoadError, InputError, UnsupportedModelError
+from vitlens.errors import ImageLoadError, InputError
+from vitlens.preprocessing import (  # re-exported: vitlens.images.DataConfig is public
+    IMAGENET_DEFAULT_MEAN,
+    IMAGENET_DEFAULT_STD,
+    DataConfig,
+)
 
 __all__ = [
     "DataConfig",
@@ -67,17 +69,7 @@ __all__ = [
     "denormalize",
 ]
 
-IMAGENET_DEFAULT_MEAN: tuple[float, float, float] = (0.485, 0.456, 0.406)
-IMAGENET_DEFAULT_STD: tuple[float, float, float] = (0.229, 0.224, 0.225)
-_HF_VIT_MEAN: tuple[float, float, float] = (0.5, 0.5, 0.5)
-_HF_VIT_STD: tuple[float, float, float] = (0.5, 0.5, 0.5)
-
-# timm's defaults for keys a config dict leaves out (timm.data.resolve_data_config).
-_DEFAULT_INPUT_SIZE: tuple[int, int, int] = (3, 224, 224)
-_DEFAULT_INTERPOLATION = "bicubic"
-_DEFAULT_CROP_PCT = 0.875
-_DEFAULT_CROP_MODE = "center"
-
+#: the PIL filter of each interpolation name a DataConfig accepts (vitlens.preprocessing.INTERPOLATIONS)
 _INTERPOLATIONS: dict[str, Image.Resampling] = {
     "nearest": Image.Resampling.NEAREST,
     "bilinear": Image.Resampling.BILINEAR,
@@ -86,8 +78,6 @@ _INTERPOLATIONS: dict[str, Image.Resampling] = {
     "hamming": Image.Resampling.HAMMING,
     "lanczos": Image.Resampling.LANCZOS,
 }
-_CROP_MODES = ("center", "squash", "border")
-_CONFIG_KEYS = ("input_size", "interpolation", "mean", "std", "crop_pct", "crop_mode")
 _ACCEPTED_HINT = "a path, PIL image, numpy array (H,W)/(H,W,1|3|4), or tensor (3,H,W)/(B,3,H,W)"
 
 ImageInput = str | Path | Image.Image | np.ndarray | torch.Tensor
@@ -97,182 +87,6 @@ ImageInput = str | Path | Image.Image | np.ndarray | torch.Tensor
 # --------------------------------------------------------------------------------------------------------------------
 # Data config
 # --------------------------------------------------------------------------------------------------------------------
-
-
-def _triple(value: Any, name: str) -> tuple[float, float, float]:
-    if isinstance(value, (int, float)):
-        values = [float(value)] * 3
-    else:
-        try:
-            values = [float(v) for v in value]
-        except (TypeError, ValueError):
-            raise InputError(f"data config '{name}' must be a number or 3 numbers, got {value!r}") from None
-        if len(values) == 1:
-            values = values * 3
-    if len(values) != 3 or not all(math.isfinite(v) for v in values):
-        raise InputError(f"data config '{name}' must be 3 finite numbers (one per RGB channel), got {value!r}")
-    return (values[0], values[1], values[2])
-
-
-@dataclass(frozen=True)
-class DataConfig:
-    """How a model expects its input images, in timm's terms.
-
-    Attributes:
-        input_size: ``(3, H, W)``, the model's input resolution in pixels.
-        mean: per-channel mean subtracted after scaling pixels to ``[0, 1]``.
-        std: per-channel standard deviation divided by after subtracting ``mean`` (all > 0).
-        interpolation: PIL resampling filter: ``'bilinear'``, ``'bicubic'``, ``'nearest'`` (also ``'box'``,
-            ``'hamming'``, ``'lanczos'``, which timm accepts too).
-        crop_pct: fraction of the resized image kept by the crop, > 0 (> 1 pads instead of cropping).
-        crop_mode: ``'center'`` (keep aspect, crop), ``'squash'`` (stretch, crop) or ``'border'`` (keep aspect,
-            fit the longer side, pad with the mean colour).
-    """
-
-    input_size: tuple[int, int, int] = _DEFAULT_INPUT_SIZE
-    mean: tuple[float, float, float] = IMAGENET_DEFAULT_MEAN
-    std: tuple[float, float, float] = IMAGENET_DEFAULT_STD
-    interpolation: str = _DEFAULT_INTERPOLATION
-    crop_pct: float = _DEFAULT_CROP_PCT
-    crop_mode: str = _DEFAULT_CROP_MODE
-
-    def __post_init__(self) -> None:
-        given: Any = self.input_size
-        if isinstance(given, int):
-            given = (3, given, given)
-        try:
-            size = tuple(int(s) for s in given)
-        except (TypeError, ValueError):
-            raise InputError(f"data config 'input_size' must be (3, H, W), got {self.input_size!r}") from None
-        if len(size) == 2:
-            size = (3, *size)
-        if len(size) != 3 or size[0] != 3 or size[1] < 1 or size[2] < 1:
-            raise InputError(f"data config 'input_size' must be (3, H, W) with H, W >= 1, got {self.input_size!r}")
-        mean = _triple(self.mean, "mean")
-        std = _triple(self.std, "std")
-        if min(std) <= 0:
-            raise InputError(f"data config 'std' must be > 0, got {self.std!r}")
-        interpolation = str(self.interpolation).lower()
-        if interpolation not in _INTERPOLATIONS:
-            raise InputError(
-                f"data config 'interpolation' must be one of {sorted(_INTERPOLATIONS)}, got {self.interpolation!r}"
-            )
-        crop_pct = _DEFAULT_CROP_PCT if self.crop_pct is None else float(self.crop_pct)
-        if not (math.isfinite(crop_pct) and crop_pct > 0):
-            raise InputError(f"data config 'crop_pct' must be a number > 0, got {self.crop_pct!r}")
-        crop_mode = _DEFAULT_CROP_MODE if self.crop_mode is None else str(self.crop_mode)
-        if crop_mode not in _CROP_MODES:
-            raise InputError(f"data config 'crop_mode' must be one of {list(_CROP_MODES)}, got {self.crop_mode!r}")
-        object.__setattr__(self, "input_size", size)
-        object.__setattr__(self, "mean", mean)
-        object.__setattr__(self, "std", std)
-        object.__setattr__(self, "interpolation", interpolation)
-        object.__setattr__(self, "crop_pct", crop_pct)
-        object.__setattr__(self, "crop_mode", crop_mode)
-
-    @property
-    def size_hw(self) -> tuple[int, int]:
-        """``(H, W)`` of the model input."""
-        return (self.input_size[1], self.input_size[2])
-
-    @classmethod
-    def from_dict(cls, config: Mapping[str, Any]) -> DataConfig:
-        """Build from a dict in timm's format (``timm.data.resolve_data_config`` output).
-
-        Missing keys take timm's defaults (input ``(3, 224, 224)``, bicubic, ImageNet mean/std, crop_pct 0.875,
-        centre crop); a ``None`` value counts as missing. Unknown keys raise :class:`InputError` so typos are not
-        silently ignored.
-        """
-        if not isinstance(config, Mapping):
-            raise InputError(f"data config must be a dict, got {type(config).__name__}")
-        unknown = sorted(set(config) - set(_CONFIG_KEYS))
-        if unknown:
-            raise InputError(f"unknown data config key(s) {unknown}; expected a subset of {list(_CONFIG_KEYS)}")
-        given = {k: v for k, v in config.items() if v is not None}
-        return cls(**given)
-
-    def to_dict(self) -> dict[str, Any]:
-        """The config as a dict in timm's format; ``timm.data.create_transform(**cfg.to_dict())`` accepts it."""
-        return {
-            "input_size": self.input_size,
-            "interpolation": self.interpolation,
-            "mean": self.mean,
-            "std": self.std,
-            "crop_pct": self.crop_pct,
-            "crop_mode": self.crop_mode,
-        }
-
-    def replace(self, **changes: Any) -> DataConfig:
-        """A copy with some fields changed (validated like the constructor)."""
-        return dataclasses.replace(self, **changes)
-
-
-def _override(base: DataConfig, extra: Any, owner: str) -> DataConfig:
-    """``base`` with the keys of a ``vitlens_data_config`` dict found on ``owner`` applied on top."""
-    if isinstance(extra, DataConfig):
-        return extra
-    if not isinstance(extra, Mapping):
-        raise InputError(f"{owner}.vitlens_data_config must be a dict or DataConfig, got {type(extra).__name__}")
-    unknown = sorted(set(extra) - set(_CONFIG_KEYS))
-    if unknown:
-        raise InputError(f"{owner}.vitlens_data_config has unknown key(s) {unknown}")
-    return base.replace(**{k: v for k, v in extra.items() if v is not None})
-
-
-def _timm_config(model: torch.nn.Module) -> DataConfig:
-    import timm.data  # lazy: timm is an optional dependency
-
-    cfg = DataConfig.from_dict(dict(timm.data.resolve_model_data_config(model)))
-    # timm resolves input_size from the pretrained config, even for a model built with another img_size (then
-    # feeding that size would fail). Trust the model's own fixed patch-embedding size where it has one.
-    patch_embed = getattr(model, "patch_embed", None)
-    img_size = getattr(patch_embed, "img_size", None)
-    dynamic = bool(getattr(patch_embed, "dynamic_img_size", False) or getattr(model, "dynamic_img_size", False))
-    if img_size is not None and not dynamic:
-        hw = (int(img_size[0]), int(img_size[1])) if isinstance(img_size, (tuple, list)) else (int(img_size),) * 2
-        if hw != cfg.size_hw:
-            cfg = cfg.replace(input_size=(3, *hw))
-    return cfg
-
-
-def _hf_config(model: torch.nn.Module) -> DataConfig:
-    from vitlens.models.hf_families import processor_defaults  # the families' processors are model knowledge
-
-    config: Any = model.config
-    known = processor_defaults(model)
-    if known is not None:
-        extra = getattr(config, "vitlens_data_config", None)
-        return DataConfig(**known) if extra is None else _override(DataConfig(**known), extra, "model.config")
-    size = config.image_size
-    hw = (int(size[0]), int(size[1])) if isinstance(size, (tuple, list)) else (int(size), int(size))
-    if getattr(config, "model_type", None) == "deit":
-        # DeiTImageProcessor: resize to 256 (bicubic), centre-crop 224, ImageNet mean/std → crop_pct = 224/256.
-        base = DataConfig(
-            input_size=(3, *hw), mean=IMAGENET_DEFAULT_MEAN, std=IMAGENET_DEFAULT_STD, interpolation="bicubic",
-            crop_pct=0.875, crop_mode="center",
-        )
-    else:
-        # HF ViT processors resize both sides to image_size (no crop, aspect not kept): 'squash' at crop_pct 1.0.
-        base = DataConfig(
-            input_size=(3, *hw), mean=_HF_VIT_MEAN, std=_HF_VIT_STD, interpolation="bilinear", crop_pct=1.0,
-            crop_mode="squash",
-        )
-    extra = getattr(config, "vitlens_data_config", None)
-    return base if extra is None else _override(base, extra, "model.config")
-
-
-def _is_hf_model(model: Any) -> bool:
-    transformers = sys.modules.get("transformers")  # an HF model implies transformers is already imported
-    if transformers is None:
-        return False
-    config = getattr(model, "config", None)
-    vision = getattr(config, "vision_config", None)  # CLIP / SigLIP keep the image size in their vision config
-    return isinstance(model, transformers.PreTrainedModel) and (hasattr(config, "image_size") or
-                                                                hasattr(vision, "image_size"))
-
-
-def _is_timm_model(model: Any) -> bool:
-    return isinstance(getattr(model, "pretrained_cfg", None), Mapping) and "timm" in sys.modules
 
 
 def data_config(model_or_config: DataConfig | Mapping[str, Any] | torch.nn.Module) -> DataConfig:
@@ -298,20 +112,9 @@ def data_config(model_or_config: DataConfig | Mapping[str, Any] | torch.nn.Modul
         return model_or_config
     if isinstance(model_or_config, Mapping):
         return DataConfig.from_dict(model_or_config)
-    model = model_or_config
-    own = getattr(model, "vitlens_data_config", None) if isinstance(model, torch.nn.Module) else None
-    if _is_timm_model(model):
-        base = _timm_config(model)
-    elif _is_hf_model(model):
-        base = _hf_config(model)
-    elif own is not None:
-        base = DataConfig()
-    else:
-        raise UnsupportedModelError(
-            f"cannot derive a data config from {type(model).__name__} (not a timm or HuggingFace vision model); "
-            "pass a config dict such as {'input_size': (3, 224, 224), 'mean': ..., 'std': ...} instead"
-        )
-    return base if own is None else _override(base, own, "model")
+    from vitlens.models.data_configs import model_data_config  # the model families' knowledge
+
+    return model_data_config(model_or_config)
 
 
 # --------------------------------------------------------------------------------------------------------------------

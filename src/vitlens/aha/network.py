@@ -368,7 +368,11 @@ class AHANet(nn.Module):
 
         try:
             src, dst = data_config(self.target), data_config(self.backbone.model)
-        except Exception:
+        except UnsupportedModelError as exc:  # a model of no known family without vitlens_data_config
+            import warnings
+
+            warnings.warn(f"AHA: the backbone gets the target's input as it is (not re-normalised): {exc}; set "
+                          "vitlens_data_config on both models to re-normalise", RuntimeWarning, stacklevel=2)
             return x
         ms = torch.tensor(src.mean, device=x.device, dtype=x.dtype).view(1, 3, 1, 1)
         ss = torch.tensor(src.std, device=x.device, dtype=x.dtype).view(1, 3, 1, 1)

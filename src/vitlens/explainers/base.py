@@ -22,6 +22,7 @@ from ..models import Adapter, get_adapter
 from ..models._readout import readout_only
 from ..models.base import Recording, logits_of
 from ..targets import Target, TargetSpec, make_target
+from .registry import Method, method_classes
 
 __all__ = ["Explainer", "check_choices", "Explanation", "Attribution", "Cost", "CostMeter", "image_size", "upsample_tokens",
            "validate_batch"]
@@ -149,8 +150,6 @@ class Explanation:
         targets = self.targets.tolist()
         shown = ", ".join(str(t) for t in targets[:6]) + (", …" if len(targets) > 6 else "")
         tokens = "None" if self.token_maps is None else tuple(self.token_maps.shape)
-        from .registry import method_classes
-
         defaults = getattr(method_classes().get(self.method), "defaults", {})
         options = "".join(f", {k}={v!r}" for k, v in self.options.items()  # only what differs from the defaults
                           if k not in defaults or not _same(defaults[k], v))
@@ -253,7 +252,7 @@ def pool_to_tokens(maps: Tensor, grid: tuple[int, int]) -> Tensor:
     return F.adaptive_avg_pool2d(maps[:, None], grid)[:, 0] * (h * w) / (gh * gw)
 
 
-class Explainer:
+class Explainer(Method):
     """Base class of all explanation methods.
 
     Subclasses set ``name``, ``defaults`` (option name → default value), ``requires`` (adapter capability, or

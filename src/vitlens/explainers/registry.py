@@ -3,14 +3,23 @@
 from __future__ import annotations
 
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any, ClassVar, Mapping
 
 from ..errors import InputError
 
 if TYPE_CHECKING:
     from .base import Explainer
 
-__all__ = ["register", "get_method", "methods", "method_classes", "requirements"]
+__all__ = ["Method", "register", "get_method", "methods", "method_classes", "requirements"]
+
+
+class Method:
+    """The root of the explanation-method classes: :class:`~vitlens.explainers.base.Explainer` derives from it. It
+    lets the registry (a module the rest of vitlens may import without importing any method) tell a method instance
+    from a method name."""
+
+    name: ClassVar[str] = ""
+
 
 _METHODS: dict[str, type["Explainer"]] = {}
 
@@ -25,9 +34,7 @@ def register(cls: type["Explainer"]) -> type["Explainer"]:
 
 def get_method(name: str | "Explainer", **options: Any) -> "Explainer":
     """Instantiate the method ``name`` with ``options`` (an Explainer instance is returned as is)."""
-    from .base import Explainer
-
-    if isinstance(name, Explainer):
+    if isinstance(name, Method):
         if options:
             raise InputError("options cannot be passed together with an Explainer instance")
         return name
@@ -51,6 +58,5 @@ def method_classes() -> Mapping[str, type["Explainer"]]:
 
 def requirements() -> dict[str, str | None]:
     """Method name → the adapter capability it requires (``None``: model-agnostic), for every registered method."""
-    import vitlens.explainers  # noqa: F401  (registers every method file)
-
+    # every method file is registered once vitlens is imported (its package imports them all)
     return {name: cls.requires for name, cls in _METHODS.items()}

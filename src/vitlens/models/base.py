@@ -24,6 +24,7 @@ import torch
 from torch import Tensor, nn
 
 from ..errors import InputError, UnsupportedModelError
+from .data_configs import model_data_config
 
 __all__ = ["Adapter", "BlockRecord", "Recording", "conservative_layernorm_hook", "int_pair", "logits_of", "switched",
            "normalisation_layers"]
@@ -195,9 +196,7 @@ class Adapter:
         interpolation, crop). Default: :func:`vitlens.images.data_config` of the model (timm's pretrained config,
         the HF processor defaults of the family, or the model's ``vitlens_data_config``); raises
         :class:`UnsupportedModelError` when none can be derived."""
-        from ..images import data_config
-
-        return data_config(self.model)
+        return model_data_config(self.model)
 
     def classifier_modules(self) -> list[nn.Module]:
         """The classifier head module(s), with parameters (the first stage of a cascading randomisation check).

@@ -17,6 +17,7 @@ from ..errors import UnsupportedModelError
 from ._hf import eager_attention
 from ._sequence import BlockParts, SequenceAdapter, lrp_limits
 from .base import logits_of
+from .data_configs import processor_defaults  # re-exported: the families' processors
 
 __all__ = ["HFSequenceAdapter", "processor_defaults"]
 
@@ -159,34 +160,6 @@ class HFSequenceAdapter(SequenceAdapter):
                 configs[id(sub)] = sub
         with eager_attention(configs.values()):
             yield
-
-
-#: the HF image processors' defaults per family (the processor configs of the published checkpoints: DINOv2 resizes
-#: the short side to 256/224 of the input and centre-crops with ImageNet mean/std; CLIP resizes the short side to the
-#: input size and centre-crops with OpenAI's mean/std; SigLIP and BEiT resize both sides, mean/std 0.5), bicubic.
-_OPENAI_CLIP = ((0.48145466, 0.4578275, 0.40821073), (0.26862954, 0.26130258, 0.27577711))
-_PREPROCESS = {
-    "dinov2": dict(mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225), crop_pct=224 / 256, crop_mode="center"),
-    "dinov2_with_registers": dict(mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225), crop_pct=224 / 256,
-                                  crop_mode="center"),
-    "clip": dict(mean=_OPENAI_CLIP[0], std=_OPENAI_CLIP[1], crop_pct=1.0, crop_mode="center"),
-    "siglip": dict(mean=(0.5, 0.5, 0.5), std=(0.5, 0.5, 0.5), crop_pct=1.0, crop_mode="squash"),
-    "beit": dict(mean=(0.5, 0.5, 0.5), std=(0.5, 0.5, 0.5), crop_pct=1.0, crop_mode="squash"),
-    "dinov3_vit": dict(mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225), crop_pct=1.0, crop_mode="squash"),
-}
-
-
-def processor_defaults(model: nn.Module) -> dict | None:
-    """The data-config fields (``input_size``, ``mean``, ``std``, ``interpolation``, ``crop_pct``, ``crop_mode``) of
-    the HF image processor a model of a family in this module is published with, or ``None`` for other models."""
-    cfg = getattr(model, "config", None)
-    kind = getattr(cfg, "model_type", None)
-    if kind not in _PREPROCESS:
-        return None
-    vcfg = getattr(cfg, "vision_config", None) or cfg
-    s = vcfg.image_size
-    hw = (int(s[0]), int(s[1])) if isinstance(s, (tuple, list)) else (int(s), int(s))
-    return {"input_size": (3, *hw), "interpolation": "bicubic", **_PREPROCESS[kind]}
 
 
 def _is_probe(model: nn.Module) -> bool:
