@@ -28,7 +28,7 @@ import vitlens
 from vitlens.aha.train import AHATrainConfig, train_aha
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from aha_sorter_error import write_section  # noqa: E402
+from aha_sorter_error import print_section  # noqa: E402
 
 START, END = "<!-- aha_ablation:start -->", "<!-- aha_ablation:end -->"
 
@@ -103,10 +103,7 @@ def main(argv: list[str] | None = None) -> int:
         lines.append(f"| {row} | {ROWS[row][2]} | {r['deletion']:.4f} | {r['insertion']:.4f} | "
                      f"{r['difference']:.4f} | {'' if tok is None else f'{tok:.4f}'} | {r['s_per_step']:.1f} |")
     lines += ["", END]
-    text = "\n".join(lines)
-    print(text)
-    if args.out:
-        write_section(args.out, text, START, END)
+    print_section(lines, args.out, START, END)
     return 0
 
 

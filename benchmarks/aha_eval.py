@@ -35,7 +35,7 @@ import vitlens
 from vitlens.aha.evaluation import PROTOCOL, deletion_insertion
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from aha_sorter_error import write_section  # noqa: E402
+from aha_sorter_error import print_section  # noqa: E402
 
 START, END = "<!-- aha_eval:start -->", "<!-- aha_eval:end -->"
 DEFAULT_METHODS = ("aha", "gradskip", "inputxgradient", "random")
@@ -210,10 +210,7 @@ def main(argv: list[str] | None = None) -> int:
         "",
         end,
     ]
-    table = "\n".join(lines)
-    print(table)
-    if args.out is not None:
-        write_section(args.out, table, start, end)
+    print_section(lines, args.out, start, end)
     return 0
 
 

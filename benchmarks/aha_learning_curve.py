@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from aha_sorter_error import write_section  # noqa: E402
+from aha_sorter_error import print_section  # noqa: E402
 
 
 def load_curve(path: Path) -> tuple[list[dict], dict]:
@@ -108,10 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     lines += ["", f"Correlation of the soft objective with the hard metric across these checkpoints: Pearson r = "
               f"{r:.3f} ({len(curve)} checkpoints); without the untrained start, which dominates it: "
               f"r = {r_trained:.3f} ({len(curve) - 1} checkpoints).", "", end]
-    text = "\n".join(lines)
-    print(text)
-    if args.out:
-        write_section(args.out, text, start, end)
+    print_section(lines, args.out, start, end)
     return 0
 
 

@@ -118,11 +118,17 @@ def main(argv: list[str] | None = None) -> int:
         lines.append(f"| {grid} | {tau:g} | {clean:.1e} | {noisy:.1e} / {noisy_mean:.1e} | {fmt_n(n_clean)} | "
                      f"{fmt_n(n_noisy)} |")
     lines += ["", END]
-    table = "\n".join(lines)
-    print(table)
-    if args.out is not None:
-        write_section(args.out, table, START, END)
+    print_section(lines, args.out, START, END)
     return 0
+
+
+def print_section(lines: list[str], out: Path | None, start: str, end: str) -> None:
+    """Print the section (``lines`` joined by newlines, from ``start`` to ``end``) and, with ``out``, write it into
+    that page (:func:`write_section`). Shared by the AHA benchmark scripts."""
+    text = "\n".join(lines)
+    print(text)
+    if out is not None:
+        write_section(out, text, start, end)
 
 
 def write_section(path: Path, text: str, start: str, end: str) -> None:

@@ -35,7 +35,6 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import ast
 import contextlib
 import csv
 import datetime as _dt
@@ -69,17 +68,17 @@ SEED_GFLOPS = 69.39
 # models and the three rows
 # ---------------------------------------------------------------------------------------------------------------------
 def parse_model_spec(spec: str) -> tuple[str, dict[str, Any]]:
-    """``"name"`` or ``"name:k=v,k=v"`` → ``(name, kwargs)``; values are Python literals (``depth=2``)."""
+    """``"name"`` or ``"name:k=v,k=v"`` → ``(name, kwargs)``; values are Python literals (``depth=2``), else strings
+    (``vitlens.runtime.parse_value``)."""
+    from vitlens.runtime import parse_value
+
     name, _, rest = spec.partition(":")
     kwargs: dict[str, Any] = {}
     for item in filter(None, (s.strip() for s in rest.split(","))):
         key, eq, value = item.partition("=")
         if not eq:
             raise ValueError(f"model kwarg {item!r} in {spec!r} is not key=value")
-        try:
-            kwargs[key.strip()] = ast.literal_eval(value.strip())
-        except (ValueError, SyntaxError):
-            kwargs[key.strip()] = value.strip()
+        kwargs[key.strip()] = parse_value(value.strip())
     return name.strip(), kwargs
 
 

@@ -60,34 +60,12 @@ def lxt_python() -> str | None:
 # child side (runs inside LXT's environment)
 # ---------------------------------------------------------------------------------------------------------------------
 def timm_to_hf4(tm: Any) -> Any:
-    """HF ``ViTForImageClassification`` (eager attention) with exactly the weights of a CLS-readout timm ViT."""
-    from transformers import ViTConfig, ViTForImageClassification
+    """HF ``ViTForImageClassification`` (eager attention) with exactly the weights of a CLS-readout timm ViT
+    (``tests/timm_to_hf.py``, the converter the LXT cross-check uses)."""
+    sys.path.insert(0, str(ROOT / "tests"))
+    from timm_to_hf import timm_to_hf_vit
 
-    d = tm.embed_dim
-    cfg = ViTConfig(image_size=tm.patch_embed.img_size[0], patch_size=tm.patch_embed.patch_size[0], hidden_size=d,
-                    num_hidden_layers=len(tm.blocks), num_attention_heads=tm.blocks[0].attn.num_heads,
-                    intermediate_size=tm.blocks[0].mlp.fc1.out_features, num_labels=tm.num_classes,
-                    layer_norm_eps=1e-6, hidden_act="gelu", qkv_bias=True, attn_implementation="eager")
-    hm = ViTForImageClassification(cfg).eval()
-    sd = tm.state_dict()
-    new = {"vit.embeddings.cls_token": sd["cls_token"], "vit.embeddings.position_embeddings": sd["pos_embed"],
-           "vit.embeddings.patch_embeddings.projection.weight": sd["patch_embed.proj.weight"],
-           "vit.embeddings.patch_embeddings.projection.bias": sd["patch_embed.proj.bias"],
-           "vit.layernorm.weight": sd["norm.weight"], "vit.layernorm.bias": sd["norm.bias"],
-           "classifier.weight": sd["head.weight"], "classifier.bias": sd["head.bias"]}
-    names = {"attention.output.dense": "attn.proj", "layernorm_before": "norm1", "layernorm_after": "norm2",
-             "intermediate.dense": "mlp.fc1", "output.dense": "mlp.fc2"}
-    for i in range(len(tm.blocks)):
-        p, q = f"blocks.{i}.", f"vit.encoder.layer.{i}."
-        w, b = sd[p + "attn.qkv.weight"], sd[p + "attn.qkv.bias"]
-        for j, n in enumerate(("query", "key", "value")):
-            new[q + f"attention.attention.{n}.weight"] = w[j * d:(j + 1) * d]
-            new[q + f"attention.attention.{n}.bias"] = b[j * d:(j + 1) * d]
-        for a, c in names.items():
-            new[q + a + ".weight"] = sd[p + c + ".weight"]
-            new[q + a + ".bias"] = sd[p + c + ".bias"]
-    hm.load_state_dict(new, strict=True)
-    return hm
+    return timm_to_hf_vit(tm, attn_implementation="eager")
 
 
 def _patch_lxt(rule: str) -> None:

@@ -37,9 +37,9 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import ast
 import datetime as _dt
 import math
+import os
 import platform
 import sys
 from dataclasses import dataclass
@@ -79,30 +79,13 @@ class Row:
     note: str = ""
 
 
-def parse_model_spec(spec: str) -> tuple[str, dict[str, Any]]:
-    """``"name"`` or ``"name:k=v,k=v"`` → ``(name, kwargs)``; values are Python literals."""
-    name, _, rest = spec.partition(":")
-    kwargs: dict[str, Any] = {}
-    for item in filter(None, (s.strip() for s in rest.split(","))):
-        key, eq, value = item.partition("=")
-        if not eq:
-            raise ValueError(f"model kwarg {item!r} in {spec!r} is not key=value")
-        try:
-            kwargs[key.strip()] = ast.literal_eval(value.strip())
-        except (ValueError, SyntaxError):
-            kwargs[key.strip()] = value.strip()
-    return name.strip(), kwargs
-
-
 def build_model(spec: str) -> nn.Module:
-    import timm
+    """``benchmarks/gradskip_cost.py``'s model for ``spec`` (timm, random weights, seed 0, eval mode, explicit
+    attention everywhere), on the CPU."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import gradskip_cost
 
-    name, kwargs = parse_model_spec(spec)
-    torch.manual_seed(0)
-    model = timm.create_model(name, pretrained=False, **kwargs).eval()
-    for blk in model.blocks:
-        blk.attn.fused_attn = False
-    return model
+    return gradskip_cost.build_model(spec, torch.device("cpu"))
 
 
 class _GlobalOnly:

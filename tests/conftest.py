@@ -1,6 +1,15 @@
-"""Tiny deterministic models shared by the tests (seconds on a CPU)."""
+"""Tiny deterministic models shared by the tests (seconds on a CPU), and the helpers several test files use: loading
+a benchmark script, reading a bench run's results, one torch thread, GradSkip's ablation switches."""
 
 from __future__ import annotations
+
+import contextlib
+import importlib.util
+import sqlite3
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Iterator
 
 import pytest
 import torch
@@ -8,6 +17,10 @@ from torch import nn
 
 timm = pytest.importorskip("timm")
 from timm.models.vision_transformer import VisionTransformer  # noqa: E402
+
+from timm_to_hf import timm_to_hf_vit  # noqa: E402,F401  (re-exported: the tests import it from here)
+
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 
 
 def sharpen(model: nn.Module, gain: float = 4.0) -> nn.Module:
@@ -57,44 +70,6 @@ def variant(request):
     return request.param, VARIANTS[request.param]()
 
 
-def timm_to_hf_vit(tm: VisionTransformer):
-    """Build a HuggingFace ViTForImageClassification with exactly the weights of a CLS-readout timm ViT."""
-    from transformers import ViTConfig, ViTForImageClassification
-
-    d = tm.embed_dim
-    cfg = ViTConfig(
-        image_size=tm.patch_embed.img_size[0], patch_size=tm.patch_embed.patch_size[0], hidden_size=d,
-        num_hidden_layers=len(tm.blocks), num_attention_heads=tm.blocks[0].attn.num_heads,
-        intermediate_size=tm.blocks[0].mlp.fc1.out_features, num_labels=tm.num_classes, layer_norm_eps=1e-6,
-        hidden_act="gelu", qkv_bias=True,
-    )
-    hm = ViTForImageClassification(cfg).eval()
-    sd = tm.state_dict()
-    hsd = hm.state_dict()
-    layers = "vit.layers" if any(k.startswith("vit.layers.") for k in hsd) else "vit.encoder.layer"
-    new = {
-        "vit.embeddings.cls_token": sd["cls_token"],
-        "vit.embeddings.position_embeddings": sd["pos_embed"],
-        "vit.embeddings.patch_embeddings.projection.weight": sd["patch_embed.proj.weight"],
-        "vit.embeddings.patch_embeddings.projection.bias": sd["patch_embed.proj.bias"],
-        "vit.layernorm.weight": sd["norm.weight"], "vit.layernorm.bias": sd["norm.bias"],
-        "classifier.weight": sd["head.weight"], "classifier.bias": sd["head.bias"],
-    }
-    for i in range(len(tm.blocks)):
-        p, q = f"blocks.{i}.", f"{layers}.{i}."
-        w, b = sd[p + "attn.qkv.weight"], sd[p + "attn.qkv.bias"]
-        for j, n in enumerate(["q_proj", "k_proj", "v_proj"]):
-            new[q + f"attention.{n}.weight"] = w[j * d:(j + 1) * d]
-            new[q + f"attention.{n}.bias"] = b[j * d:(j + 1) * d]
-        pairs = {"attention.o_proj": "attn.proj", "layernorm_before": "norm1", "layernorm_after": "norm2",
-                 "mlp.fc1": "mlp.fc1", "mlp.fc2": "mlp.fc2"}
-        for hk, tk in pairs.items():
-            new[q + hk + ".weight"] = sd[p + tk + ".weight"]
-            new[q + hk + ".bias"] = sd[p + tk + ".bias"]
-    hm.load_state_dict(new, strict=True)
-    return hm
-
-
 def model_fingerprint(model: nn.Module) -> dict:
     """Everything an explainer could leave changed on a model."""
     import io
@@ -117,3 +92,62 @@ def model_fingerprint(model: nn.Module) -> dict:
     if cfg is not None:
         state["attn_impl"] = cfg._attn_implementation
     return state
+
+
+def load_benchmark(name: str, module_name: str | None = None) -> ModuleType:
+    """Import ``benchmarks/<name>.py`` as a module, registered in ``sys.modules`` under ``module_name`` (default
+    ``name``): dataclasses look their module up there."""
+    spec = importlib.util.spec_from_file_location(module_name or name, BENCHMARKS / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def result_rows(run: Path) -> list[tuple]:
+    """The sorted ``(image, method, metric, output, value)`` rows of a bench run's ``results.sqlite``, read with plain
+    sqlite3 (not through vitlens' store)."""
+    con = sqlite3.connect(run / "results.sqlite")
+    try:
+        return sorted(con.execute("SELECT image, method, metric, output, value FROM results"))
+    finally:
+        con.close()
+
+
+@contextlib.contextmanager
+def torch_threads(n: int = 1) -> Iterator[None]:
+    """Run torch with ``n`` intra-op threads; the previous count is restored, also after an exception."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def one_thread_per_module() -> Iterator[None]:
+    """One thread for a whole test module (``pytestmark = pytest.mark.usefixtures("one_thread_per_module")``): on a
+    shared 2-core machine two OpenMP threads stall when another process holds a core."""
+    with torch_threads(1):
+        yield
+
+
+#: GradSkip's ablation switches: each one must change the map (tests/test_gradskip*.py)
+GRADSKIP_ABLATIONS = [
+    {"head_weighting": "uniform"},
+    {"head_weighting": "gradient"},
+    {"head_weighting": "sparsity"},
+    {"alpha": 0.2},
+    {"grad_threshold": 0.6},
+    {"head_subset": ("top", 0.25)},
+    {"head_subset": ("bottom", 0.25)},
+    {"skip": "fixed"},
+    {"skip": "none"},
+    {"conservative": False},
+]
+
+
+def options_id(opts: dict) -> str:
+    """A test id for a dict of explainer options: ``key=value-key=value``."""
+    return "-".join(f"{k}={v}" for k, v in opts.items())

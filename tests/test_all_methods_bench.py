@@ -3,24 +3,18 @@ the others are listed with the reason, and the Markdown table records the comman
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
 
 pytest.importorskip("timm")
 
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "all_methods.py"
+from conftest import load_benchmark  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def script():
-    spec = importlib.util.spec_from_file_location("all_methods_bench", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod
-    spec.loader.exec_module(mod)
-    return mod
+    return load_benchmark("all_methods", "all_methods_bench")
 
 
 def test_vit_table(script, tmp_path: Path) -> None:

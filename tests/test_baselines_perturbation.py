@@ -16,7 +16,7 @@ from vitlens.explainers.rise import rise_masks
 from vitlens.explainers.tis import coverage_average, kmeans
 from vitlens.explainers.vitcx import cluster_masks
 
-from conftest import timm_to_hf_vit, tiny_vit
+from conftest import load_benchmark, timm_to_hf_vit, tiny_vit
 
 ROWS, COLS = slice(8, 16), slice(16, 24)  # the one region the toy model looks at (an 8×8 cell of a 32×32 image)
 
@@ -320,16 +320,7 @@ def test_token_methods_need_a_token_model():
 
 # -- the FLOPs benchmark ------------------------------------------------------------------------------------------
 def _load_flops_script():
-    import importlib.util
-    import sys
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "method_flops.py"
-    spec = importlib.util.spec_from_file_location("method_flops", path)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod  # dataclasses look their module up in sys.modules
-    spec.loader.exec_module(mod)
-    return mod
+    return load_benchmark("method_flops")
 
 
 SMALL_VIT = "vit_tiny_patch16_224:img_size=32,patch_size=8,depth=2"

@@ -16,6 +16,8 @@ import pytest
 from vitlens.bench.runner import split_specs
 from vitlens.errors import InputError
 
+from conftest import result_rows
+
 MODEL = ["--model", "timm:vit_tiny_patch16_224", "--model-option", "pretrained=False",
          "--model-option", "img_size=32", "--model-option", "num_classes=6", "--model-option", "patch_size=8"]
 
@@ -31,14 +33,6 @@ def env() -> dict[str, str]:
     e["OMP_NUM_THREADS"] = "1"
     e["PYTHONUNBUFFERED"] = "1"
     return e
-
-
-def rows(run: Path) -> list[tuple]:
-    con = sqlite3.connect(run / "results.sqlite")
-    try:
-        return sorted(con.execute("SELECT image, method, metric, output, value FROM results"))
-    finally:
-        con.close()
 
 
 def test_split_specs():
@@ -58,7 +52,7 @@ def reference_run(tmp_path_factory):
 
 
 def test_run_writes_tables_plots_and_report(reference_run):
-    r = rows(reference_run)
+    r = result_rows(reference_run)
     assert len(r) == 24 * 3 * 2  # images x methods x outputs
     assert len({x[:4] for x in r}) == len(r)
     for name in ["summary.md", "summary.csv", "summary.json", "report.html", "examples.png", "config.json"]:
@@ -91,9 +85,9 @@ def test_resume_after_kill_9(tmp_path, reference_run):
     proc.wait()
     assert not (out / "results.sqlite").exists()
     subprocess.run(bench_cmd(out), check=True, env=env(), capture_output=True, timeout=600)
-    resumed = rows(out)
+    resumed = result_rows(out)
     assert len(resumed) == len({x[:4] for x in resumed}) == 24 * 3 * 2  # nothing missing, nothing twice
-    ref = rows(reference_run)
+    ref = result_rows(reference_run)
     assert [x[:4] for x in resumed] == [x[:4] for x in ref]
     for a, b in zip(resumed, ref):
         assert a[4] == pytest.approx(b[4], abs=1e-6)
@@ -113,7 +107,7 @@ def test_torchrun_two_processes_match_single_process(tmp_path, reference_run):
     proc = subprocess.run(ddp, env=env(), capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert sorted(p.name for p in (out / "shards").iterdir()) == ["rank-0.sqlite", "rank-1.sqlite"]
-    got, ref = rows(out), rows(reference_run)
+    got, ref = result_rows(out), result_rows(reference_run)
     assert [x[:4] for x in got] == [x[:4] for x in ref]
     for a, b in zip(got, ref):
         assert a[4] == pytest.approx(b[4], abs=1e-6)

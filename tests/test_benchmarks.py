@@ -5,38 +5,28 @@ Wall time is measured by the script but never asserted on.
 
 from __future__ import annotations
 
-import importlib.util
 import math
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
 pytest.importorskip("timm")
 
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "gradskip_cost.py"
+from conftest import load_benchmark  # noqa: E402
+
 #: vit_tiny's architecture (12 blocks, 3 heads, width 192) at 64 px (4x4 patches + CLS) keeps the test fast.
 SMALL = "vit_tiny_patch16_224:img_size=64"
 
 
-def load_script():
-    spec = importlib.util.spec_from_file_location("gradskip_cost", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod  # dataclasses look their module up in sys.modules
-    spec.loader.exec_module(mod)
-    return mod
-
-
 def test_parse_model_spec():
-    bench = load_script()
+    bench = load_benchmark("gradskip_cost")
     assert bench.parse_model_spec("vit_tiny_patch16_224") == ("vit_tiny_patch16_224", {})
     assert bench.parse_model_spec("vit_tiny_patch16_224:img_size=64, depth=2,global_pool='avg'") == (
         "vit_tiny_patch16_224", {"img_size": 64, "depth": 2, "global_pool": "avg"})
 
 
 def test_quick_benchmark_table_and_flops(tmp_path):
-    bench = load_script()
+    bench = load_benchmark("gradskip_cost")
     threads = torch.get_num_threads()
     out = tmp_path / "cost.md"
     # one thread: on a shared 2-core machine, two OpenMP threads stall badly when another process holds a core

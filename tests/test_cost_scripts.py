@@ -2,31 +2,21 @@
 
 from __future__ import annotations
 
-import importlib.util
 import math
 import os
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
 pytest.importorskip("timm")
 
-BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
+from conftest import BENCHMARKS as BENCH, load_benchmark  # noqa: E402
+
 TINY = "timm:vit_tiny_patch16_224:img_size=32,patch_size=8,depth=2,num_classes=5"
 
 
-def load(name: str):
-    spec = importlib.util.spec_from_file_location(name, BENCH / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
-
 def test_method_cost_table_lists_declared_and_counted_passes(tmp_path):
-    script = load("method_cost")
+    script = load_benchmark("method_cost")
     threads = torch.get_num_threads()
     out = tmp_path / "cost.md"
     res = script.main(["--models", TINY, "--methods", "gradskip,rise,gradient", "--batch", "2", "--repeats", "1",
@@ -53,7 +43,7 @@ LXT = os.environ.get("VITLENS_LXT_PYTHON") or (
 @pytest.mark.skipif(not LXT, reason="set VITLENS_LXT_PYTHON to a python with lxt and transformers<5")
 def test_lxt_side_by_side_agrees_with_lxt(tmp_path, monkeypatch):
     monkeypatch.setenv("VITLENS_LXT_PYTHON", LXT)
-    script = load("lxt_side_by_side")
+    script = load_benchmark("lxt_side_by_side")
     res = script.main(["--model", "vit_tiny_patch16_224:img_size=32,patch_size=8,depth=2", "--batch", "2",
                        "--repeats", "1", "--out", str(tmp_path / "lxt.md")])
     assert set(res["times"]) == {r for rows in script.SIDES.values() for r in rows}

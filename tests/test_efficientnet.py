@@ -34,13 +34,7 @@ CATS = {"tabby, tabby cat", "tiger cat", "Persian cat", "Siamese cat, Siamese", 
 COFFEE = {"espresso", "cup", "coffee mug"}
 ROCKET = {"missile", "projectile, missile", "space shuttle"}
 
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread_per_module")
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import errno
 import os
-import sqlite3
 from pathlib import Path
 
 import numpy as np
@@ -19,7 +18,7 @@ from vitlens.bench import BenchConfig, run_benchmark
 from vitlens.cli import main
 from vitlens.errors import DamagedFileError, InputError
 
-from conftest import tiny_vit
+from conftest import result_rows, tiny_vit
 from test_aha import FAST, tiny_data, tiny_target
 
 
@@ -38,14 +37,6 @@ def config(**kw) -> BenchConfig:
 
 def bench(out: Path, **kw) -> Path:
     return run_benchmark(config(**kw), out, model=model(), progress=False)
-
-
-def rows(run: Path) -> list[tuple]:
-    con = sqlite3.connect(run / "results.sqlite")
-    try:
-        return sorted(con.execute("SELECT image, method, metric, output, value FROM results"))
-    finally:
-        con.close()
 
 
 def snapshot(folder: Path) -> dict[str, bytes]:
@@ -137,7 +128,7 @@ def test_full_disk_leaves_no_partial_file_and_rerun_completes(tmp_path, monkeypa
     monkeypatch.setattr(Path, "write_text", real_write)
     run_benchmark(cfg, out, model=model(), progress=False)
     no_partials(out)
-    assert rows(out) == rows(reference)
+    assert result_rows(out) == result_rows(reference)
 
 
 def test_atomic_write_keeps_the_previous_file_on_failure(tmp_path):
@@ -189,7 +180,7 @@ def test_damaged_shard_names_the_file(tmp_path, reference, how, capsys):
     assert str(shard) in msg and "move it aside and rerun" in msg
     shard.rename(out / "rank-0.sqlite.bad")
     bench(out)  # the units are recomputed from scratch, identically
-    assert rows(out) == rows(reference)
+    assert result_rows(out) == result_rows(reference)
 
 
 @pytest.mark.parametrize("how", sorted(DAMAGE))
@@ -199,7 +190,7 @@ def test_damaged_merged_store_is_rebuilt_from_the_shards(tmp_path, reference, ho
     (out / "results.sqlite").write_bytes(DAMAGE[how])
     with pytest.warns(RuntimeWarning, match=r"results.sqlite was damaged .* rebuilt from the shards"):
         bench(out)
-    assert rows(out) == rows(reference)
+    assert result_rows(out) == result_rows(reference)
     assert (out / "results.sqlite.damaged").read_bytes() == DAMAGE[how]  # nothing thrown away
 
 
@@ -213,7 +204,7 @@ def test_damaged_config_names_the_file_and_the_way_out(tmp_path, capsys, content
     msg = one_line(str(err.value))
     assert str(out / "config.json") in msg and "--overwrite" in msg
     run_benchmark(config(), out, model=model(), progress=False, overwrite=True)
-    assert rows(out) == rows(reference)
+    assert result_rows(out) == result_rows(reference)
 
 
 def _trained(out: Path, **kw):
@@ -279,7 +270,7 @@ def test_failed_validation_leaves_a_new_folder_absent(tmp_path, reference, bad):
         bench(out, **BAD_CONFIGS[bad])
     assert not out.exists()
     bench(out)  # the corrected rerun is not refused
-    assert rows(out) == rows(reference)
+    assert result_rows(out) == result_rows(reference)
 
 
 @pytest.mark.parametrize("bad", sorted(BAD_CONFIGS))
@@ -315,7 +306,7 @@ def test_bench_other_configuration_refused_then_overwrite(tmp_path, reference, c
     one_line(str(err.value))
     assert snapshot(out) == before
     run_benchmark(config(), out, model=model(), progress=False, overwrite=True)
-    assert rows(out) == rows(reference)
+    assert result_rows(out) == result_rows(reference)
     assert (out / "notes.txt").read_text() == "mine"  # --overwrite removes only what a benchmark writes
 
 
@@ -333,7 +324,7 @@ def test_bench_same_configuration_is_reused(tmp_path, reference):
     out = tmp_path / "run"
     bench(out)
     bench(out)
-    assert rows(out) == rows(reference)
+    assert result_rows(out) == result_rows(reference)
 
 
 @pytest.mark.parametrize("existing", ["checkpoint.pt", "aha.safetensors", "aha.json", "aha.md"])

@@ -5,35 +5,19 @@ On a lent GPU the same script runs at full size (ViT-B/16, batch 64); wall times
 
 from __future__ import annotations
 
-import importlib.util
 import math
-import sys
-from pathlib import Path
 
 import pytest
-import torch
 
 pytest.importorskip("timm")
 
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu_check.py"
-
-
-def load_script():
-    spec = importlib.util.spec_from_file_location("gpu_check", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod
-    spec.loader.exec_module(mod)
-    return mod
+from conftest import load_benchmark, torch_threads  # noqa: E402
 
 
 def test_smoke_run_reports_ratios_training_and_bench_throughput(tmp_path):
-    check = load_script()
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
+    check = load_benchmark("gpu_check")
+    with torch_threads(1):
         res = check.main(["--smoke", "--device", "cpu", "--out", str(tmp_path / "gpu.md")])
-    finally:
-        torch.set_num_threads(threads)
     assert set(res["gradskip"]) == {"fp32", "bf16"}
     for r in res["gradskip"].values():
         for key in ("gradskip_x_floor", "gradskip_x_forward", "floor_x_forward"):

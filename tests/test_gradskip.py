@@ -9,7 +9,7 @@ import vitlens
 from vitlens.explainers.base import CostMeter
 from vitlens.explainers.gradskip import gini, head_weights
 
-from conftest import VARIANTS, tiny_vit, timm_to_hf_vit
+from conftest import GRADSKIP_ABLATIONS, VARIANTS, options_id, tiny_vit, timm_to_hf_vit
 
 
 def batch(n: int = 4, size: int = 32, seed: int = 1) -> torch.Tensor:
@@ -145,21 +145,7 @@ def test_hf_deit_distilled():
     torch.testing.assert_close(exp.token_maps.sum((1, 2)) + exp.remainder, exp.scores, rtol=1e-4, atol=1e-7)
 
 
-ABLATIONS = [
-    {"head_weighting": "uniform"},
-    {"head_weighting": "gradient"},
-    {"head_weighting": "sparsity"},
-    {"alpha": 0.2},
-    {"grad_threshold": 0.6},
-    {"head_subset": ("top", 0.25)},
-    {"head_subset": ("bottom", 0.25)},
-    {"skip": "fixed"},
-    {"skip": "none"},
-    {"conservative": False},
-]
-
-
-@pytest.mark.parametrize("opts", ABLATIONS, ids=lambda o: "-".join(f"{k}={v}" for k, v in o.items()))
+@pytest.mark.parametrize("opts", GRADSKIP_ABLATIONS, ids=options_id)
 def test_each_ablation_switch_changes_the_map(opts):
     model = tiny_vit(depth=4)
     x = batch(3)

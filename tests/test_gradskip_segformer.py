@@ -11,7 +11,7 @@ import vitlens
 from vitlens.explainers.gradskip_segformer import window_contributions, window_handback
 from vitlens.targets import ClassLogit, SegmentationTarget
 
-from conftest import model_fingerprint, sharpen
+from conftest import GRADSKIP_ABLATIONS, load_benchmark, model_fingerprint, options_id, sharpen
 
 transformers = pytest.importorskip("transformers")
 
@@ -248,20 +248,6 @@ def test_model_restored_after_success_and_exception(train_mode):
 
 # -- ablations --------------------------------------------------------------------------------------------------------
 
-ABLATIONS = [
-    {"head_weighting": "uniform"},
-    {"head_weighting": "gradient"},
-    {"head_weighting": "sparsity"},
-    {"alpha": 0.2},
-    {"grad_threshold": 0.6},
-    {"head_subset": ("top", 0.25)},
-    {"head_subset": ("bottom", 0.25)},
-    {"skip": "fixed"},
-    {"skip": "none"},
-    {"conservative": False},
-]
-
-
 @pytest.fixture(scope="module")
 def ablation_setup():
     model = tiny_segformer("4stage-sr4", seed=3)
@@ -270,7 +256,7 @@ def ablation_setup():
     return model, x, target, vitlens.explain(model, x, target=target)
 
 
-@pytest.mark.parametrize("opts", ABLATIONS, ids=lambda o: "-".join(f"{k}={v}" for k, v in o.items()))
+@pytest.mark.parametrize("opts", GRADSKIP_ABLATIONS, ids=options_id)
 def test_each_ablation_switch_changes_the_map(opts, ablation_setup):
     model, x, target, base = ablation_setup
     other = vitlens.explain(model, x, target=target, **opts)
@@ -400,15 +386,7 @@ def test_rise_probability_score_needs_a_classifier():
 # -- the benchmark script runs end to end (untrained model: numbers not checked) ------------------------------------
 
 def test_segmentation_benchmark_runs(tmp_path):
-    import importlib.util
-    import sys
-    from pathlib import Path
-
-    script = Path(__file__).resolve().parents[1] / "benchmarks" / "segformer_segmentation.py"
-    spec = importlib.util.spec_from_file_location("segformer_segmentation", script)
-    bench = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = bench
-    spec.loader.exec_module(bench)
+    bench = load_benchmark("segformer_segmentation")
     model = tiny_segformer("4stage-sr4", num_labels=7)  # background + the 6 scene classes
     model.config.image_size = 64
     model.config.vitlens_data_config = {"input_size": (3, 64, 64), "mean": (0.5,) * 3, "std": (0.25,) * 3,

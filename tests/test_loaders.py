@@ -7,16 +7,8 @@ import pytest
 import torch
 from PIL import Image
 
-from vitlens.data.loaders import (
-    ADE20K,
-    BLOODMNIST_CLASSES,
-    BloodMNIST,
-    ImageFolder,
-    ImageNetVal,
-    collate,
-    transform_label_map,
-    voc_to_pixel_box,
-)
+from vitlens.data.loaders import (ADE20K, BLOODMNIST_CLASSES, BloodMNIST, ImageFolder, ImageNetVal, collate,
+                                  transform_label_map, voc_to_pixel_box)
 from vitlens.errors import ImageLoadError, InputError
 from vitlens.images import DataConfig, denormalize, preprocess
 

@@ -92,32 +92,8 @@ def to_torchvision(tm):
 
 
 def to_hf4(tm):
-    from transformers import ViTConfig, ViTForImageClassification
-    d = tm.embed_dim
-    cfg = ViTConfig(image_size=tm.patch_embed.img_size[0], patch_size=tm.patch_embed.patch_size[0], hidden_size=d,
-                    num_hidden_layers=len(tm.blocks), num_attention_heads=tm.blocks[0].attn.num_heads,
-                    intermediate_size=tm.blocks[0].mlp.fc1.out_features, num_labels=tm.num_classes,
-                    layer_norm_eps=1e-6, hidden_act="gelu", qkv_bias=True, attn_implementation="eager")
-    hm = ViTForImageClassification(cfg).eval()
-    sd = tm.state_dict()
-    new = {"vit.embeddings.cls_token": sd["cls_token"], "vit.embeddings.position_embeddings": sd["pos_embed"],
-           "vit.embeddings.patch_embeddings.projection.weight": sd["patch_embed.proj.weight"],
-           "vit.embeddings.patch_embeddings.projection.bias": sd["patch_embed.proj.bias"],
-           "vit.layernorm.weight": sd["norm.weight"], "vit.layernorm.bias": sd["norm.bias"],
-           "classifier.weight": sd["head.weight"], "classifier.bias": sd["head.bias"]}
-    for i in range(len(tm.blocks)):
-        p, q = f"blocks.{i}.", f"vit.encoder.layer.{i}."
-        w, b = sd[p + "attn.qkv.weight"], sd[p + "attn.qkv.bias"]
-        for j, n in enumerate(["query", "key", "value"]):
-            new[q + f"attention.attention.{n}.weight"] = w[j * d:(j + 1) * d]
-            new[q + f"attention.attention.{n}.bias"] = b[j * d:(j + 1) * d]
-        pairs = {"attention.output.dense": "attn.proj", "layernorm_before": "norm1", "layernorm_after": "norm2",
-                 "intermediate.dense": "mlp.fc1", "output.dense": "mlp.fc2"}
-        for a, c in pairs.items():
-            new[q + a + ".weight"] = sd[p + c + ".weight"]
-            new[q + a + ".bias"] = sd[p + c + ".bias"]
-    hm.load_state_dict(new, strict=True)
-    return hm
+    from timm_to_hf import timm_to_hf_vit  # tests/timm_to_hf.py (on PYTHONPATH): transformers 4.x names
+    return timm_to_hf_vit(tm, attn_implementation="eager")
 
 
 def vitlens_tokens(model, x, method):
@@ -214,7 +190,7 @@ MODES = ["torchvision-cp", "hf-attnlrp", "hf-cp"]
 def test_matches_lxt(mode, tmp_path):
     script = tmp_path / "lxt_crosscheck.py"
     script.write_text(SCRIPT)
-    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"), OMP_NUM_THREADS="1")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "src"), str(ROOT / "tests")]), OMP_NUM_THREADS="1")
     proc = subprocess.run([LXT_PYTHON, str(script), mode], capture_output=True, text=True, timeout=900, env=env,
                           cwd=str(tmp_path))
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]

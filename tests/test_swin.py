@@ -1,5 +1,5 @@
-"""Swin (timm): the window layout GradSkip, rollout and GAE use is the one the blocks use, and relevance is
-conserved through shifted windows, padding and patch merging."""
+"""Swin (timm and HuggingFace): the window layout GradSkip, rollout and GAE use is the one the blocks use, and
+relevance is conserved through shifted windows, padding and patch merging."""
 
 from __future__ import annotations
 
@@ -38,22 +38,6 @@ def test_windows_match_timms_own_partition(grid, window, shift):
     assert torch.equal(back, idx) and torch.equal(lost, torch.zeros(b, dtype=torch.float64))
 
 
-@pytest.mark.parametrize("img,depths", [(32, (2, 2)), (28, (2, 2)), (56, (2, 2))])
-def test_gradskip_conserves_through_windows_padding_and_merges(img, depths):
-    model = _swin(img=img, depths=depths)
-    x = torch.randn(3, 3, img, img, generator=torch.Generator().manual_seed(1))
-    exp = vitlens.explain(model, x, method="gradskip")
-    y = exp.scores.double()
-    torch.testing.assert_close(exp.token_maps.sum((1, 2)).double() + exp.remainder.double(), y, rtol=1e-5, atol=1e-6)
-    totals = exp.extras["layer_totals"].double()
-    torch.testing.assert_close(totals, y[:, None].expand_as(totals), rtol=1e-5, atol=1e-6)
-    assert exp.token_maps.shape == (3, img // 4, img // 4)
-    if img % 16:  # odd grids: padding tokens take part, their share is the remainder
-        assert exp.remainder.abs().sum() > 0
-    one = vitlens.explain(model, x[1:2], method="gradskip")
-    torch.testing.assert_close(one.maps, exp.maps[1:2], rtol=1e-4, atol=1e-7)
-
-
 def test_gradcam_reads_the_last_stage_the_classifier_pools():
     model = _swin()
     x = torch.randn(2, 3, 32, 32)
@@ -63,15 +47,6 @@ def test_gradcam_reads_the_last_stage_the_classifier_pools():
     g, = torch.autograd.grad(logits[[0, 1], [1, 3]].sum(), feats)
     cam = (feats * g.mean((1, 2), keepdim=True)).sum(-1).clamp_min(0)
     torch.testing.assert_close(exp.token_maps, cam.detach(), rtol=1e-4, atol=1e-6)
-
-
-def test_unsupported_methods_say_why_and_name_the_working_ones():
-    model = _swin()
-    with pytest.raises(vitlens.UnsupportedModelError, match="windowed.*methods that work on this model: .*gradskip"):
-        vitlens.explain(model, torch.randn(1, 3, 32, 32), method="attnlrp")
-    with pytest.raises(vitlens.UnsupportedModelError, match="tokens cannot be dropped"):
-        vitlens.explain(model, torch.randn(1, 3, 32, 32), method="tis")
-    assert get_adapter(model).feature_grid((32, 32)) == (4, 4)
 
 
 # -- HuggingFace SwinForImageClassification -------------------------------------------------------------------------
@@ -140,22 +115,6 @@ def test_hf_recording_is_the_layout_each_layer_feeds_its_attention():
     assert rec.merges[0] is None and rec.merges[1].shape == (2, 7, 7, 24) and rec.final.shape == (2, 16, 48)
 
 
-@pytest.mark.parametrize("img", [32, 28, 56])
-def test_hf_gradskip_conserves_through_windows_padding_and_merges(img):
-    model = _hf_swin(img=img)
-    x = torch.randn(3, 3, img, img, generator=torch.Generator().manual_seed(1))
-    exp = vitlens.explain(model, x, method="gradskip")
-    y = exp.scores.double()
-    torch.testing.assert_close(exp.token_maps.sum((1, 2)).double() + exp.remainder.double(), y, rtol=1e-5, atol=1e-6)
-    totals = exp.extras["layer_totals"].double()
-    torch.testing.assert_close(totals, y[:, None].expand_as(totals), rtol=1e-5, atol=1e-6)
-    assert exp.token_maps.shape == (3, img // 4, img // 4)
-    if img % 16:  # odd grids: padding tokens take part, their share is the remainder
-        assert exp.remainder.abs().sum() > 0
-    one = vitlens.explain(model, x[1:2], method="gradskip")
-    torch.testing.assert_close(one.maps, exp.maps[1:2], rtol=1e-4, atol=1e-7)
-
-
 def test_hf_gradcam_reads_the_last_stage_before_the_final_layernorm():
     model = _hf_swin()
     x = torch.randn(2, 3, 32, 32)
@@ -182,11 +141,31 @@ def test_hf_inputs_whose_grid_is_smaller_than_the_window_are_refused_before_the_
     assert [(b.shift_size, b.window_size) for b in get_adapter(model).blocks()] == windows  # HF's window not shrunk
 
 
-def test_hf_unsupported_methods_say_why_and_name_the_working_ones():
-    model = _hf_swin()
+# -- both families ---------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("img", [32, 28, 56])
+@pytest.mark.parametrize("build", [_swin, _hf_swin], ids=["timm", "hf"])
+def test_gradskip_conserves_through_windows_padding_and_merges(build, img):
+    model = build(img=img)
+    x = torch.randn(3, 3, img, img, generator=torch.Generator().manual_seed(1))
+    exp = vitlens.explain(model, x, method="gradskip")
+    y = exp.scores.double()
+    torch.testing.assert_close(exp.token_maps.sum((1, 2)).double() + exp.remainder.double(), y, rtol=1e-5, atol=1e-6)
+    totals = exp.extras["layer_totals"].double()
+    torch.testing.assert_close(totals, y[:, None].expand_as(totals), rtol=1e-5, atol=1e-6)
+    assert exp.token_maps.shape == (3, img // 4, img // 4)
+    if img % 16:  # odd grids: padding tokens take part, their share is the remainder
+        assert exp.remainder.abs().sum() > 0
+    one = vitlens.explain(model, x[1:2], method="gradskip")
+    torch.testing.assert_close(one.maps, exp.maps[1:2], rtol=1e-4, atol=1e-7)
+
+
+@pytest.mark.parametrize("build,family", [(_swin, "timm-swin"), (_hf_swin, "hf-swin")], ids=["timm", "hf"])
+def test_unsupported_methods_say_why_and_name_the_working_ones(build, family):
+    model = build()
     with pytest.raises(vitlens.UnsupportedModelError, match="windowed.*methods that work on this model: .*gradskip"):
         vitlens.explain(model, torch.randn(1, 3, 32, 32), method="attnlrp")
     with pytest.raises(vitlens.UnsupportedModelError, match="tokens cannot be dropped"):
         vitlens.explain(model, torch.randn(1, 3, 32, 32), method="tis")
     adapter = get_adapter(model)
-    assert adapter.family == "hf-swin" and adapter.feature_grid((32, 32)) == (4, 4)
+    assert adapter.family == family and adapter.feature_grid((32, 32)) == (4, 4)
