@@ -17,6 +17,7 @@ from pathlib import Path
 
 from torch import nn
 
+from ..models import get_adapter
 from .network import AHANet, load_explainer, save_explainer
 
 __all__ = ["AHANet", "SHIPPED", "WEIGHTS_DIR", "load_explainer", "save_explainer", "shipped_explainer"]
@@ -59,8 +60,7 @@ def shipped_explainer(model: nn.Module) -> tuple[str, Path, str] | None:
 
     The path may not exist (a checkout without the trained file).
     """
-    cfg = getattr(model, "pretrained_cfg", None)
-    arch = cfg.get("architecture") if isinstance(cfg, dict) else None
+    arch = get_adapter(model).architecture()
     if arch not in SHIPPED:
         return None
     name, command = SHIPPED[arch]

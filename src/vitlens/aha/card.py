@@ -11,17 +11,16 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..models import get_adapter
 from .network import AHANet
 
 __all__ = ["curve_lines", "model_card", "model_name", "versions"]
 
 
 def model_name(model: Any) -> str:
-    """The target's name in the metadata: timm's ``pretrained_cfg["architecture"]``, else the class name."""
-    cfg = getattr(model, "pretrained_cfg", None)
-    if isinstance(cfg, dict) and cfg.get("architecture"):
-        return str(cfg["architecture"])
-    return type(model).__name__
+    """The target's name in the metadata: its adapter's :meth:`~vitlens.models.Adapter.architecture` (timm's
+    ``pretrained_cfg["architecture"]``, else the class name)."""
+    return get_adapter(model).architecture()
 
 
 

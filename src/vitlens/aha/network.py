@@ -379,9 +379,7 @@ class AHANet(nn.Module):
         md = torch.tensor(dst.mean, device=x.device, dtype=x.dtype).view(1, 3, 1, 1)
         sd = torch.tensor(dst.std, device=x.device, dtype=x.dtype).view(1, 3, 1, 1)
         y = ((x * ss + ms) - md) / sd
-        pe = getattr(self.backbone.model, "patch_embed", None)
-        fixed = pe is not None and not getattr(pe, "dynamic_img_size", False)
-        if fixed and tuple(y.shape[-2:]) != dst.size_hw:
+        if not self.backbone.adapter.any_size and tuple(y.shape[-2:]) != dst.size_hw:
             y = F.interpolate(y, size=dst.size_hw, mode="bilinear", align_corners=False)
         return y
 

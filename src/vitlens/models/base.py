@@ -198,6 +198,14 @@ class Adapter:
         :class:`UnsupportedModelError` when none can be derived."""
         return model_data_config(self.model)
 
+    def architecture(self) -> str:
+        """The model's architecture name: timm's ``pretrained_cfg["architecture"]`` (e.g. ``"vit_small_patch16_224"``),
+        else the class name. Names the target in AHA's metadata and finds the explainer shipped for it."""
+        cfg = getattr(self.model, "pretrained_cfg", None)
+        if isinstance(cfg, dict) and cfg.get("architecture"):
+            return str(cfg["architecture"])
+        return type(self.model).__name__
+
     def classifier_modules(self) -> list[nn.Module]:
         """The classifier head module(s), with parameters (the first stage of a cascading randomisation check).
 

@@ -21,6 +21,7 @@ from typing import Any, Callable, Iterator, Sequence
 import numpy as np
 import torch
 
+from ..models import get_adapter
 from ..runtime import atomic_write, gini, warmup_cosine
 
 __all__ = [
@@ -87,8 +88,6 @@ def attention_gini(model: torch.nn.Module, images: torch.Tensor, normalise: Call
     Returns:
         ``(depth, heads)`` float64 array.
     """
-    from vitlens.models import get_adapter
-
     adapter = get_adapter(model, require="attention")
     total: torch.Tensor | None = None
     for i in range(0, len(images), batch):
@@ -213,17 +212,11 @@ def describe_load(loads: list[float | None], threads: int, training_time: float,
 
 @contextlib.contextmanager
 def explicit_attention(model: Any) -> Iterator[None]:
-    """timm ViT blocks compute ``softmax(q·kᵀ)·v`` explicitly instead of the fused kernel for the duration (faster to
-    train on CPU, much faster in bf16); every block's ``fused_attn`` flag is restored on exit, also after an
-    exception."""
-    fused = [blk.attn.fused_attn for blk in model.blocks]
-    try:
-        for blk in model.blocks:
-            blk.attn.fused_attn = False
+    """The model's attention runs on its explicit path (timm: ``softmax(q·kᵀ)·v`` instead of the fused kernel) for the
+    duration, through its adapter (:meth:`vitlens.models.Adapter.explicit_attention`): faster to train on CPU, much
+    faster in bf16; restored on exit, also after an exception."""
+    with get_adapter(model).explicit_attention():
         yield
-    finally:
-        for blk, flag in zip(model.blocks, fused):
-            blk.attn.fused_attn = flag
 
 
 def normalise(x: torch.Tensor, mean: tuple[float, ...], std: tuple[float, ...]) -> torch.Tensor:
