@@ -1,6 +1,6 @@
-"""The hooks that find the linear maps of each pre-norm block by their call order, shared by the LRP methods
-(:mod:`.chefer_lrp`, :mod:`.attnlrp`): query/key/value projection(s), output projection, MLP in, MLP out, and the
-classifier head(s) after the last block. Package-internal.
+"""The hooks on the linear maps of each pre-norm block, shared by the LRP methods (:mod:`.chefer_lrp`,
+:mod:`.attnlrp`): query/key/value projection(s), output projection, MLP in, MLP out — as the adapter declares them
+(:meth:`vitlens.models.Adapter.lrp_linears`) — and the classifier head(s) after the last block. Package-internal.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ __all__ = ["BlockLinears", "LinearTaps"]
 # -- the hooks that find a block's linear maps ------------------------------------------------------------------
 @dataclass
 class BlockLinears:
-    """The linear maps of one pre-norm block, found by call order, and what they saw in the forward pass.
+    """The linear maps of one pre-norm block (as its adapter declares them) and what they saw in the forward pass.
 
     ``q``, ``k``, ``v`` are ``(B, heads, T, d_head)`` and stay in the autograd graph; ``qkv_weights`` holds the rows
     of the projection weight(s) that produce ``q``, ``k`` and ``v`` (in that order).
@@ -49,12 +49,12 @@ class BlockLinears:
 class LinearTaps:
     """Hooks that record the ``nn.Linear`` calls of every block of a pre-norm ViT and of the head(s) after it.
 
-    Inside a block the roles follow from the call order: the first linear call(s) sharing one input tensor are the
-    query/key/value projection(s) (one fused ``qkv`` or three separate ones); the next call is the output projection;
-    then the MLP's first and second linear maps. Which projection output is query, key and value is checked
-    numerically: value is the tensor the adapter captured as the values, and query/key are the assignment for which
-    ``softmax(q·kᵀ/√d)·v`` reproduces the output projection's input. Anything else (gates, q/k norms, more linear
-    maps) raises :class:`UnsupportedModelError`.
+    The roles of a block's linear maps are the adapter's declaration (:meth:`~vitlens.models.Adapter.lrp_linears`):
+    the query/key/value projection(s) (one fused ``qkv`` or three separate ones, all fed the same tensor), the output
+    projection, the MLP's first and second maps, called in that order. Which projection output is query, key and
+    value is checked numerically: value is the tensor the adapter captured as the values, and query/key are the
+    assignment for which ``softmax(q·kᵀ/√d)·v`` reproduces the output projection's input. Anything else (gates, q/k
+    norms, a linear map the adapter does not declare, another call order) raises :class:`UnsupportedModelError`.
 
     ``rewrite_ctx(block_linears, ctx) -> ctx'`` and ``rewrite_act(fc1_out, fc2_in) -> fc2_in'`` may replace the
     inputs of the output projection and of the second MLP map (used by :mod:`.attnlrp` to impose LRP rules on the
@@ -73,6 +73,7 @@ class LinearTaps:
         self.blocks: list[BlockLinears] = []
         self.heads: list[tuple[nn.Linear, Tensor, Tensor]] = []
         self._after_blocks = False
+        self._roles: dict[int, str] = {}  # id(linear) → "qkv" | "proj" | "fc1" | "fc2"
 
     @contextlib.contextmanager
     def installed(self) -> Iterator["LinearTaps"]:
@@ -80,6 +81,10 @@ class LinearTaps:
         handles: list[Any] = []
         try:
             blocks = list(self.adapter.blocks())
+            declared = self.adapter.lrp_linears()
+            self._roles = {id(m): role for maps in declared for role, ms in
+                           (("qkv", maps.qkv), ("proj", (maps.proj,)), ("fc1", (maps.fc1,)), ("fc2", (maps.fc2,)))
+                           for m in ms}
             inside: set[int] = set()
             self.blocks = [BlockLinears() for _ in blocks]
             for i, blk in enumerate(blocks):
@@ -112,37 +117,44 @@ class LinearTaps:
             self.heads.append((module, args[0].detach(), output.detach()))
 
     def _pre_hook(self, index: int) -> Callable:
+        order = {"qkv": "group", "proj": "proj", "fc1": "fc1", "fc2": "fc2"}
+        before = {"group": ("start", "group"), "proj": ("group",), "fc1": ("proj",), "fc2": ("fc1",)}
+
         def hook(module: nn.Linear, args: tuple):
             st = self.blocks[index]
             x = args[0]
-            if st.stage == "start":
+            role = self._roles.get(id(module))
+            if role is None:
+                raise UnsupportedModelError(
+                    f"block {index} calls a linear map ({type(module).__name__} {module.in_features}→"
+                    f"{module.out_features}) that is not one of the q/k/v, output-projection and MLP maps its adapter "
+                    "declares; vitlens cannot apply LRP rules to it")
+            stage = order[role]
+            if st.stage not in before[stage] or (stage == "group" and st.stage == "group" and x is not st.n1):
+                raise UnsupportedModelError(
+                    f"block {index}: its linear maps are not called as in a pre-norm ViT block (q/k/v on one input, "
+                    "then the output projection, then the two MLP maps); vitlens cannot apply LRP rules to it")
+            if stage == "group":
                 st.stage, st.n1 = "group", x
                 st.group.append(module)
                 return None
-            if st.stage == "group" and x is st.n1:
-                st.group.append(module)
-                return None
-            if st.stage == "group":
+            if stage == "proj":
                 st.stage, st.proj, st.ctx = "proj", module, x.detach()
                 self._resolve_qkv(index, st)
                 if self.rewrite_ctx is not None:
                     return (self.rewrite_ctx(st, x), *args[1:])
                 return None
-            if st.stage == "proj":
+            if stage == "fc1":
                 st.stage, st.fc1, st.fc1_in = "fc1", module, x.detach()
                 return None
-            if st.stage == "fc1":
-                st.stage, st.fc2, st.fc2_in = "fc2", module, x.detach()
-                if st.fc1_out is None or st.fc1_out.shape != x.shape:
-                    raise UnsupportedModelError(
-                        f"block {index}: the second MLP map's input is not an elementwise function of the first's "
-                        "output (gated MLPs are not supported); vitlens supports pre-norm blocks with a two-layer MLP")
-                if self.rewrite_act is not None:
-                    return (self.rewrite_act(st.fc1_out, x), *args[1:])
-                return None
-            raise UnsupportedModelError(
-                f"block {index} calls more linear layers than a pre-norm ViT block (q/k/v, output projection, two MLP "
-                "maps); vitlens cannot apply LRP rules to it")
+            st.stage, st.fc2, st.fc2_in = "fc2", module, x.detach()
+            if st.fc1_out is None or st.fc1_out.shape != x.shape:
+                raise UnsupportedModelError(
+                    f"block {index}: the second MLP map's input is not an elementwise function of the first's "
+                    "output (gated MLPs are not supported); vitlens supports pre-norm blocks with a two-layer MLP")
+            if self.rewrite_act is not None:
+                return (self.rewrite_act(st.fc1_out, x), *args[1:])
+            return None
 
         return hook
 

@@ -26,8 +26,53 @@ from torch import Tensor, nn
 from ..errors import InputError, UnsupportedModelError
 from .data_configs import model_data_config
 
-__all__ = ["Adapter", "BlockRecord", "Recording", "conservative_layernorm_hook", "int_pair", "logits_of", "switched",
-           "normalisation_layers"]
+__all__ = ["Adapter", "BlockRecord", "LRPLinears", "Recording", "conservative_layernorm_hook", "int_pair", "logits_of",
+           "linears_at", "switched", "normalisation_layers"]
+
+
+@dataclass(frozen=True)
+class LRPLinears:
+    """The linear maps of one pre-norm block that LRP rules act on: ``qkv``, the query/key/value projection(s) (one
+    fused map, or three separate ones in the order query, key, value), ``proj`` the attention's output projection,
+    ``fc1``/``fc2`` the MLP's two maps. Which projection output is query, key and value is still checked
+    numerically by the LRP methods."""
+
+    qkv: tuple[nn.Linear, ...]
+    proj: nn.Linear
+    fc1: nn.Linear
+    fc2: nn.Linear
+
+
+def linears_at(block: nn.Module, index: int, qkv: Sequence[Sequence[str]], proj: Sequence[str], fc1: Sequence[str],
+               fc2: Sequence[str]) -> LRPLinears:
+    """The :class:`LRPLinears` of ``block`` from dotted submodule paths: ``qkv`` lists layouts (each a sequence of
+    paths: one fused map or three), ``proj``/``fc1``/``fc2`` candidate paths; the first layout/path that names
+    ``nn.Linear`` modules wins (e.g. transformers 5.x names first, then 4.x). Raises :class:`UnsupportedModelError`
+    naming the block and the paths it looked for."""
+
+    def linear(path: str) -> nn.Linear | None:
+        try:
+            found = block.get_submodule(path)
+        except AttributeError:
+            return None
+        return found if isinstance(found, nn.Linear) else None
+
+    def first(role: str, paths: Sequence[str]) -> nn.Linear:
+        for path in paths:
+            found = linear(path)
+            if found is not None:
+                return found
+        raise UnsupportedModelError(f"block {index} ({type(block).__name__}): no nn.Linear {role} at "
+                                    f"{' or '.join(paths)}")
+
+    for layout in qkv:
+        maps = [linear(p) for p in layout]
+        if all(m is not None for m in maps):
+            got = tuple(m for m in maps if m is not None)
+            return LRPLinears(qkv=got, proj=first("output projection", proj), fc1=first("MLP input map", fc1),
+                              fc2=first("MLP output map", fc2))
+    raise UnsupportedModelError(f"block {index} ({type(block).__name__}): no nn.Linear query/key/value projection(s) "
+                                f"at {' or '.join('+'.join(layout) for layout in qkv)}")
 
 
 @dataclass
@@ -300,6 +345,12 @@ class Adapter:
         """The transformer blocks, in order. Raises ``NotImplementedError`` for models without transformer blocks
         (CNNs, generic modules)."""
         raise NotImplementedError(f"{type(self.model).__name__} ({self.family}) has no transformer blocks")
+
+    def lrp_linears(self) -> list[LRPLinears]:
+        """Per block, the linear maps LRP rules act on (:class:`LRPLinears`), for the LRP methods (CP-LRP, AttnLRP,
+        transformer attribution). Default: :class:`UnsupportedModelError`; pre-norm families with a plain attention
+        and a two-layer MLP declare theirs (built with :func:`linears_at`)."""
+        raise UnsupportedModelError(f"{type(self.model).__name__} ({self.family}) declares no linear maps for LRP rules")
 
     def feature_layers(self) -> Sequence[nn.Module]:
         """The layers whose features (``BlockRecord.u``, ``(B, T, D)``) feature methods such as Grad-CAM may read;

@@ -16,7 +16,7 @@ from torch import Tensor, nn
 from ..errors import UnsupportedModelError
 from ._hf import eager_attention
 from ._sequence import BlockParts, SequenceAdapter, lrp_limits
-from .base import logits_of
+from .base import LRPLinears, linears_at, logits_of
 from .data_configs import processor_defaults  # re-exported: the families' processors
 
 __all__ = ["HFSequenceAdapter", "processor_defaults"]
@@ -122,6 +122,7 @@ class HFSequenceAdapter(SequenceAdapter):
         if layers is None:
             raise UnsupportedModelError(f"{type(model).__name__}: no layer list at {lay.backbone}.{lay.layers}")
         heads = int(vcfg.num_attention_heads)
+        self._attention_name = lay.attention
         self._parts = []
         for i, layer in enumerate(layers):
             att, norm2 = getattr(layer, lay.attention, None), getattr(layer, lay.norm2, None)
@@ -136,6 +137,12 @@ class HFSequenceAdapter(SequenceAdapter):
 
     def parts(self) -> list[BlockParts]:
         return self._parts
+
+    def lrp_linears(self) -> list[LRPLinears]:
+        a = self._attention_name
+        return [linears_at(p.block, i, qkv=[(f"{a}.q_proj", f"{a}.k_proj", f"{a}.v_proj")],
+                           proj=(f"{a}.o_proj", f"{a}.out_proj"), fc1=("mlp.fc1",), fc2=("mlp.fc2",))
+                for i, p in enumerate(self._parts)]
 
     def _forward(self, x: Tensor) -> Tensor:
         return logits_of(self.model(pixel_values=x))

@@ -11,7 +11,7 @@ from torch import Tensor, nn
 
 from ..errors import InputError, UnsupportedModelError
 from ._hf import eager_attention
-from .base import Adapter, BlockRecord, Recording, logits_of
+from .base import Adapter, BlockRecord, LRPLinears, Recording, linears_at, logits_of
 
 __all__ = ["HFViTAdapter"]
 
@@ -83,6 +83,14 @@ class HFViTAdapter(Adapter):
 
     def blocks(self) -> Sequence[nn.Module]:
         return self.layers
+
+    def lrp_linears(self) -> list[LRPLinears]:
+        # transformers 5.x names first, then 4.x (attention.attention.query/…, intermediate/output.dense)
+        return [linears_at(layer, i, qkv=[("attention.q_proj", "attention.k_proj", "attention.v_proj"),
+                                          ("attention.attention.query", "attention.attention.key",
+                                           "attention.attention.value")],
+                           proj=("attention.o_proj", "attention.output.dense"), fc1=("mlp.fc1", "intermediate.dense"),
+                           fc2=("mlp.fc2", "output.dense")) for i, layer in enumerate(self.layers)]
 
     def grid(self, input_hw: tuple[int, int]) -> tuple[int, int]:
         return input_hw[0] // self.patch_size[0], input_hw[1] // self.patch_size[1]

@@ -8,7 +8,7 @@ from typing import Any, Iterator, Sequence
 from torch import Tensor, nn
 
 from ..errors import InputError, UnsupportedModelError
-from .base import Adapter, BlockRecord, Recording, int_pair, switched
+from .base import Adapter, BlockRecord, LRPLinears, Recording, int_pair, linears_at, switched
 
 __all__ = ["TimmViTAdapter"]
 
@@ -68,6 +68,10 @@ class TimmViTAdapter(Adapter):
 
     def blocks(self) -> Sequence[nn.Module]:
         return list(self.model.blocks)
+
+    def lrp_linears(self) -> list[LRPLinears]:
+        return [linears_at(blk, i, qkv=[("attn.qkv",), ("attn.q_proj", "attn.k_proj", "attn.v_proj")],
+                           proj=("attn.proj",), fc1=("mlp.fc1",), fc2=("mlp.fc2",)) for i, blk in enumerate(self.blocks())]
 
     def grid(self, input_hw: tuple[int, int]) -> tuple[int, int]:
         pe = self.model.patch_embed
