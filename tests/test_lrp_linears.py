@@ -65,3 +65,12 @@ def test_three_separate_projections_give_the_same_map_in_a_batch_and_one_by_one(
     single = torch.cat([vitlens.explain(model, x[i : i + 1], method="cplrp").maps for i in range(3)])
     torch.testing.assert_close(whole, single, rtol=1e-4, atol=1e-6)
     assert torch.isfinite(whole).all() and whole.abs().sum() > 0
+
+
+def test_a_linear_map_after_the_blocks_that_is_not_the_declared_head_is_refused():
+    model = _vit()
+    model.fc_norm, model.head = nn.Linear(model.embed_dim, 4), nn.Identity()  # logits from a map that is no head
+    before = model_fingerprint(model)
+    with pytest.raises(UnsupportedModelError, match="classifier head"):
+        vitlens.explain(model, torch.randn(1, 3, 32, 32), method="transformer_attribution")
+    assert model_fingerprint(model) == before

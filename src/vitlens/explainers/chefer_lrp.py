@@ -111,6 +111,10 @@ def _readout_relevance(adapter: Adapter, taps: LinearTaps, logits: Tensor, r_log
         raise UnsupportedModelError(
             f"expected {n_heads} linear classifier head(s) after the last block, found {len(heads)} linear layers "
             "(attention pooling and MLP heads are not supported by this method)")
+    declared = {id(m) for m in adapter.classifier_modules()}
+    if any(id(mod) not in declared for mod, _, _ in heads):
+        raise UnsupportedModelError("a linear map called after the last block is not one of the model's classifier "
+                                    "heads (Adapter.classifier_modules()); this method supports linear heads only")
     outs = [h[2] for h in heads]
     combined = outs[0] if n_heads == 1 else torch.stack(outs).sum(dim=0) / n_heads  # only compared below
     if combined.shape != logits.shape or not torch.allclose(combined, logits.detach(), rtol=1e-4, atol=1e-5):
