@@ -9,15 +9,17 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import numbers
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Iterable
 
 from vitlens.errors import InputError
 
 __all__ = [
     "DataConfig",
     "apply_overrides",
+    "int_pair",
     "CONFIG_KEYS",
     "CROP_MODES",
     "INTERPOLATIONS",
@@ -162,3 +164,14 @@ def apply_overrides(base: DataConfig, extra: Any, owner: str) -> DataConfig:
     if unknown:
         raise InputError(f"{owner}.vitlens_data_config has unknown key(s) {unknown}")
     return base.replace(**{k: v for k, v in extra.items() if v is not None})
+
+
+def int_pair(value: Iterable[Any] | int) -> tuple[int, int]:
+    """``(h, w)`` as two Python ints, from any two-element sequence (``torch.Size``, tuple, list of ints or
+    0-d tensors) or one int (a square size): how spatial sizes and token grids are passed around."""
+    if isinstance(value, int):
+        return value, value
+    if isinstance(value, numbers.Integral):  # numpy integers
+        return int(value), int(value)
+    h, w = value
+    return int(h), int(w)

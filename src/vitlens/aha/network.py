@@ -424,7 +424,7 @@ def pool_maps(maps: Tensor, adapter: Any, pool: str) -> Tensor:
     ps = adapter.patch_size
     if ps is None:
         raise InputError(f"output_pool='tokens' needs a model with patches; {type(adapter.model).__name__} has none")
-    ph, pw = (int(ps[0]), int(ps[1])) if isinstance(ps, (tuple, list)) else (int(ps), int(ps))
+    ph, pw = int_pair(ps)
     h, w = maps.shape[-2:]
     pooled = F.avg_pool2d(maps[:, None], (ph, pw), stride=(ph, pw), ceil_mode=True, count_include_pad=False)
     return pooled.repeat_interleave(ph, dim=2).repeat_interleave(pw, dim=3)[:, 0, :h, :w].contiguous()

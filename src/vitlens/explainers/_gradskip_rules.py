@@ -7,9 +7,10 @@ from __future__ import annotations
 
 from typing import Any, Callable, Sequence
 
-import numpy as np
 import torch
 from torch import Tensor
+
+from ..runtime import gini
 
 __all__ = ["block_backward", "gini", "wide", "head_weights", "head_weights_from_flow", "readout_relevance", "skip_gate", "weighted_attention"]
 
@@ -18,28 +19,6 @@ def wide(t: Tensor) -> Tensor:
     """``t`` detached, in float32 if it is a half-precision tensor (float64 stays float64): the propagation runs in
     at least float32 whatever the model's dtype."""
     return t.detach().to(torch.promote_types(t.dtype, torch.float32))
-
-
-def gini(p: Tensor) -> Tensor:
-    """Gini coefficient over the last dimension of non-negative values: 0 for uniform, → 1 for a single spike.
-
-    For values sorted ascending ``p(1) ≤ … ≤ p(n)``: ``G = 2·Σ_i i·p(i) / (n·Σ_i p(i)) − (n+1)/n``.
-    A row that sums to zero gets ``G = 0``.
-    """
-    n = p.shape[-1]
-    out_dtype = p.dtype
-    if p.dtype in (torch.float16, torch.bfloat16):  # ranks up to n and their weighted sum need float32
-        p = p.float()
-    if p.device.type == "cpu" and not p.requires_grad:
-        # numpy's sort is ~20x faster than torch.sort on CPU for many short rows (same values; measured in
-        # docs/benchmarks/gradskip_cost.md); the Gini values do not need gradients.
-        srt = torch.from_numpy(np.sort(p.contiguous().numpy(), axis=-1))
-    else:
-        srt = p.sort(dim=-1).values
-    ranks = torch.arange(1, n + 1, device=p.device, dtype=p.dtype)
-    total = srt.sum(dim=-1)
-    g = 2.0 * (srt @ ranks) / (n * total.clamp_min(torch.finfo(p.dtype).tiny)) - (n + 1) / n
-    return torch.where(total > 0, g, torch.zeros_like(g)).to(out_dtype)
 
 
 def _normalise_heads(v: Tensor) -> Tensor:

@@ -117,8 +117,7 @@ class LinearTaps:
             self.heads.append((module, args[0].detach(), output.detach()))
 
     def _pre_hook(self, index: int) -> Callable:
-        order = {"qkv": "group", "proj": "proj", "fc1": "fc1", "fc2": "fc2"}
-        before = {"group": ("start", "group"), "proj": ("group",), "fc1": ("proj",), "fc2": ("fc1",)}
+        before = {"qkv": ("start", "qkv"), "proj": ("qkv",), "fc1": ("proj",), "fc2": ("fc1",)}  # roles in call order
 
         def hook(module: nn.Linear, args: tuple):
             st = self.blocks[index]
@@ -129,22 +128,21 @@ class LinearTaps:
                     f"block {index} calls a linear map ({type(module).__name__} {module.in_features}→"
                     f"{module.out_features}) that is not one of the q/k/v, output-projection and MLP maps its adapter "
                     "declares; vitlens cannot apply LRP rules to it")
-            stage = order[role]
-            if st.stage not in before[stage] or (stage == "group" and st.stage == "group" and x is not st.n1):
+            if st.stage not in before[role] or (role == "qkv" and st.stage == "qkv" and x is not st.n1):
                 raise UnsupportedModelError(
                     f"block {index}: its linear maps are not called as in a pre-norm ViT block (q/k/v on one input, "
                     "then the output projection, then the two MLP maps); vitlens cannot apply LRP rules to it")
-            if stage == "group":
-                st.stage, st.n1 = "group", x
+            if role == "qkv":
+                st.stage, st.n1 = "qkv", x
                 st.group.append(module)
                 return None
-            if stage == "proj":
+            if role == "proj":
                 st.stage, st.proj, st.ctx = "proj", module, x.detach()
                 self._resolve_qkv(index, st)
                 if self.rewrite_ctx is not None:
                     return (self.rewrite_ctx(st, x), *args[1:])
                 return None
-            if stage == "fc1":
+            if role == "fc1":
                 st.stage, st.fc1, st.fc1_in = "fc1", module, x.detach()
                 return None
             st.stage, st.fc2, st.fc2_in = "fc2", module, x.detach()
@@ -161,7 +159,7 @@ class LinearTaps:
     def _post_hook(self, index: int) -> Callable:
         def hook(module: nn.Module, args: tuple, output: Tensor) -> None:
             st = self.blocks[index]
-            if st.stage == "group":
+            if st.stage == "qkv":
                 st.group_out.append(output)
             elif st.stage == "fc1" and module is st.fc1:
                 st.fc1_out = output

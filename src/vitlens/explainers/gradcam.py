@@ -25,21 +25,6 @@ __all__ = ["GradCAM", "FinerCAM", "AttentionGradCAM", "FinerContrast", "similar_
 _WEIGHTINGS = ("mean", "probability")
 
 
-def _check_layer(options: dict[str, Any]) -> None:
-    layer = options["layer"]
-    if isinstance(layer, bool) or not isinstance(layer, int):
-        raise InputError(f"layer must be an int block index (negative counts from the end), got {layer!r}")
-
-
-def _block_index(adapter: Adapter, layer: int) -> int:
-    n = len(adapter.feature_layers())
-    if not -n <= layer < n:
-        own = type(adapter).feature_layers is not Adapter.feature_layers  # CNN, SegFormer: not the blocks
-        kind = "feature layers" if own else "blocks"
-        raise InputError(f"layer {layer} is out of range for a model with {n} {kind} (valid: {-n}..{n - 1})")
-    return layer % n
-
-
 def _features(rec: Any, i: int) -> Tensor:
     """Feature layer ``i`` of a capture session, ``(B, T, D)``: ``rec.features[i]`` where the family records
     features of its own (SegFormer: the decode head's fused feature map), else the residual input of block ``i``
@@ -65,11 +50,18 @@ class _OneLayer(Explainer):
     level = "token"
 
     def check_options(self) -> None:
-        _check_layer(self.options)
+        layer = self.options["layer"]
+        if isinstance(layer, bool) or not isinstance(layer, int):
+            raise InputError(f"layer must be an int block index (negative counts from the end), got {layer!r}")
 
     def layer_index(self, adapter: Adapter) -> int:
         """The ``layer`` option as a non-negative index into ``adapter.feature_layers()`` (checked against it)."""
-        return _block_index(adapter, self.options["layer"])
+        layer, n = self.options["layer"], len(adapter.feature_layers())
+        if not -n <= layer < n:
+            own = type(adapter).feature_layers is not Adapter.feature_layers  # CNN, SegFormer: not the blocks
+            kind = "feature layers" if own else "blocks"
+            raise InputError(f"layer {layer} is out of range for a model with {n} {kind} (valid: {-n}..{n - 1})")
+        return layer % n
 
 
 @register

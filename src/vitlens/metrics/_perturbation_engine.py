@@ -15,6 +15,7 @@ from torch import Tensor, nn
 from ..errors import InputError, TargetError, VitlensError
 from ..images import DataConfig, data_config
 from ..models import Adapter, get_adapter
+from ..models.base import int_pair
 from ..targets import Target, class_score
 from .base import Metric, MetricResult, check_maps
 
@@ -276,7 +277,7 @@ class MetricInputs:
                     f"granularity 'patch' needs the model's patch size, but {type(self.adapter.model).__name__} "
                     "has none; give the patch size in pixels instead (e.g. granularity=16)"
                 )
-            return (int(ps[0]), int(ps[1])) if isinstance(ps, (tuple, list)) else (int(ps), int(ps))
+            return int_pair(ps)
         if isinstance(granularity, int):
             return (granularity, granularity)
         return (int(granularity[0]), int(granularity[1]))

@@ -16,18 +16,18 @@ Everything an adapter changes on the model (hooks, fused/eager attention switche
 from __future__ import annotations
 
 import contextlib
-import numbers
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import torch
 from torch import Tensor, nn
 
 from ..errors import InputError, UnsupportedModelError
+from ..preprocessing import int_pair  # re-exported: how sizes are passed around
 from .data_configs import model_data_config
 
-__all__ = ["Adapter", "BlockRecord", "LRPLinears", "Recording", "conservative_layernorm_hook", "int_pair", "logits_of",
-           "linears_at", "switched", "normalisation_layers"]
+__all__ = ["Adapter", "BlockRecord", "LRPLinears", "Recording", "conservative_layernorm_hook", "int_pair",
+           "logits_of", "linears_at", "switched", "normalisation_layers"]
 
 
 @dataclass(frozen=True)
@@ -484,17 +484,6 @@ class Adapter:
             rec.blocks[index].h = args[0]
 
         return hook
-
-
-def int_pair(value: Iterable[Any] | int) -> tuple[int, int]:
-    """``(h, w)`` as two Python ints, from any two-element sequence (``torch.Size``, tuple, list of ints or
-    0-d tensors) or one int (a square size): how spatial sizes and token grids are passed around."""
-    if isinstance(value, int):
-        return value, value
-    if isinstance(value, numbers.Integral):  # numpy integers
-        return int(value), int(value)
-    h, w = value
-    return int(h), int(w)
 
 
 @contextlib.contextmanager

@@ -13,7 +13,15 @@ import torch
 from torch import nn
 
 from vitlens.errors import UnsupportedModelError
-from vitlens.preprocessing import HF_VIT_MEAN, HF_VIT_STD, IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD, DataConfig, apply_overrides
+from vitlens.preprocessing import (
+    HF_VIT_MEAN,
+    HF_VIT_STD,
+    IMAGENET_DEFAULT_MEAN,
+    IMAGENET_DEFAULT_STD,
+    DataConfig,
+    apply_overrides,
+    int_pair,
+)
 
 __all__ = ["model_data_config", "processor_defaults"]
 
@@ -41,9 +49,7 @@ def processor_defaults(model: nn.Module) -> dict | None:
         return None
     vcfg = getattr(cfg, "vision_config", None) or cfg
     s = vcfg.image_size
-    hw = (int(s[0]), int(s[1])) if isinstance(s, (tuple, list)) else (int(s), int(s))
-    return {"input_size": (3, *hw), "interpolation": "bicubic", **_PREPROCESS[kind]}
-
+    return {"input_size": (3, *int_pair(s)), "interpolation": "bicubic", **_PREPROCESS[kind]}
 
 
 def _timm_config(model: torch.nn.Module) -> DataConfig:
@@ -56,7 +62,7 @@ def _timm_config(model: torch.nn.Module) -> DataConfig:
     img_size = getattr(patch_embed, "img_size", None)
     dynamic = bool(getattr(patch_embed, "dynamic_img_size", False) or getattr(model, "dynamic_img_size", False))
     if img_size is not None and not dynamic:
-        hw = (int(img_size[0]), int(img_size[1])) if isinstance(img_size, (tuple, list)) else (int(img_size),) * 2
+        hw = int_pair(img_size)
         if hw != cfg.size_hw:
             cfg = cfg.replace(input_size=(3, *hw))
     return cfg
@@ -68,8 +74,7 @@ def _hf_config(model: torch.nn.Module) -> DataConfig:
     if known is not None:
         extra = getattr(config, "vitlens_data_config", None)
         return DataConfig(**known) if extra is None else apply_overrides(DataConfig(**known), extra, "model.config")
-    size = config.image_size
-    hw = (int(size[0]), int(size[1])) if isinstance(size, (tuple, list)) else (int(size), int(size))
+    hw = int_pair(config.image_size)
     if getattr(config, "model_type", None) == "deit":
         # DeiTImageProcessor: resize to 256 (bicubic), centre-crop 224, ImageNet mean/std → crop_pct = 224/256.
         base = DataConfig(

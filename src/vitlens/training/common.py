@@ -7,16 +7,17 @@ live in :mod:`vitlens.runtime`; ``gini`` and ``lr_factor`` are re-exported here.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import datetime as _dt
 import hashlib
+import importlib
 import json
 import math
 import os
 import platform
+import shlex
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import torch
@@ -47,7 +48,6 @@ __all__ = [
     "gini_record",
     "set_lr",
     "dihedral",
-    "explicit_attention",
     "fmt_time",
     "gini",
     "load_average",
@@ -208,15 +208,6 @@ def describe_load(loads: list[float | None], threads: int, training_time: float,
     else:
         text = "The machine was otherwise idle during training."
     return load, text
-
-
-@contextlib.contextmanager
-def explicit_attention(model: Any) -> Iterator[None]:
-    """The model's attention runs on its explicit path (timm: ``softmax(q·kᵀ)·v`` instead of the fused kernel) for the
-    duration, through its adapter (:meth:`vitlens.models.Adapter.explicit_attention`): faster to train on CPU, much
-    faster in bf16; restored on exit, also after an exception."""
-    with get_adapter(model).explicit_attention():
-        yield
 
 
 def normalise(x: torch.Tensor, mean: tuple[float, ...], std: tuple[float, ...]) -> torch.Tensor:
@@ -414,8 +405,6 @@ def write_meta(out: Path, name: str, meta: dict[str, Any]) -> None:
 
 def meta_head(name: str, module: str, argv: Sequence[str], seed: int) -> dict[str, Any]:
     """The first entries of a training record: the model's name, the command that trained it and its seed."""
-    import shlex
-
     return {"name": name, "command": f"python -m vitlens.training.{module} " + shlex.join(argv), "seed": seed}
 
 
@@ -445,8 +434,6 @@ def meta_timing(training_time: float, total_time: float, cpu_time: float, load: 
 def meta_weights_and_software(weights: Path, n_params: int, threads: int, library: str) -> dict[str, Any]:
     """The entries of a training record that describe the stored weights file and the software and machine that
     made it; ``library`` is the model library (``"timm"`` or ``"transformers"``), whose version is recorded."""
-    import importlib
-
     data = weights.read_bytes()
     return {
         "n_params": n_params,

@@ -41,6 +41,7 @@ import torch.nn.functional as F
 
 from vitlens.data.digits import DIGIT_CLASS_NAMES, load_mnist5k, split_mnist5k
 from vitlens.models.digits_zoo import DIGITS_MEAN, DIGITS_STD, build_digits_vit
+from vitlens.models import get_adapter
 from vitlens.models.zoo import BUNDLED, WEIGHTS_DIR
 from vitlens.runtime import warmup_cosine_steps, write_model_card
 from vitlens.training.common import (
@@ -50,7 +51,6 @@ from vitlens.training.common import (
     card_software_lines,
     cpu_has_bf16,
     describe_load,
-    explicit_attention,
     export_weights,
     fmt_time,
     gini_record,
@@ -208,7 +208,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     loads = [load_average()]
     bar = tqdm(total=args.steps, disable=args.no_progress, unit="step", dynamic_ncols=True, mininterval=2.0)
     try:
-        with explicit_attention(model):  # explicit attention trains faster on CPU (much faster in bf16)
+        with get_adapter(model).explicit_attention():  # trains faster on CPU (much faster in bf16)
             _train_steps(args, model, opt, g, x_train, y_train, x_test, y_test, use_bf16, bar, t_train0, loads)
     finally:
         bar.close()
