@@ -49,7 +49,8 @@ def main() -> None:
             x = torch.stack([it[0] for it in items])
             labels = torch.tensor([it[1] for it in items])
             t0 = time.perf_counter()
-            loss, _, _ = training_loss(net, net.decoder, x, labels, list(range(args.batch)), r, cfg, 0.05, mean_std)
+            loss, _, _ = training_loss(net, net.decoder, x, labels, list(range(args.batch)), r, cfg, 0.05, mean_std,
+                                          mean_img=x.mean(0))
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()

@@ -23,11 +23,14 @@ def test_recipes_are_presets_with_overrides():
     tracked, authors = AHATrainConfig.preset("tracked"), AHATrainConfig.preset("authors")
     assert tracked == AHATrainConfig()  # the default is the tracked recipe
     assert (tracked.noise_scale, tracked.tau_start, tracked.tau_end, tracked.classes_per_image) == (0.0, 0.1, 0.03, 1)
-    assert tracked.references == ("mean",)
+    assert tracked.references == tracked.val_references == ("mean", "black", "blur", "meanimage")
+    assert tracked.select == "best"
+    old = AHATrainConfig.preset("tracked-mean")
+    assert (old.references, old.val_references, old.select) == (("mean",), ("mean",), "last")
     assert (authors.noise_scale, authors.tau_start, authors.tau_end, authors.classes_per_image) == (1.0, 1.0, 0.3, 2)
     assert authors.m == 16 and authors.step_sampling == "fixed" and authors.lr == 3e-4 and authors.recipe == "authors"
     assert AHATrainConfig.preset("authors", m=8).m == 8
-    assert set(RECIPES) == {"tracked", "authors"}
+    assert set(RECIPES) == {"tracked", "tracked-mean", "authors"}
     with pytest.raises(InputError, match="unknown AHA recipe"):
         AHATrainConfig.preset("fast")
 
@@ -51,13 +54,56 @@ def test_cli_recipe_defaults_and_explicit_flags(monkeypatch, tmp_path):
     for argv, want in [((), AHATrainConfig.preset("tracked")),
                        (("--recipe", "authors"), AHATrainConfig.preset("authors")),
                        (("--recipe", "authors", "--tau", "0.2", "0.05", "--references", "mean"),
-                        AHATrainConfig.preset("authors", tau_start=0.2, tau_end=0.05, references=("mean",)))]:
+                        AHATrainConfig.preset("authors", tau_start=0.2, tau_end=0.05, references=("mean",))),
+                       (("--references", "black,blur", "--val-references", "mean", "--select", "last"),
+                        AHATrainConfig.preset("tracked", references=("black", "blur"), val_references=("mean",),
+                                              select="last"))]:
         args = _parse(*argv, "--out", str(tmp_path / "o"), "--steps", "3")
         args.func(args)
         got = seen["cfg"]
         for key in ("lr", "tau_start", "tau_end", "noise_scale", "m", "step_sampling", "classes_per_image",
-                    "references", "recipe"):
+                    "references", "val_references", "select", "recipe"):
             assert getattr(got, key) == getattr(want, key), (argv, key)
+
+
+def test_empty_or_repeated_reference_lists_are_refused(tmp_path):
+    for argv, match in [(("--references", ""), "--references needs at least one name"),
+                        (("--references", " , "), "--references needs at least one name"),
+                        (("--val-references", ""), "--val-references needs at least one name"),
+                        (("--references", "mean,mean"), "distinct names"),
+                        (("--references", "grey"), "references must be")]:
+        args = _parse(*argv, "--out", str(tmp_path / "o"), "--steps", "3")
+        with pytest.raises(InputError, match=match):
+            args.func(args)
+
+
+def test_mean_image_reference_is_the_training_mean():
+    from vitlens.aha.data import TensorData, mean_image
+    from vitlens.aha.soft_metrics import reference
+
+    imgs = torch.randn(10, 3, 8, 8)
+    mi = mean_image(TensorData(imgs, None), n=10, batch=3)
+    torch.testing.assert_close(mi, imgs.mean(0))
+    x = torch.randn(2, 3, 8, 8)
+    r = reference(x, "meanimage", (0.5,) * 3, (0.2,) * 3, mean_image=mi)
+    assert r.shape == x.shape and torch.equal(r[0], mi) and torch.equal(r[1], mi)
+    with pytest.raises(ValueError, match="needs the dataset's mean image"):
+        reference(x, "meanimage", (0.5,) * 3, (0.2,) * 3)
+
+
+def test_validation_matrix_and_best_checkpoint_selection():
+    model, data = tiny_target(), tiny_data()
+    res = train_aha(model, data, None, steps=4, val_every=2, progress=False, **FAST)
+    v = res.validation
+    assert v["references"] == ["mean", "black", "blur", "meanimage"]
+    per_ref = [v[f"difference@{r}"] for r in v["references"]]
+    assert v["difference"] == pytest.approx(sum(per_ref) / 4)
+    assert v["selected_step"] in (2, 4) and v["step"] == v["selected_step"]
+    last = train_aha(tiny_target(), data, None, steps=4, val_every=2, progress=False, select="last", **FAST)
+    assert last.validation["selected_step"] == last.validation["step"] == 4
+    if v["selected_step"] == 4:  # the last was the best: both runs ship the same decoder
+        assert all(torch.equal(a, b) for a, b in zip(res.net.decoder.state_dict().values(),
+                                                      last.net.decoder.state_dict().values()))
 
 
 def test_pool_maps_is_the_patch_mean_spread_back():

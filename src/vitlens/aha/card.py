@@ -73,8 +73,12 @@ def model_card(meta: dict[str, Any], net: AHANet) -> str:
         "",
         "## Validation (held-out, hard pixel-level deletion/insertion, T = 0)",
         "",
-        f"Protocol: {meta['validation_protocol']['n_points']} points, mean reference, predicted class, softmax "
-        "probability, trapezoidal AUC.",
+        f"Protocol: {meta['validation_protocol']['n_points']} points, "
+        + (f"the mean over the deletion references {', '.join(v['references'])} (each below)"
+           if v.get("references") else "mean reference")
+        + ", predicted class, softmax probability, trapezoidal AUC."
+        + (f" Shipped: the checkpoint of step {v['selected_step']}, the best of the validations."
+           if v.get("selected_step") not in (None, meta["steps"]) else ""),
         "",
         f"Output pooling chosen on these images: `{v.get('output_pool', 'none')}` (docs/methods/aha.md §1)"
         + (f"; pixel map {v['difference']:.4f}, token-pooled {v['difference_tokens']:.4f} insertion − deletion."
@@ -85,6 +89,11 @@ def model_card(meta: dict[str, Any], net: AHANet) -> str:
         f"| {v.get('n', 0)} | {v.get('deletion' + sfx, float('nan')):.4f} | "
         f"{v.get('insertion' + sfx, float('nan')):.4f} | {v.get('difference' + sfx, float('nan')):.4f} |",
         "",
+        *([("| reference | " + " | ".join(v["references"]) + " |"),
+           "|---|" + "---|" * len(v["references"]),
+           "| insertion − deletion ↑ | " + " | ".join(f"{v.get(f'difference{sfx}@{r}', float('nan')):.4f}"
+                                                   for r in v["references"]) + " |", ""]
+          if v.get("references") else []),
         *curve_lines(meta.get("learning_curve") or []),
         "## Notes",
         "",

@@ -13,6 +13,7 @@ from typing import Any, Sequence
 
 import torch
 
+from ..errors import InputError
 from .config import RECIPES, AHATrainConfig
 from .loop import train_aha
 from .network import OUTPUT_POOLS
@@ -23,6 +24,16 @@ __all__ = ["DESCRIPTION", "add_train_aha_parser", "cmd_train_aha", "main"]
 #: the commands' description (the first paragraph of :mod:`vitlens.aha.train`'s docstring)
 DESCRIPTION = ("Training an AHA explainer for a frozen target model: Python API :func:`train_aha` and the "
                "``train-aha`` command.")
+
+
+def _name_list(flag: str, text: str | None) -> tuple[str, ...] | None:
+    """``a,b`` → ``("a", "b")``; ``None`` when the flag is not given; an empty list is an error (not the default)."""
+    if text is None:
+        return None
+    names = tuple(r.strip() for r in text.split(",") if r.strip())
+    if not names:
+        raise InputError(f"{flag} needs at least one name, of {', '.join(REFERENCES)}")
+    return names
 
 
 def _add_arguments(p: argparse.ArgumentParser) -> None:
@@ -56,6 +67,11 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--references", default=None,
                    help=f"comma-separated deletion references drawn per step, of {','.join(REFERENCES)} "
                         f"(tracked: {','.join(d.references)})")
+    p.add_argument("--val-references", default=None,
+                   help="comma-separated references every validation measures; the headline is their mean "
+                        f"(tracked: {','.join(d.val_references)})")
+    p.add_argument("--select", choices=["best", "last"], default=None,
+                   help="ship the decoder of the best validation or of the last step (tracked: best)")
     p.add_argument("--tau", type=positive_float, nargs=2, default=None, metavar=("START", "END"),
                    help=f"sorter temperature, annealed linearly (tracked: {d.tau_start:g} {d.tau_end:g})")
     p.add_argument("--n-iters", type=positive_int, default=d.n_iters, help="Sinkhorn iterations")
@@ -101,7 +117,8 @@ def cmd_train_aha(args: argparse.Namespace) -> int:
     name = args.name or f"{args.model.split(':')[-1].replace('/', '_')}-aha"
     chosen = {"lr": args.lr, "m": args.m, "step_sampling": args.step_sampling,
               "classes_per_image": args.classes_per_image, "noise_scale": args.noise_scale,
-              "references": tuple(r.strip() for r in args.references.split(",")) if args.references else None,
+              "references": _name_list("--references", args.references),
+              "val_references": _name_list("--val-references", args.val_references), "select": args.select,
               "tau_start": args.tau[0] if args.tau else None, "tau_end": args.tau[1] if args.tau else None}
     cfg = AHATrainConfig.preset(
         args.recipe, **{k: v for k, v in chosen.items() if v is not None},

@@ -15,7 +15,7 @@ from ..errors import InputError
 from .config import AHATrainConfig
 
 __all__ = ["FolderData", "ScenesData", "TRAIN_SEED_OFFSET", "TensorData", "VAL_SEED_OFFSET", "data_config",
-           "datasets", "mean_std"]
+           "datasets", "mean_image", "mean_std"]
 
 VAL_SEED_OFFSET = 20_000  #: held-out scenes use seed ``VAL_SEED_OFFSET + seed``
 TRAIN_SEED_OFFSET = 1_000  #: training scenes use seed ``TRAIN_SEED_OFFSET + seed`` (not the target's training data)
@@ -135,3 +135,17 @@ def mean_std(model: nn.Module) -> tuple[tuple[float, ...], tuple[float, ...]]:
     """The target's normalisation ``(mean, std)`` per channel (the defaults when the model declares none)."""
     c = data_config(model)
     return tuple(c.mean), tuple(c.std)
+
+
+def mean_image(data: torch.utils.data.Dataset, n: int = 512, batch: int = 64) -> Tensor | None:
+    """The per-pixel mean ``(C, H, W)`` of the first ``min(n, len(data))`` images of ``data`` (normalised like them):
+    the ``meanimage`` deletion reference. ``None`` for an empty set or images of different sizes."""
+    count = min(int(n), len(data))  # type: ignore[arg-type]
+    total: Tensor | None = None
+    for s in range(0, count, batch):
+        xs = [data[i][0] for i in range(s, min(count, s + batch))]
+        if len({tuple(t.shape) for t in xs} | ({tuple(total.shape)} if total is not None else set())) > 1:
+            return None
+        part = torch.stack(xs).double().sum(0)
+        total = part if total is None else total + part
+    return None if total is None else (total / count).float()

@@ -27,10 +27,11 @@ from ..atomic import save_torch, write_text
 from ..errors import InputError
 from ..models import get_adapter
 from ..models.base import int_pair
+from ..pause import pause_point
 from ..runtime import DistributedRun, init_distributed
 from .card import model_card, model_name, versions
 from .config import RESUMABLE_CHANGES, AHATrainConfig, TrainResult
-from .data import datasets, mean_std
+from .data import datasets, mean_image, mean_std
 from .evaluation import PROTOCOL, deletion_insertion
 from .network import OUTPUT_POOLS, AHANet, model_digest, save_explainer
 from .plan import StepPlan, choose_classes, image_noise, lr_factor, plan_step, temperature
@@ -101,17 +102,25 @@ def _set_rng_state(state: dict[str, Any]) -> None:
 
 
 def validate(net: AHANet, data: LabelledImages, dist_info: DistributedRun, batch: int = 50,
-             chunk: int = 512, pools: Sequence[str] | None = None) -> dict[str, float]:
+             chunk: int = 512, pools: Sequence[str] | None = None, references: Sequence[str] | None = None,
+             mean_std: tuple[Sequence[float], Sequence[float]] | None = None,
+             mean_img: Tensor | None = None) -> dict[str, float]:
     """Hard deletion/insertion (:func:`~vitlens.aha.evaluation.deletion_insertion`) of the explainer's maps for the
     predicted class on ``data`` (sharded over processes), averaged over images.
 
     ``pools``: the output poolings to measure (default: the net's own); the first gives ``deletion``/``insertion``/
     ``difference``, every other ``P`` gives ``deletion_P`` etc. (e.g. ``difference_tokens``).
+    ``references``: the deletion references (:data:`~vitlens.aha.soft_metrics.REFERENCES`; default ``("mean",)``);
+    with several, each headline number is the mean over the references and ``difference@R`` (``difference_P@R``)
+    is reference ``R`` alone: a validation *matrix*, so that the explainer is not chosen on one protocol.
+    ``mean_std``: the target's normalisation (for ``black``); ``mean_img``: the dataset's mean image (``meanimage``).
     """
     pools = list(pools or [net.output_pool])
+    refs = list(references or ["mean"])
+    ms = mean_std or ((0.0, 0.0, 0.0), (1.0, 1.0, 1.0))
     idx = list(range(dist_info.rank, len(data), dist_info.world))
     device = next(net.decoder.parameters()).device
-    sums = torch.zeros(len(pools), 4, dtype=torch.float64)
+    sums = torch.zeros(len(pools), len(refs), 4, dtype=torch.float64)
     for s in range(0, len(idx), batch):
         items = [data[i] for i in idx[s:s + batch]]
         x = torch.stack([it[0] for it in items]).to(device)
@@ -119,18 +128,26 @@ def validate(net: AHANet, data: LabelledImages, dist_info: DistributedRun, batch
             feats, logits = net.features(x)
             cls = logits.argmax(-1)
             raw = net.decoder(feats, cls, tuple(x.shape[-2:]))
-        for k, pool in enumerate(pools):
-            r = deletion_insertion(net.target, x, net.finish(raw, pool), cls, chunk=chunk)
-            sums[k] += torch.tensor([float(r["deletion"].sum()), float(r["insertion"].sum()),
-                                     float(r["difference"].sum()), len(items)], dtype=torch.float64)
+        for j, kind in enumerate(refs):
+            ref = reference(x, kind, ms[0], ms[1], mean_image=mean_img)
+            for k, pool in enumerate(pools):
+                r = deletion_insertion(net.target, x, net.finish(raw, pool), cls, chunk=chunk, ref=ref)
+                sums[k, j] += torch.tensor([float(r["deletion"].sum()), float(r["insertion"].sum()),
+                                            float(r["difference"].sum()), len(items)], dtype=torch.float64)
     sums = _all_reduce_sum(sums.to(device), dist_info).cpu()
     out: dict[str, Any] = {}
     for k, pool in enumerate(pools):
-        n = max(1.0, float(sums[k, 3]))
+        n = max(1.0, float(sums[k, 0, 3]))
         sfx = "" if k == 0 else f"_{pool}"
-        out.update({f"deletion{sfx}": float(sums[k, 0] / n), f"insertion{sfx}": float(sums[k, 1] / n),
-                    f"difference{sfx}": float(sums[k, 2] / n)})
-    out["n"] = int(sums[0, 3])
+        mean = sums[k, :, :3].mean(0) / n
+        out.update({f"deletion{sfx}": float(mean[0]), f"insertion{sfx}": float(mean[1]),
+                    f"difference{sfx}": float(mean[2])})
+        if len(refs) > 1:
+            for j, kind in enumerate(refs):
+                out[f"difference{sfx}@{kind}"] = float(sums[k, j, 2] / n)
+    out["n"] = int(sums[0, 0, 3])
+    if len(refs) > 1:
+        out["references"] = refs
     return out
 
 
@@ -182,14 +199,15 @@ def target_probs(adapter: Any, images: Tensor, classes: Tensor, chunk: int = 512
 
 def training_loss(net: AHANet, decoder: nn.Module, x: Tensor, labels: Tensor, indices: Sequence[int], step: int,
                   cfg: AHATrainConfig, tau: float, mean_std: tuple[Sequence[float], Sequence[float]],
-                  amp: bool = False) -> tuple[Tensor, dict[str, Tensor], StepPlan]:
+                  amp: bool = False, mean_img: Tensor | None = None) -> tuple[Tensor, dict[str, Tensor], StepPlan]:
     """The AHA loss of one (local) batch, averaged over its images and classes.
 
     Args:
         net: the explainer (its backbone gives features and the target's logits); ``decoder``: ``net.decoder`` or
             its DDP wrapper. ``x`` ``(b, C, H, W)`` normalised images, ``labels`` ``(b,)`` (−1: unknown),
             ``indices``: their dataset indices (keys of the per-image noise). ``tau``: sorter temperature.
-        mean_std: the target's normalisation (for the black reference).
+        mean_std: the target's normalisation (for the black reference); ``mean_img``: the training images' mean
+            (for the ``meanimage`` reference).
 
     Call inside ``adapter.session()`` of the target (eval mode, frozen parameters). Returns ``(loss, parts, plan)``
     with per-map ``del_auc``, ``ins_auc``, ``peak`` ``(b·k,)``.
@@ -201,7 +219,7 @@ def training_loss(net: AHANet, decoder: nn.Module, x: Tensor, labels: Tensor, in
     feats, logits = net.features(x)
     classes = choose_classes(logits, labels, cfg.classes_per_image)  # (b, k)
     k = classes.shape[1]
-    ref = reference(x, plan.reference, *mean_std)
+    ref = reference(x, plan.reference, mean_std[0], mean_std[1], mean_image=mean_img)
     with torch.no_grad(), torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=amp):
         ref_logits = adapter.forward(ref).float()
     p0 = logits.float().softmax(-1).gather(1, classes)  # (b, k): nothing deleted
@@ -255,6 +273,9 @@ class _Run:
     elapsed0: float = 0.0
     t_start: float = 0.0
     pools: list[str] = field(default_factory=list)
+    mean_img: Tensor | None = None
+    mean_std: tuple[Sequence[float], Sequence[float]] = ((0.0, 0.0, 0.0), (1.0, 1.0, 1.0))
+    best: dict[str, Any] | None = None  # the best validation so far: step, score, pool, decoder state
 
     def seconds(self) -> float:
         """Training wall time so far, including the runs this one resumes."""
@@ -269,6 +290,7 @@ def _config(config: AHATrainConfig | None, overrides: dict[str, Any]) -> AHATrai
             raise InputError(f"grid_range must be two grid sizes (low, high); got {cfg.grid_range!r}")
         cfg.grid_range = int_pair(cfg.grid_range)
     cfg.references = tuple(cfg.references)
+    cfg.val_references = tuple(cfg.val_references)
     if cfg.depths is not None:
         cfg.depths = tuple(int(v) for v in cfg.depths)
     cfg.check()
@@ -304,12 +326,18 @@ def _setup(model: nn.Module, data: Any, out_dir: str | os.PathLike | None, cfg: 
     net = AHANet(model, backbone=cfg.backbone, depths=cfg.depths, n_levels=cfg.n_levels, width=cfg.width,
                  embed_dim=cfg.embed_dim, seed=cfg.seed).to(dev)
     train_set, val_set, data_info = datasets(data, model, cfg, net.num_classes)
+    needs_mean_image = "meanimage" in cfg.references or "meanimage" in cfg.val_references
+    mean_img = mean_image(train_set) if needs_mean_image else None
+    if needs_mean_image and mean_img is None:
+        raise InputError("the 'meanimage' reference needs training images of one size; drop it from references / "
+                         "val_references for this data")
     opt = torch.optim.AdamW(net.decoder.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, cfg.steps, cfg.warmup_frac))
     out = Path(out_dir) if out_dir is not None else None
     return _Run(cfg=cfg, model=model, adapter=adapter, net=net, dev=dev, dist_info=dist_info, local_batch=local_batch,
                 amp=amp, ckpting=ckpting, train_set=train_set, val_set=val_set, data_info=data_info, opt=opt,
-                sched=sched, out=out, ckpt_path=out / "checkpoint.pt" if out is not None else None)
+                sched=sched, out=out, ckpt_path=out / "checkpoint.pt" if out is not None else None,
+                mean_img=mean_img, mean_std=mean_std(model))
 
 
 def _resume(run: _Run, resume: bool) -> None:
@@ -332,6 +360,7 @@ def _resume(run: _Run, resume: bool) -> None:
         run.validation = ck.get("validation")
         run.val_history = list(ck.get("val_history", []))
         run.elapsed0 = float(ck.get("seconds", 0.0))
+        run.best = ck.get("best")
         _set_rng_state(ck["rng"])
     elif run.out is not None and run.dist_info.rank == 0:
         run.out.mkdir(parents=True, exist_ok=True)
@@ -360,19 +389,27 @@ def _save_checkpoint(run: _Run, seconds: float) -> None:
     save_torch({"decoder": run.net.decoder.state_dict(), "optimizer": run.opt.state_dict(),
                 "scheduler": run.sched.state_dict(), "step": run.step, "rng": _rng_state(),
                 "config": run.cfg.to_dict(), "history": run.history, "validation": run.validation,
-                "val_history": run.val_history, "seconds": seconds, "arch": run.net.arch}, run.ckpt_path)
+                "val_history": run.val_history, "seconds": seconds, "arch": run.net.arch, "best": run.best},
+               run.ckpt_path)
 
 
 def _run_validation(run: _Run) -> dict[str, Any]:
     """Hard validation (and the soft objective on the same images); appended to the learning curve."""
     cfg = run.cfg
     v = {"step": run.step, "pool": cfg.pool,
-         **validate(run.net, run.val_set, run.dist_info, chunk=cfg.chunk, pools=run.pools)}
+         **validate(run.net, run.val_set, run.dist_info, chunk=cfg.chunk, pools=run.pools,
+                    references=cfg.val_references, mean_std=run.mean_std, mean_img=run.mean_img)}
     if run.dist_info.rank == 0 and cfg.val_every:
         v["soft_difference"] = soft_validate(run.net, run.val_set, cfg, temperature(max(0, run.step - 1), cfg))
     v["images_seen"] = run.step * cfg.batch_size
     v["seconds"] = round(run.seconds(), 1)
     run.val_history.append(v)
+    if cfg.select == "best" and run.step > 0:
+        pool = _best_pool(v, run.pools)
+        score = v["difference" if pool == run.pools[0] else f"difference_{pool}"]
+        if run.best is None or score > run.best["score"]:  # every process sees the same reduced numbers
+            run.best = {"step": run.step, "score": score, "pool": pool,
+                        "decoder": {k: t.detach().clone() for k, t in run.net.decoder.state_dict().items()}}
     return v
 
 
@@ -384,7 +421,8 @@ def _train_step(run: _Run, decoder: nn.Module, idx: list[int],
     x = torch.stack([it[0] for it in items]).to(dev)
     labels = torch.tensor([it[1] for it in items], device=dev)
     tau = temperature(run.step, cfg)
-    loss, parts, plan = training_loss(run.net, decoder, x, labels, idx, run.step, cfg, tau, mean_std, run.amp)
+    loss, parts, plan = training_loss(run.net, decoder, x, labels, idx, run.step, cfg, tau, mean_std, run.amp,
+                                      run.mean_img)
     run.opt.zero_grad(set_to_none=True)
     loss.backward()
     gnorm = torch.nn.utils.clip_grad_norm_(run.net.decoder.parameters(), cfg.clip)
@@ -437,11 +475,17 @@ def _steps(run: _Run, decoder: nn.Module, sampler: torch.utils.data.DistributedS
             pbar.update(1)
         if run.ckpt_path is not None and cfg.ckpt_every and run.step % cfg.ckpt_every == 0:
             _save_checkpoint(run, run.seconds())
+            pause_point(f"train.step.{run.step}")
     finished = run.step >= cfg.steps
     if finished and len(run.val_set):
         run.validation = _run_validation(run)
         run.net.output_pool = _best_pool(run.validation, run.pools)
+        if run.best is not None and run.best["step"] != run.step:  # an earlier validation was better: ship that
+            run.net.decoder.load_state_dict(run.best["decoder"])
+            run.net.output_pool = run.best["pool"]
+            run.validation = dict(next(v for v in run.val_history if v["step"] == run.best["step"]))
         run.validation["output_pool"] = run.net.output_pool
+        run.validation["selected_step"] = run.best["step"] if run.best is not None else run.step
     return finished
 
 

@@ -48,8 +48,9 @@ __all__ = [
     "trapezoid_auc",
 ]
 
-#: the references a deleted pixel is replaced with.
-REFERENCES: tuple[str, ...] = ("black", "mean", "blur")
+#: the references a deleted pixel is replaced with: black, the dataset-mean colour, the blurred image, and the
+#: per-pixel dataset-mean image (``meanimage``: the mean of the training images, pixel by pixel).
+REFERENCES: tuple[str, ...] = ("black", "mean", "blur", "meanimage")
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -185,13 +186,21 @@ def gaussian_blur(x: Tensor, sigma: float) -> Tensor:
 
 
 def reference(x: Tensor, kind: str, mean: Sequence[float], std: Sequence[float],
-              blur_sigma: float | None = None) -> Tensor:
+              blur_sigma: float | None = None, mean_image: Tensor | None = None) -> Tensor:
     """The reference image ``r`` (normalised like ``x`` ``(B, 3, H, W)``) for ``kind`` in :data:`REFERENCES`.
 
     ``black``: pixel value 0; ``mean``: the data config's mean colour (0 after normalisation); ``blur``: ``x`` blurred
     with a Gaussian of ``σ = blur_sigma`` pixels (default ``max(H, W) / 16``: 4 px at 64 px, 14 px at 224 px),
-    which commutes with the per-channel affine normalisation.
+    which commutes with the per-channel affine normalisation; ``meanimage``: ``mean_image`` ``(C, H, W)`` (normalised),
+    the per-pixel mean of the training images (:func:`vitlens.aha.data.mean_image`).
     """
+    if kind == "meanimage":
+        if mean_image is None:
+            raise ValueError("the 'meanimage' reference needs the dataset's mean image (mean_image=)")
+        if tuple(mean_image.shape[-3:]) != tuple(x.shape[-3:]):
+            raise ValueError(f"mean image of shape {tuple(mean_image.shape)} does not fit images of shape "
+                             f"{tuple(x.shape[-3:])}")
+        return mean_image.to(x.device, x.dtype).reshape(1, *x.shape[-3:]).expand_as(x).contiguous()
     if kind == "mean":
         return torch.zeros_like(x)
     if kind == "black":
