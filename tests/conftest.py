@@ -133,6 +133,26 @@ def one_thread_per_module() -> Iterator[None]:
         yield
 
 
+#: The float32 rounding budget of the tests: 128 machine epsilons (128 · 2^-23 ≈ 1.5e-5). Every result passes through
+#: reductions (matrix products, softmax, sums over tokens and pixels) whose summation order depends on the BLAS kernel,
+#: the SIMD width and the thread count, so two correct machines differ by a few epsilons times the magnitude of the
+#: *terms* summed; over the depth of the small test models (a few hundred dependent operations) that stays well inside
+#: 128 epsilons. A wrong change moves results by far more (golden cases differ by >= 1e-3 relative when the maths
+#: changes). Use :func:`assert_close_at_scale`, not a bare rtol tuned on one machine.
+F32_ROUNDING = 128 * torch.finfo(torch.float32).eps
+
+
+def assert_close_at_scale(have: torch.Tensor, want: torch.Tensor, scale: float | None = None, msg=None) -> None:
+    """``have`` equals ``want`` up to float32 rounding at ``scale``: ``|have − want| ≤ F32_ROUNDING·(|want| + scale)``
+    elementwise. ``scale`` is the magnitude of the terms the values were computed from: by default ``max |want|``; for
+    a value that is a difference of larger terms (GradSkip's remainder = score − Σ map) the scale of those terms (the
+    score), since rounding follows the terms, not the small difference. NaNs must match."""
+    if scale is None:
+        scale = float(want.abs().nan_to_num().max()) if want.numel() else 0.0
+    torch.testing.assert_close(have, want, rtol=F32_ROUNDING, atol=F32_ROUNDING * max(scale, 1e-30), equal_nan=True,
+                               msg=msg)
+
+
 #: GradSkip's ablation switches: each one must change the map (tests/test_gradskip*.py)
 GRADSKIP_ABLATIONS = [
     {"head_weighting": "uniform"},

@@ -174,7 +174,7 @@ def test_loss_trains_the_decoder_only(recipe, maps_per_image):
     cfg = AHATrainConfig.preset(recipe, **{k: v for k, v in FAST.items() if k in AHATrainConfig.__dataclass_fields__})
     with net.target_adapter.session(capture=False):
         loss, parts, plan = training_loss(net, net.decoder, x, y, list(range(4)), 0, cfg, 1.0,
-                                          ((0.5,) * 3, (0.25,) * 3))
+                                          ((0.5,) * 3, (0.25,) * 3), mean_img=x.mean(0))
         loss.backward()
     assert torch.isfinite(loss)
     grads = [p.grad for p in net.decoder.parameters()]
@@ -235,12 +235,16 @@ def test_two_process_ddp_matches_one_process(tmp_path):
     assert ddp_meta["processes"] == 2
     assert ddp_meta["loss_history"] == pytest.approx([h["loss"] for h in single.history], rel=1e-4, abs=1e-5)
     ddp_net = load_explainer(tmp_path / "ddp" / "aha.safetensors", tiny_target())
-    # Adam at lr 1e-3 turns the all-reduce's float rounding (~1e-7) into weight differences of ~1e-4 after three
-    # steps: its update is lr·m/sqrt(v), so for a parameter whose gradient is near zero the rounding decides a
-    # sizeable part of an lr-sized step. A real difference (a wrong shard, a missed all-reduce) is >= one step (1e-3).
-    worst = max(float((a - b).abs().max()) for a, b in zip(single.net.state_dict().values(),
-                                                            ddp_net.state_dict().values()))
-    assert worst < 2e-4, worst
+    # Adam turns the all-reduce's float rounding (~1e-7 relative) into weight differences of a sizeable part of one
+    # step for parameters whose gradient is near zero: its update is lr·m/sqrt(v), which for m ≈ sqrt(v) ≈ 0 is
+    # decided by the rounding. So the bound follows from the step size, not from one machine: no weight may differ
+    # by half a step (lr/2) — a wrong shard or a missed all-reduce moves weights by whole steps, and on most weights.
+    # Rounding reaches only the near-zero-gradient few: the mean difference stays below a hundredth of a step.
+    lr = AHATrainConfig().lr
+    diffs = torch.cat([(a - b).abs().flatten() for a, b in zip(single.net.state_dict().values(),
+                                                                ddp_net.state_dict().values())])
+    assert float(diffs.max()) < lr / 2, float(diffs.max())
+    assert float(diffs.mean()) < lr / 100, float(diffs.mean())
 
 
 def test_cli_parser():

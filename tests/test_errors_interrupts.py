@@ -3,6 +3,10 @@ at several points, then resumed, give exactly the rows / weights of an uninterru
 
 Ctrl-C: exit code 130, one line on stderr (no traceback) with the command that resumes; finished work is kept.
 Each run is a real ``python -m vitlens.cli`` process on a tiny random timm ViT (seconds).
+
+No test races the clock: the run itself stops at a named pause point (:mod:`vitlens.pause`, ``VITLENS_PAUSE_AT``)
+and says so in a marker file, and only then is the signal sent; a run cannot finish before it arrives, however fast
+the machine.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ import signal
 import sqlite3
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -86,15 +91,24 @@ def checkpoint_step(out: Path) -> int:
         return -1
 
 
-def interrupt_when(args: list[str], reached, sig: int) -> subprocess.CompletedProcess:
-    """Start ``vitlens ARGS``, send ``sig`` once ``reached()`` is true; the run must not have finished by then."""
-    proc = subprocess.Popen(CLI + args, env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.time() + 300
-    while time.time() < deadline and proc.poll() is None and not reached():
-        time.sleep(0.02)
-    assert proc.poll() is None, "the run finished before the fault could be injected; make it longer"
-    os.kill(proc.pid, sig)
-    out, err = proc.communicate(timeout=120)
+def interrupt_at(args: list[str], point: str, sig: int, cli: list[str] = CLI) -> subprocess.CompletedProcess:
+    """Start ``vitlens ARGS`` held at pause point ``point``; once it is there, send ``sig``."""
+    marker = Path(tempfile.mkdtemp(prefix="vitlens-pause-")) / "reached"
+    e = {**env(), "VITLENS_PAUSE_AT": point, "VITLENS_PAUSE_FILE": str(marker), "VITLENS_PAUSE_SECONDS": "300"}
+    proc = subprocess.Popen(cli + args, env=e, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 300  # only a bound for a broken run, never what the test waits for
+        while not marker.exists() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert marker.exists() and proc.poll() is None, \
+            f"the run never reached pause point {point!r}: {proc.communicate(timeout=60)[1][-2000:]}"
+        assert marker.read_text() == point
+        os.kill(proc.pid, sig)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
@@ -123,13 +137,14 @@ def train_reference(tmp_path_factory):
 
 
 def test_bench_killed_at_several_points_equals_uninterrupted(tmp_path, bench_reference):
-    """SIGKILL right after config.json (no unit yet), after 3 and after 15 units; SIGINT after 27 of 36 units."""
+    """SIGKILL once the model is loaded (nothing written yet), after 3 and after 15 units; SIGINT after 27 of 36
+    units."""
     out = tmp_path / "bench"
-    points = [(lambda: stored_units(out) >= -1, signal.SIGKILL), (lambda: stored_units(out) >= 3, signal.SIGKILL),
-              (lambda: stored_units(out) >= 15, signal.SIGKILL), (lambda: stored_units(out) >= 27, signal.SIGINT)]
+    points = [("model-loaded", signal.SIGKILL), ("bench.unit.3", signal.SIGKILL), ("bench.unit.15", signal.SIGKILL),
+              ("bench.unit.27", signal.SIGINT)]
     seen = []
-    for reached, sig in points:
-        res = interrupt_when(bench_args(out), reached, sig)
+    for point, sig in points:
+        res = interrupt_at(bench_args(out), point, sig)
         seen.append(stored_units(out))
         if sig == signal.SIGINT:
             check_ctrl_c(res, out, resume_flag=False)
@@ -138,7 +153,7 @@ def test_bench_killed_at_several_points_equals_uninterrupted(tmp_path, bench_ref
             assert res.returncode == -signal.SIGKILL
         assert not (out / "results.sqlite").exists()
         assert not [p for p in out.rglob("*") if ".tmp" in p.name]
-    assert seen == sorted(seen) and seen[-1] >= 27  # progress was kept across every interruption
+    assert seen == [-2, 3, 15, 27]  # progress was kept across every interruption, exactly to the unit
     res = run(bench_args(out))
     assert res.returncode == 0, res.stderr[-2000:]
     got = bench_tables(out)
@@ -155,12 +170,12 @@ def test_train_aha_killed_at_several_points_equals_uninterrupted(tmp_path, train
     args = train_args(out)
     points = [(2, signal.SIGKILL), (6, signal.SIGKILL), (9, signal.SIGINT)]
     for k, (step, sig) in enumerate(points):
-        res = interrupt_when(args + (["--resume"] if k else []), lambda: checkpoint_step(out) >= step, sig)
+        res = interrupt_at(args + (["--resume"] if k else []), f"train.step.{step}", sig)
         if sig == signal.SIGINT:
             check_ctrl_c(res, out, resume_flag=True)
         else:
             assert res.returncode == -signal.SIGKILL
-        assert checkpoint_step(out) >= step and not (out / "aha.safetensors").exists()
+        assert checkpoint_step(out) == step and not (out / "aha.safetensors").exists()
         assert not [p for p in out.iterdir() if ".tmp" in p.name]
     refused = run(args)  # without --resume the interrupted run is not replaced
     assert refused.returncode == 2 and "already holds a run (checkpoint.pt)" in refused.stderr
@@ -211,3 +226,45 @@ def _with_func(parser, func):
         for sub in action.choices.values():
             sub.set_defaults(func=func)
     return parser
+
+
+# Ctrl-C at every phase of a run: start-up, model loading, a unit of work, writing a result, shutdown
+
+_PHASES = {
+    "bench": ["start", "model-loaded", "bench.unit.1", "write.summary.md", "shutdown"],
+    "train-aha": ["start", "model-loaded", "train.step.1", "write.aha.safetensors", "shutdown"],
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("command,point", [(c, p) for c, ps in _PHASES.items() for p in ps])
+def test_ctrl_c_at_every_phase_is_one_line_and_130(tmp_path, command, point):
+    out = tmp_path / "run"
+    args = bench_args(out) if command == "bench" else train_args(out)
+    res = interrupt_at(args, point, signal.SIGINT)
+    check_ctrl_c(res, out, resume_flag=command == "train-aha")
+    assert not [p for p in out.rglob("*") if ".tmp" in p.name]  # no half-written file, whatever the phase
+    if point == "write.summary.md":
+        assert not (out / "summary.md").exists()  # the interrupted write left nothing, the rows are in place
+        assert (out / "results.sqlite").exists()
+    if point == "shutdown":  # the run had finished: everything is there and a rerun only confirms it
+        assert (out / ("report.html" if command == "bench" else "aha.safetensors")).exists()
+
+
+@pytest.mark.slow
+def test_sigterm_gives_the_resume_line_and_143(tmp_path):
+    out = tmp_path / "aha"
+    res = interrupt_at(train_args(out), "train.step.2", signal.SIGTERM)
+    assert res.returncode == 143, res.stderr[-2000:]
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in res.stderr, res.stderr[-2000:]
+    assert lines[0].startswith(f"vitlens: terminated; finished results are kept in {out}; resume with: ")
+    assert "--resume" in lines[0] and checkpoint_step(out) == 2
+
+
+@pytest.mark.slow
+def test_ctrl_c_during_start_up_of_the_installed_program(tmp_path):
+    """``python -m vitlens`` (the program's own entry) held before the arguments are read: still one line."""
+    out = tmp_path / "b"
+    res = interrupt_at(bench_args(out), "start", signal.SIGINT, cli=[sys.executable, "-m", "vitlens"])
+    check_ctrl_c(res, out, resume_flag=False)

@@ -30,11 +30,37 @@ from vitlens.metrics import (
 )
 from vitlens.targets import ClassProbability, Contrast, SegmentationTarget
 
-from conftest import tiny_vit
+from conftest import assert_close_at_scale, tiny_vit
 
 GOLDEN = Path(__file__).parent / "golden" / "outputs.pt"
 WRITE = os.environ.get("VITLENS_WRITE_GOLDEN") == "1"
-RTOL = 1e-5
+#: values that are a difference of larger terms, and where those terms' scale is (conftest's assert_close_at_scale:
+#: rounding follows the terms, not the small difference): the remainder is the score minus what the map holds; the
+#: faithfulness violation's deltas are differences of the tiny ViT's logits, whose scale the scores of the same
+#: model on inputs of the same distribution give.
+SCALE_FROM: dict[str, tuple[str | None, str]] = {"remainder": (None, "scores"),
+                                                 "curves.delta": ("vit/gradskip", "scores")}
+
+#: GradSkip's gates and head weights are ratios of sums that can cancel (a token whose attention change is nearly
+#: orthogonal to its gradient has c_main ≈ 0): their rounding is the sum's condition number times eps, not bounded by
+#: their [0, 1] range, so float32 rounding at their own scale does not hold on every machine. What they do to the
+#: results is pinned by the maps and remainders (float32 rounding above); the ratios themselves to sqrt(eps) ≈ 3.5e-4
+#: absolute, the usual bound for ill-conditioned intermediates, far below what a changed rule moves (>= 1e-2).
+#: The same holds for the randomisation check's rank correlations and SSIM between two maps: they jump when rounding
+#: swaps two nearly tied pixel values, so they too are pinned to sqrt(eps) on their [-1, 1] range.
+RATIOS = {"extras.beta_main", "extras.head_weights", "spearman", "spearman_signed", "ssim"}
+RATIO_ATOL = float(torch.finfo(torch.float32).eps) ** 0.5
+
+
+def _scale(golden: dict[str, dict[str, torch.Tensor]], case: str, field: str) -> float:
+    def top(t: torch.Tensor) -> float:
+        return float(t.abs().nan_to_num().max()) if t.numel() else 0.0
+
+    own = top(golden[case][field])
+    if field not in SCALE_FROM:
+        return own
+    other_case, other_field = SCALE_FROM[field]
+    return max(own, top(golden[other_case or case][other_field]))
 
 
 def _x(n: int = 2, size: int = 32, seed: int = 0) -> torch.Tensor:
@@ -184,10 +210,12 @@ def test_outputs_match_golden(computed, golden):
         for field, want in fields.items():
             have = got[field]
             assert have.dtype == want.dtype and have.shape == want.shape, f"{case} {field}"
-            if want.is_floating_point():
-                scale = float(want.abs().nan_to_num().max()) if want.numel() else 0.0
-                torch.testing.assert_close(have, want, rtol=RTOL, atol=1e-6 * max(scale, 1e-6), equal_nan=True,
+            if want.is_floating_point() and field.split("_stage")[0] in RATIOS:
+                torch.testing.assert_close(have, want, rtol=0, atol=RATIO_ATOL, equal_nan=True,
                                            msg=lambda m, c=case, f=field: f"{c} {f}: {m}")
+            elif want.is_floating_point():
+                assert_close_at_scale(have, want, scale=_scale(golden, case, field),
+                                      msg=lambda m, c=case, f=field: f"{c} {f}: {m}")
             else:
                 assert torch.equal(have, want), f"{case} {field}"
 

@@ -13,6 +13,8 @@ import os
 from pathlib import Path
 from typing import Any, Iterator
 
+from .pause import pause_point
+
 __all__ = ["atomic_path", "write_text", "write_bytes", "save_torch", "temp_name"]
 
 
@@ -35,6 +37,7 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
         yield tmp
         if not tmp.exists():
             raise FileNotFoundError(f"nothing was written to the temporary file for {target}")
+        pause_point(f"write.{target.name}")
         os.replace(tmp, target)
     except BaseException as e:
         with contextlib.suppress(OSError):

@@ -219,25 +219,58 @@ def _quiet_third_party() -> None:
     os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (a scheduler's or ``kill``'s stop) raised like Ctrl-C, so that every clean-up that keeps finished work
+    on Ctrl-C (checkpoints, stores, temporary files) runs for it too."""
+
+
+def _raise_terminated(signum: int, frame: Any) -> None:
+    raise Terminated()
+
+
+def _out_of(argv: Sequence[str]) -> str | None:
+    """``--out``'s value in ``argv`` (for the message of a run interrupted before its arguments were parsed)."""
+    for i, a in enumerate(argv):
+        if a == "--out" and i + 1 < len(argv):
+            return argv[i + 1]
+        if a.startswith("--out="):
+            return a[len("--out="):]
+    return None
+
+
+def _interrupted(argv: Sequence[str], args: argparse.Namespace | None, terminated: bool) -> int:
+    """The one line for Ctrl-C / SIGTERM (what is kept and the command that resumes); exit code 130 / 143."""
+    command = getattr(args, "command", None) or next((a for a in argv if not a.startswith("-")), "")
+    out = getattr(args, "out", None) if args is not None else _out_of(argv)
+    if out and command in ("bench", "demo", "train-aha"):
+        note = f"; finished results are kept in {out}; resume with: {_resume_command(argv, command)}"
+    elif out:
+        note = f"; the files written so far are in {out}"
+    else:
+        note = ""
+    print(f"vitlens: {'terminated' if terminated else 'interrupted'}{note}", file=sys.stderr, flush=True)
+    return 143 if terminated else 130
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    _quiet_third_party()
+    """The command line (``vitlens ...``); returns the exit code. Ctrl-C at any point (argument parsing, model
+    loading, a unit of work, writing, shutdown) gives one line and 130, never a traceback."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    args: argparse.Namespace | None = None
     from vitlens.errors import DamagedFileError, VitlensError, WeightsUnavailableError
 
+    from .pause import pause_point
+
     try:
-        return int(args.func(args) or 0)
-    except KeyboardInterrupt:
-        out = getattr(args, "out", None)
-        if out and args.command in ("bench", "demo", "train-aha"):
-            note = f"; finished results are kept in {out}; resume with: {_resume_command(argv, args.command)}"
-        elif out:
-            note = f"; the files written so far are in {out}"
-        else:
-            note = ""
-        print(f"vitlens: interrupted{note}", file=sys.stderr)
-        return 130
+        pause_point("start")
+        _quiet_third_party()
+        parser = build_parser()
+        args = parser.parse_args(argv)
+        code = int(args.func(args) or 0)
+        pause_point("shutdown")
+        return code
+    except KeyboardInterrupt as e:
+        return _interrupted(argv, args, isinstance(e, Terminated))
     except (DamagedFileError, WeightsUnavailableError) as e:
         print(f"vitlens: error: {e}", file=sys.stderr)
         return 1
@@ -253,5 +286,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
 
 
+def run() -> None:
+    """The ``vitlens`` program: :func:`main` with SIGTERM handled like Ctrl-C, and no signal after the command's
+    own exit code is settled turning into a traceback during the interpreter's shutdown."""
+    import signal
+
+    previous = signal.signal(signal.SIGTERM, _raise_terminated)
+    try:
+        code = main()
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the run is over: its exit code stands
+    sys.stdout.flush()
+    sys.exit(code)
+
+
 if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())
+    run()

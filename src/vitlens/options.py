@@ -180,10 +180,14 @@ def load_model_with_options(name: str, options: Mapping[str, Any]) -> Any:
     if options and not (name.startswith("timm:") or name.startswith("hf:")):
         raise InputError(f"--model-option {', '.join(sorted(options))}: model {name!r} takes no options "
                          "(they apply to timm:<arch> and hf:<dir> models)")
+    from .pause import pause_point
+
     try:
-        return load_model(name, **options)
+        model = load_model(name, **options)
     except TypeError as e:
         if "unexpected keyword argument" not in str(e) or not options:
             raise
         raise InputError(f"--model-option: {name} does not take {str(e).split('argument')[-1].strip()} "
                          f"(given: {', '.join(sorted(options))})") from None
+    pause_point("model-loaded")
+    return model

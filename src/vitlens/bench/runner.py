@@ -31,6 +31,7 @@ from ..atomic import atomic_path, write_text
 from ..errors import DamagedFileError, InputError
 from ..explainers import get_method
 from ..metrics import get_metric
+from ..pause import pause_point
 from ..runtime import init_distributed
 from .sources import open_source
 from .specs import parse_spec, safe_label, spec_label, split_specs
@@ -175,7 +176,10 @@ def run_benchmark(config: BenchConfig, out: str | Path, model: nn.Module | None 
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
     _check_config(run_dir, config, overwrite, write=False)  # refuse early, before any work
     torch.manual_seed(config.seed)
-    net = model if model is not None else load_model(config.model)
+    if model is None:
+        model = load_model(config.model)
+        pause_point("model-loaded")
+    net = model
     net = net.to(device).eval()
     source = open_source(config.data, net, n=config.n, seed=config.seed)
     methods = [(spec_label(m, o), get_method(m, **o)) for m, o in config.methods]
@@ -198,12 +202,14 @@ def run_benchmark(config: BenchConfig, out: str | Path, model: nn.Module | None 
     bar = tqdm(total=len(units), desc=f"bench (rank {rank})" if world > 1 else "bench", unit="unit",
                disable=not progress or (rank != 0 and world > 1))
     written = 0
+    stored_before = len(methods) * len(batches) - len(units)
     try:
         for label, method, idx in units:
             _run_unit(store, source, net, label, method, metrics, idx, config, run_dir, device,
                       predict=label == methods[0][0])
             written += 1
             bar.update(1)
+            pause_point(f"bench.unit.{stored_before + written}")
             if stop_after_units is not None and written >= stop_after_units:
                 return run_dir
     finally:
