@@ -4,6 +4,7 @@ a benchmark script, reading a bench run's results, one torch thread, GradSkip's 
 from __future__ import annotations
 
 import contextlib
+import os
 import importlib.util
 import sqlite3
 import sys
@@ -112,6 +113,31 @@ def result_rows(run: Path) -> list[tuple]:
         return sorted(con.execute("SELECT image, method, metric, output, value FROM results"))
     finally:
         con.close()
+
+
+@pytest.fixture(autouse=True)
+def _restore_global_state() -> Iterator[None]:
+    """No test leaves global state behind for the next: torch's thread count, deterministic-algorithms flag, default
+    dtype and grad mode, the environment variables and the working directory are put back after every test (also
+    when it fails), so a test passes or fails alike whatever ran before it."""
+    threads = torch.get_num_threads()
+    deterministic = torch.are_deterministic_algorithms_enabled()
+    warn_only = torch.is_deterministic_algorithms_warn_only_enabled()
+    dtype = torch.get_default_dtype()
+    grad = torch.is_grad_enabled()
+    environ = dict(os.environ)
+    cwd = os.getcwd()
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+        torch.use_deterministic_algorithms(deterministic, warn_only=warn_only)
+        torch.set_default_dtype(dtype)
+        torch.set_grad_enabled(grad)
+        for key in set(os.environ) - set(environ):
+            del os.environ[key]
+        os.environ.update(environ)
+        os.chdir(cwd)
 
 
 @contextlib.contextmanager

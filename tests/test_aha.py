@@ -295,6 +295,37 @@ def test_refine_steps_zero_is_the_network_map_and_refinement_lowers_the_soft_los
         assert float(soft_loss(refined.maps).mean()) < float(soft_loss(exp.maps).mean())
 
 
+def test_mixed_reference_refinement_takes_the_references_in_turn():
+    from vitlens.aha.refine import refine_maps
+
+    model = tiny_target()
+    net = AHANet(model, width=8, seed=3)
+    x = tiny_data(3, 1)[0]
+    mixed = vitlens.explain(model, x, method="aha", explainer=net, refine_steps=3, m=6, reference="mixed")
+    # one forward per reference (mean, black, blur), declared = counted
+    assert mixed.cost.forward_passes == 1 + 3 + 3 * 2 * 4 and mixed.cost.backward_passes == 3 * 2 * 4
+    assert torch.isfinite(mixed.maps).all()
+    assert not torch.equal(mixed.maps, vitlens.explain(model, x, method="aha", explainer=net, refine_steps=3, m=6).maps)
+    # one step with a list of references is the step with its first reference alone
+    adapter = vitlens.get_adapter(model)
+    with adapter.session(capture=False):
+        def prob(im, c):
+            return adapter.forward(im).softmax(-1).gather(1, c[:, None])[:, 0]
+
+        cls = torch.tensor([0, 1, 2])
+        maps0 = torch.rand(3, 32, 32, generator=torch.Generator().manual_seed(0))
+        r1, r2 = torch.zeros_like(x), torch.ones_like(x)
+        with torch.no_grad():
+            e1, e2 = (prob(x, cls), prob(r1, cls)), (prob(x, cls), prob(r2, cls))
+        one = refine_maps(prob, x, maps0, cls, r1, e1, steps=1, grid=4, m=6)
+        listed = refine_maps(prob, x, maps0, cls, [r1, r2], [e1, e2], steps=1, grid=4, m=6)
+        torch.testing.assert_close(one, listed)
+        with pytest.raises(ValueError, match="as many endpoint pairs"):
+            refine_maps(prob, x, maps0, cls, [r1, r2], [e1], steps=1, grid=4, m=6)
+    with pytest.raises(vitlens.InputError, match="'mixed'"):
+        vitlens.explain(model, x, method="aha", explainer=net, reference="grey")
+
+
 def test_default_explainer_needs_a_shipped_one():
     with pytest.raises(UnsupportedModelError, match="no shipped AHA explainer"):
         vitlens.explain(tiny_target(), torch.randn(1, 3, 32, 32), method="aha")

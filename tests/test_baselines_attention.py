@@ -14,7 +14,8 @@ from vitlens.errors import InputError, UnsupportedModelError
 
 from conftest import VARIANTS, model_fingerprint, timm_to_hf_vit, tiny_vit
 
-torch.set_num_threads(1)
+# one intra-op thread for the module (restored after it): tiny tensors, a shared CPU
+pytestmark = pytest.mark.usefixtures("one_thread_per_module")
 
 
 def batch(n: int = 3, size: int = 32, seed: int = 2) -> torch.Tensor:

@@ -15,7 +15,8 @@ from vitlens.explainers.integrated_gradients import QUADRATURES, baseline_for, q
 
 from conftest import VARIANTS, timm_to_hf_vit, tiny_vit
 
-torch.set_num_threads(1)
+# one intra-op thread for the module (restored after it): tiny tensors, a shared CPU
+pytestmark = pytest.mark.usefixtures("one_thread_per_module")
 
 
 def batch(n: int = 3, size: int = 32, seed: int = 0, c: int = 3) -> torch.Tensor:

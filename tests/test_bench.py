@@ -8,7 +8,6 @@ import signal
 import sqlite3
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -65,24 +64,15 @@ def test_run_writes_tables_plots_and_report(reference_run):
 
 def test_resume_after_kill_9(tmp_path, reference_run):
     out = tmp_path / "killed"
-    proc = subprocess.Popen(bench_cmd(out), env=env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    shard = out / "shards" / "rank-0.sqlite"
-    deadline = time.time() + 300
-    units = 0
-    while time.time() < deadline and proc.poll() is None:
-        if shard.exists():
-            try:
-                con = sqlite3.connect(shard, timeout=1)
-                units = con.execute("SELECT COUNT(*) FROM costs").fetchone()[0]
-                con.close()
-            except sqlite3.Error:
-                units = 0
-            if units >= 8:  # a few units stored: kill mid-way
-                break
-        time.sleep(0.05)
-    assert proc.poll() is None, "the run finished before it could be killed; make it longer"
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.wait()
+    from test_errors_interrupts import interrupt_at
+
+    res = interrupt_at(bench_cmd(out)[3:], "bench.unit.4", signal.SIGKILL)  # a few units stored: kill mid-way
+    assert res.returncode == -signal.SIGKILL
+    con = sqlite3.connect(out / "shards" / "rank-0.sqlite")
+    try:
+        assert con.execute("SELECT COUNT(DISTINCT method || ':' || image) FROM costs").fetchone()[0] == 4 * 4  # 4 units of 4 images
+    finally:
+        con.close()
     assert not (out / "results.sqlite").exists()
     subprocess.run(bench_cmd(out), check=True, env=env(), capture_output=True, timeout=600)
     resumed = result_rows(out)

@@ -11,7 +11,7 @@ deleted) do not depend on ``S`` and are computed once.
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Any, Callable, Sequence
 
 import torch
 from torch import Tensor
@@ -22,8 +22,9 @@ from .soft_metrics import RegionGrid, aha_loss, curve_fractions, soft_curves
 __all__ = ["refine_maps"]
 
 
-def refine_maps(prob_fn: Callable[[Tensor, Tensor], Tensor], x: Tensor, maps0: Tensor, classes: Tensor, ref: Tensor,
-                endpoints: tuple[Tensor, Tensor], steps: int = 3, lr: float = 0.05,
+def refine_maps(prob_fn: Callable[[Tensor, Tensor], Tensor], x: Tensor, maps0: Tensor, classes: Tensor,
+                ref: Tensor | Sequence[Tensor], endpoints: tuple[Tensor, Tensor] | Sequence[tuple[Tensor, Tensor]],
+                steps: int = 3, lr: float = 0.05,
                 grid: int | tuple[int, int] = 8, tau: float = 0.03, m: int = 16, n_iters: int = 30,
                 w_del: float = 1.0, w_ins: float = 1.0, w_peak: float = 0.0025, peak_kernel: int = 15,
                 mask_sigma: float = 1.0, betas: tuple[float, float] = (0.9, 0.999), rel_eps: float = 1e-2) -> Tensor:
@@ -32,6 +33,8 @@ def refine_maps(prob_fn: Callable[[Tensor, Tensor], Tensor], x: Tensor, maps0: T
     Args:
         prob_fn: ``(images, classes) → probabilities`` of the target model (differentiable).
         x, ref: images and the reference ``(B, C, H, W)`` (normalised). endpoints: ``(prob(x), prob(ref))`` ``(B,)``.
+            With a list of references (and one endpoint pair each), step ``t`` uses reference ``(t − 1) mod k``:
+            the refinement then follows no single deletion protocol, at the cost of one reference per step.
         maps0: the explainer's map logits ``(B, H, W)``. classes: ``(B,)``.
         betas, rel_eps: Adam's moment decays and its ε, *relative* to the RMS of each image's second-moment
             estimate (``ε_b = rel_eps·sqrt(mean(v̂_b))``) instead of torch's absolute 1e-8: the update is then
@@ -42,6 +45,10 @@ def refine_maps(prob_fn: Callable[[Tensor, Tensor], Tensor], x: Tensor, maps0: T
     """
     if steps <= 0:
         return maps0
+    refs = [ref] if isinstance(ref, Tensor) else list(ref)
+    ends: list[Any] = [endpoints] if isinstance(endpoints[0], Tensor) else list(endpoints)
+    if len(refs) != len(ends) or not refs:
+        raise ValueError(f"{len(refs)} references need as many endpoint pairs, got {len(ends)}")
     hw = int_pair(maps0.shape[-2:])
     regions = RegionGrid(hw, grid, device=maps0.device)
     fractions = curve_fractions(m, "fixed")
@@ -55,8 +62,9 @@ def refine_maps(prob_fn: Callable[[Tensor, Tensor], Tensor], x: Tensor, maps0: T
         for t in range(1, int(steps) + 1):
             d = delta.detach().requires_grad_(True)
             s = maps0 + span * d
-            curves = soft_curves(prob_fn, x, ref, s, classes, regions, fractions, tau, n_iters, noise=None,
-                                 endpoints=endpoints, mask_sigma=mask_sigma)
+            k = (t - 1) % len(refs)
+            curves = soft_curves(prob_fn, x, refs[k], s, classes, regions, fractions, tau, n_iters, noise=None,
+                                 endpoints=ends[k], mask_sigma=mask_sigma)
             loss, _ = aha_loss(curves, s, w_del, w_ins, w_peak, peak_kernel)
             (g,) = torch.autograd.grad(loss.sum(), [d])
             with torch.no_grad():

@@ -21,6 +21,9 @@ from .registry import register
 
 __all__ = ["AHA"]
 
+#: the references a ``reference="mixed"`` refinement takes in turn, one per step
+MIXED = ("mean", "black", "blur")
+
 
 @register
 class AHA(Explainer):
@@ -35,7 +38,8 @@ class AHA(Explainer):
         grid: refinement region grid (int or ``(gy, gx)``); ``None``: the model's token grid (pixels // 16 without).
         tau, m, n_iters: sorter temperature (default 0.03, the training's final one: docs/benchmarks/aha.md), curve
             points (incl. endpoints), Sinkhorn iterations of the refinement.
-        reference: ``"mean"`` | ``"black"`` | ``"blur"``, the refinement's deletion reference.
+        reference: ``"mean"`` | ``"black"`` | ``"blur"``, the refinement's deletion reference, or ``"mixed"``: step
+            ``t`` uses mean, black, blur in turn (no single protocol; the same cost).
         w_peak: weight of the peak penalty in the refinement loss.
 
     Cost per image: one target forward (the backbone is the target: features and logits in one pass) plus, when
@@ -63,8 +67,8 @@ class AHA(Explainer):
             raise InputError(f"refinement needs m >= 3 curve points, got {o['m']}")
         if not float(o["tau"]) > 0:
             raise InputError(f"tau must be > 0, got {o['tau']}")
-        if o["reference"] not in ("mean", "black", "blur"):
-            raise InputError(f"reference must be 'mean', 'black' or 'blur', got {o['reference']!r}")
+        if o["reference"] not in ("mean", "black", "blur", "mixed"):
+            raise InputError(f"reference must be 'mean', 'black', 'blur' or 'mixed', got {o['reference']!r}")
         e = o["explainer"]
         if not (e is None or isinstance(e, (str, Path, nn.Module))):
             raise InputError(f"explainer must be None, a path, an AHANet or 'untrained'; got {type(e).__name__}")
@@ -72,7 +76,8 @@ class AHA(Explainer):
     def declared_cost(self) -> dict[str, float]:
         t = int(self.options["refine_steps"])
         inner = 2 * (int(self.options["m"]) - 2)
-        return {"forward": 1.0 + (1.0 + t * inner if t else 0.0), "backward": float(t * inner)}
+        n_refs = min(t, len(MIXED)) if self.options["reference"] == "mixed" else 1
+        return {"forward": 1.0 + (n_refs + t * inner if t else 0.0), "backward": float(t * inner)}
 
     # -- the explainer network, built once per model --------------------------------------------------------------
     def _network(self, model: nn.Module) -> Any:
@@ -135,10 +140,12 @@ class AHA(Explainer):
                     cfg = data_config(adapter.model)
                 except _NoConfig:
                     cfg = DataConfig()  # only the 'black' reference needs mean/std
-                ref = reference(x, o["reference"], cfg.mean, cfg.std)
-                with torch.no_grad():
-                    p1 = adapter.forward(ref).float().softmax(-1).gather(1, classes[:, None])[:, 0]
+                kinds = MIXED[:min(steps, len(MIXED))] if o["reference"] == "mixed" else (o["reference"],)
+                refs = [reference(x, kind, cfg.mean, cfg.std) for kind in kinds]
                 p0 = logits.float().softmax(-1).gather(1, classes[:, None])[:, 0]
+                with torch.no_grad():
+                    ends = [(p0, adapter.forward(r).float().softmax(-1).gather(1, classes[:, None])[:, 0])
+                            for r in refs]
 
                 def prob_fn(images: Tensor, cls: Tensor) -> Tensor:
                     return adapter.forward(images).float().softmax(-1).gather(1, cls[:, None])[:, 0]
@@ -148,7 +155,7 @@ class AHA(Explainer):
                     hw = image_size(x)
                     grid = adapter.grid(hw) if "tokens" in adapter.capabilities else (
                         max(1, hw[0] // 16), max(1, hw[1] // 16))
-                maps = refine_maps(prob_fn, x, maps, classes, ref, (p0, p1), steps=steps, lr=float(o["lr"]),
+                maps = refine_maps(prob_fn, x, maps, classes, refs, ends, steps=steps, lr=float(o["lr"]),
                                    grid=grid, tau=float(o["tau"]), m=int(o["m"]), n_iters=int(o["n_iters"]),
                                    w_peak=float(o["w_peak"]))
         return Attribution(values=maps.detach()), logits, tgt

@@ -1,0 +1,313 @@
+"""AHA under every deletion protocol: the protocol matrix of docs/benchmarks/aha.md (issue #27).
+
+A learned explainer trained to optimise deletion/insertion under one protocol can win only under that protocol. This
+script scores the shipped explainers under protocols they were and were not chosen on, on evaluation images that no
+training or validation run used (scenes seed 40,000 + k; the MNIST-5k test digits from index 500, while AHA
+validates on the first ones), paired over images:
+
+* cells: deletion reference ∈ {dataset-mean colour, black, blurred image (σ = side/16), per-pixel dataset-mean image
+  (mean of 512 training images)} × ranking ∈ {pixel, token (the map averaged over each patch, whole tokens removed)}
+  × curve points ∈ {21, 51}; score insertion − deletion AUC of the softmax probability of the predicted class, hard
+  masks, stable sort; plus Chefer's positive/negative perturbation (``neg_minus_pos``, top-1 accuracy, black).
+* rows: AHA T = 0 and T = 3 (the shipped explainer, default refinement), GradSkip, and the best other single-pass
+  method, chosen per model among AttnLRP, GAE, input × gradient and Grad-CAM by the mean over the four references
+  at 21 pixel points *on the evaluation images themselves* (which favours that baseline, not AHA); ``--extra NAME=PATH``
+  adds an AHA explainer file at T = 0 (e.g. the one shipped before the retraining); AHA T = 3 with the
+  ``reference="mixed"`` refinement (mean, black, blur in turn) is scored on the 21-point pixel cells.
+* each cell: the paired mean difference over images with its 95 % t interval; a win is an interval above 0.
+
+Results are stored per model in ``--work`` (JSON); ``--resume`` skips the models already there, so a run split over
+sessions gives the same page.
+
+Usage::
+
+    python benchmarks/aha_protocols.py --n 32 --out docs/benchmarks/aha.md --resume
+    python benchmarks/aha_protocols.py --models digits-vit --n 8          # quick look
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import math
+import platform
+import shlex
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+import vitlens
+from vitlens.aha.config import AHATrainConfig
+from vitlens.aha.data import datasets, mean_image
+from vitlens.aha.soft_metrics import reference
+from vitlens.images import data_config, normalize
+from vitlens.metrics import PositiveNegativePerturbation
+from vitlens.models import get_adapter
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from aha_sorter_error import print_section  # noqa: E402
+
+START, END = "<!-- aha_protocols:start -->", "<!-- aha_protocols:end -->"
+MODELS = {"shapes-vit": "scenes", "shapes-deit": "scenes", "shapes-vit-gap-reg": "scenes", "digits-vit": "digits",
+          "planted-vit": "planted"}
+REFERENCES = ("mean", "black", "blur", "meanimage")
+REF_NAMES = {"mean": "mean colour", "black": "black", "blur": "blur", "meanimage": "mean image"}
+RANKINGS = ("pixel", "token")
+POINTS = (21, 51)
+CANDIDATES = ("attnlrp", "gae", "inputxgradient", "gradcam")
+EVAL_SEED = 40_000
+DIGITS_FROM = 500
+
+
+def eval_images(model_name: str, model: torch.nn.Module, n: int) -> torch.Tensor:
+    """``n`` normalised evaluation images of the model's own kind (seeds and indices no training run uses)."""
+    cfg = data_config(model)
+    kind = MODELS[model_name]
+    if kind == "digits":
+        from vitlens.data.digits import load_mnist5k, split_mnist5k
+
+        _, test = split_mnist5k(load_mnist5k(rgb=True))
+        return normalize(test.images[DIGITS_FROM:DIGITS_FROM + n], cfg)
+    from vitlens.data.evidence import make_planted_scenes
+    from vitlens.data.scenes import make_scenes
+
+    make = make_scenes if kind == "scenes" else make_planted_scenes
+    s = make(n, seed=EVAL_SEED, size=cfg.size_hw[0])
+    return normalize(s.images, cfg)
+
+
+def training_mean_image(model_name: str, model: torch.nn.Module, num_classes: int) -> torch.Tensor:
+    """The per-pixel mean of the first 512 AHA training images (what training's ``meanimage`` reference uses)."""
+    cfg = AHATrainConfig(steps=64, batch_size=8, n_val=1)
+    train, _, _ = datasets(MODELS[model_name], model, cfg, num_classes)
+    mi = mean_image(train)
+    assert mi is not None
+    return mi
+
+
+def token_ranks(maps: torch.Tensor, unit: int) -> tuple[torch.Tensor, int]:
+    """Per-pixel rank ``(B, H·W)`` of the pixel's unit (a pixel, or a ``unit × unit`` patch) under a stable descending
+    sort of the units' mean relevance, and the number of units."""
+    b, h, w = maps.shape
+    m = maps.float() if unit == 1 else F.avg_pool2d(maps.float()[:, None], unit)[:, 0]
+    flat = m.reshape(b, -1)
+    order = torch.argsort(flat, dim=1, descending=True, stable=True)
+    rank = torch.empty_like(order)
+    rank.scatter_(1, order, torch.arange(flat.shape[1]).expand(b, -1).contiguous())
+    if unit > 1:
+        rank = rank.reshape(b, h // unit, w // unit).repeat_interleave(unit, 1).repeat_interleave(unit, 2)
+    return rank.reshape(b, -1), flat.shape[1]
+
+
+@torch.no_grad()
+def ins_minus_del(model: torch.nn.Module, x: torch.Tensor, maps: torch.Tensor, cls: torch.Tensor, ref: torch.Tensor,
+                  unit: int, n_points: int, chunk: int = 256) -> torch.Tensor:
+    """Insertion − deletion AUC ``(B,)`` (hard masks, ``n_points`` fractions of the units, trapezoidal)."""
+    b, c, h, w = x.shape
+    rank, d = token_ranks(maps, unit)
+    fr = torch.linspace(0.0, 1.0, n_points)
+    ks = torch.round(fr * d).long()
+    top = (rank[:, None, :] < ks[None, :, None]).reshape(b, n_points, 1, h, w)
+    xd = torch.where(top, ref[:, None], x[:, None])
+    xi = torch.where(top, x[:, None], ref[:, None])
+    imgs = torch.stack([xd, xi], 1).reshape(-1, c, h, w)
+    labels = cls[:, None].expand(b, 2 * n_points).reshape(-1)
+    probs = torch.cat([model(imgs[s:s + chunk]).float().softmax(-1).gather(1, labels[s:s + chunk, None])[:, 0]
+                       for s in range(0, imgs.shape[0], chunk)]).reshape(b, 2, n_points)
+    return torch.trapezoid(probs[:, 1], fr, dim=-1) - torch.trapezoid(probs[:, 0], fr, dim=-1)
+
+
+def maps_of(model: torch.nn.Module, x: torch.Tensor, method: str, batch: int, **options: Any) -> torch.Tensor:
+    return torch.cat([vitlens.explain(model, x[s:s + batch], method, **options).maps.detach()
+                      for s in range(0, x.shape[0], batch)])
+
+
+def score_matrix(model: torch.nn.Module, x: torch.Tensor, maps: torch.Tensor, cls: torch.Tensor,
+                 refs: dict[str, torch.Tensor], unit: int | None, cells: list[tuple[str, str, int]],
+                 dc: Any, batch: int) -> dict[str, list[float]]:
+    out: dict[str, list[float]] = {}
+    for ref_name, ranking, points in cells:
+        u = 1 if ranking == "pixel" else unit
+        if u is None:
+            continue
+        vals = torch.cat([ins_minus_del(model, x[s:s + batch], maps[s:s + batch], cls[s:s + batch],
+                                        refs[ref_name][s:s + batch], u, points) for s in range(0, len(x), batch)])
+        out[f"{ref_name}/{ranking}/{points}"] = vals.tolist()
+    return out
+
+
+def run_model(name: str, n: int, batch: int, extra: dict[str, str]) -> dict[str, Any]:
+    t0 = time.perf_counter()
+    model = vitlens.load_model(name).eval()
+    adapter = get_adapter(model)
+    dc = data_config(model)
+    x = eval_images(name, model, n)
+    with torch.no_grad():
+        cls = model(x).argmax(-1)
+    mi = training_mean_image(name, model, int(model(x[:1]).shape[-1]))
+    mean, std = tuple(dc.mean), tuple(dc.std)
+    refs = {r: reference(x, r, mean, std, mean_image=mi) for r in REFERENCES}
+    unit = adapter.patch_size
+    unit = int(unit[0] if isinstance(unit, (tuple, list)) else unit) if unit else None
+    if unit and (x.shape[-1] % unit or x.shape[-2] % unit):
+        unit = None
+    full = [(r, k, p) for r in REFERENCES for k in RANKINGS for p in POINTS]
+    quick = [(r, "pixel", 21) for r in REFERENCES]
+    posneg = PositiveNegativePerturbation(data_config=dc)
+
+    def pn(maps: torch.Tensor) -> list[float]:
+        return posneg(maps, model=model, x=x, targets=cls).values["neg_minus_pos"].tolist()
+
+    rows: dict[str, dict[str, list[float]]] = {}
+    cand_scores = {}
+    for m in CANDIDATES:
+        try:
+            mp = maps_of(model, x, m, batch)
+        except vitlens.VitlensError as e:  # a method that does not apply to this family
+            print(f"  {name}: {m} skipped ({str(e)[:80]})")
+            continue
+        cand_scores[m] = (score_matrix(model, x, mp, cls, refs, unit, quick, dc, batch), mp)
+    best_other = max(cand_scores, key=lambda m: np.mean([np.mean(v) for v in cand_scores[m][0].values()]))
+    methods = {"aha_t0": ("aha", {"refine_steps": 0}), "aha_t3": ("aha", {"refine_steps": 3}),
+               "gradskip": ("gradskip", {})}
+    for key, (m, opts) in methods.items():
+        mp = maps_of(model, x, m, batch, **opts)
+        rows[key] = {**score_matrix(model, x, mp, cls, refs, unit, full, dc, batch), "posneg": pn(mp)}
+        print(f"  {name}: {key} done ({time.perf_counter() - t0:.0f} s)")
+    mp = cand_scores[best_other][1]
+    rows["best_other"] = {**score_matrix(model, x, mp, cls, refs, unit, full, dc, batch), "posneg": pn(mp)}
+    mp = maps_of(model, x, "aha", batch, refine_steps=3, reference="mixed")
+    rows["aha_t3_mixed"] = {**score_matrix(model, x, mp, cls, refs, unit, quick, dc, batch), "posneg": pn(mp)}
+    for label, path in extra.items():
+        mp = maps_of(model, x, "aha", batch, refine_steps=0, explainer=path)
+        rows[label] = {**score_matrix(model, x, mp, cls, refs, unit, quick, dc, batch), "posneg": pn(mp)}
+    return {"model": name, "n": n, "best_other": best_other, "unit": unit, "rows": rows,
+            "candidates": {m: {k: float(np.mean(v)) for k, v in s.items()} for m, (s, _) in cand_scores.items()},
+            "seconds": round(time.perf_counter() - t0, 1)}
+
+
+def paired(a: list[float], b: list[float]) -> tuple[float, float]:
+    """Mean of ``a − b`` and the half-width of its 95 % t interval."""
+    from scipy.stats import t as student
+
+    d = np.asarray(a) - np.asarray(b)
+    half = float(student.ppf(0.975, len(d) - 1) * d.std(ddof=1) / math.sqrt(len(d))) if len(d) > 1 else float("nan")
+    return float(d.mean()), half
+
+
+def fmt(m: float, h: float) -> str:
+    mark = " ✓" if m - h > 0 else (" ✗" if m + h < 0 else "")
+    return f"{m:+.3f} ± {h:.3f}{mark}"
+
+
+def cell_name(key: str) -> str:
+    if key == "posneg":
+        return "pos/neg perturbation (neg − pos, accuracy, black)"
+    r, k, p = key.split("/")
+    return f"{REF_NAMES[r]}, {k}, {p} pts"
+
+
+def model_section(res: dict[str, Any]) -> tuple[list[str], dict[str, int]]:
+    rows = res["rows"]
+    other = res["best_other"]
+    keys = list(rows["gradskip"])
+    lines = [f"### {res['model']} ({res['n']} evaluation images; best other single-pass method: {other})", "",
+             f"| protocol | GradSkip | {other} | AHA T=0 − GradSkip | AHA T=3 − GradSkip | AHA T=0 − {other} | "
+             f"AHA T=3 − {other} |", "|---|---|---|---|---|---|---|"]
+    count = {"cells": 0, "t0_ge": 0, "t0_win": 0, "t0_loss": 0, "t3_win": 0, "t3_ge": 0, "t3_loss": 0,
+             "o_t0_ge": 0, "o_t3_ge": 0}
+    for key in keys:
+        g, o = rows["gradskip"][key], rows["best_other"][key]
+        d0, d3 = paired(rows["aha_t0"][key], g), paired(rows["aha_t3"][key], g)
+        e0, e3 = paired(rows["aha_t0"][key], o), paired(rows["aha_t3"][key], o)
+        lines.append(f"| {cell_name(key)} | {np.mean(g):.3f} | {np.mean(o):.3f} | {fmt(*d0)} | {fmt(*d3)} | "
+                     f"{fmt(*e0)} | {fmt(*e3)} |")
+        if key != "posneg":
+            count["cells"] += 1
+            count["t0_ge"] += d0[0] >= 0
+            count["t0_win"] += d0[0] - d0[1] > 0
+            count["t0_loss"] += d0[0] + d0[1] < 0
+            count["t3_ge"] += d3[0] >= 0
+            count["t3_win"] += d3[0] - d3[1] > 0
+            count["t3_loss"] += d3[0] + d3[1] < 0
+            count["o_t0_ge"] += e0[0] >= 0
+            count["o_t3_ge"] += e3[0] >= 0
+    quick_rows = [k for k in rows if k not in ("aha_t0", "aha_t3", "gradskip", "best_other")]
+    if quick_rows:
+        qkeys = list(rows[quick_rows[0]])
+        lines += ["", "| other AHA rows − GradSkip | " + " | ".join(cell_name(k) for k in qkeys) + " |",
+                  "|---|" + "---|" * len(qkeys)]
+        for label in quick_rows:
+            name = {"aha_t3_mixed": "AHA T=3, mixed-reference refinement"}.get(label, f"AHA `{label}` (T=0)")
+            lines.append(f"| {name} | " + " | ".join(fmt(*paired(rows[label][k], rows["gradskip"][k]))
+                                                   for k in qkeys) + " |")
+    lines += ["", f"Candidates (mean insertion − deletion over the four references, 21 pixel points): "
+              + ", ".join(f"{m} {np.mean(list(v.values())):.3f}" for m, v in res["candidates"].items())
+              + f". {res['seconds']:.0f} s.", ""]
+    return lines, count
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
+    p.add_argument("--n", type=int, default=32, help="evaluation images per model")
+    p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--extra", action="append", default=[], metavar="LABEL=PATH_PATTERN",
+                   help="another AHA explainer at T=0; {model} in the path is replaced (e.g. "
+                        "before=/tmp/old/{model}-aha.safetensors)")
+    p.add_argument("--work", type=Path, default=Path("runs/aha-protocols"))
+    p.add_argument("--resume", action="store_true", help="keep the models already in --work")
+    p.add_argument("--out", type=Path, default=None)
+    args = p.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    args.work.mkdir(parents=True, exist_ok=True)
+    extra = dict(e.split("=", 1) for e in args.extra)
+    t0 = time.perf_counter()
+    results = []
+    for name in args.models:
+        path = args.work / f"{name}.json"
+        if args.resume and path.is_file() and json.loads(path.read_text())["n"] == args.n:
+            results.append(json.loads(path.read_text()))
+            continue
+        print(f"{name} ...", flush=True)
+        res = run_model(name, args.n, args.batch, {k: v.format(model=name) for k, v in extra.items()})
+        path.write_text(json.dumps(res))
+        results.append(res)
+    lines = [START, "", "## AHA under every deletion protocol (the protocol matrix)", "",
+             "Each cell: the paired mean difference of insertion − deletion over the evaluation images with its 95 % "
+             "t interval (✓ interval above 0, ✗ below 0). Protocols, rows and images as in the script's docstring "
+             "(`benchmarks/aha_protocols.py`): four deletion references × pixel/token ranking × 21/51 points, and "
+             "positive/negative perturbation.", ""]
+    total: dict[str, int] = {}
+    summary = ["| model | cells | T=0 ≥ GradSkip | T=0 wins / losses | T=3 ≥ GradSkip | T=3 wins / losses | "
+               "T=0 ≥ best other | T=3 ≥ best other |", "|---|---|---|---|---|---|---|---|"]
+    body: list[str] = []
+    for res in results:
+        sec, c = model_section(res)
+        body += sec
+        summary.append(f"| {res['model']} | {c['cells']} | {c['t0_ge']} | {c['t0_win']} / {c['t0_loss']} | "
+                       f"{c['t3_ge']} | {c['t3_win']} / {c['t3_loss']} | {c['o_t0_ge']} | {c['o_t3_ge']} |")
+        for k, v in c.items():
+            total[k] = total.get(k, 0) + v
+    summary.append(f"| **all** | {total.get('cells', 0)} | {total.get('t0_ge', 0)} | {total.get('t0_win', 0)} / "
+                   f"{total.get('t0_loss', 0)} | {total.get('t3_ge', 0)} | {total.get('t3_win', 0)} / "
+                   f"{total.get('t3_loss', 0)} | {total.get('o_t0_ge', 0)} | {total.get('o_t3_ge', 0)} |")
+    cmd = "python benchmarks/aha_protocols.py " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:]))
+    lines += summary + ["", *body,
+                        f"Command: `{cmd}` — {_dt.date.today().isoformat()}, torch {torch.__version__}, "
+                        f"{platform.machine()}, {args.threads} thread(s), {time.perf_counter() - t0:.0f} s "
+                        "(this invocation; per-model times above).", "", END]
+    print_section(lines, args.out, START, END)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
