@@ -235,15 +235,16 @@ def test_two_process_ddp_matches_one_process(tmp_path):
     assert ddp_meta["processes"] == 2
     assert ddp_meta["loss_history"] == pytest.approx([h["loss"] for h in single.history], rel=1e-4, abs=1e-5)
     ddp_net = load_explainer(tmp_path / "ddp" / "aha.safetensors", tiny_target())
-    # Adam turns the all-reduce's float rounding (~1e-7 relative) into weight differences of a sizeable part of one
-    # step for parameters whose gradient is near zero: its update is lr·m/sqrt(v), which for m ≈ sqrt(v) ≈ 0 is
-    # decided by the rounding. So the bound follows from the step size, not from one machine: no weight may differ
-    # by half a step (lr/2) — a wrong shard or a missed all-reduce moves weights by whole steps, and on most weights.
-    # Rounding reaches only the near-zero-gradient few: the mean difference stays below a hundredth of a step.
+    # Adam turns the all-reduce's float rounding (~1e-7 relative) into whole steps for parameters whose gradient is
+    # near zero: its update lr·m̂/sqrt(v̂) is ±lr whatever the gradient's size, and rounding can decide the sign. So no
+    # bound on single weights follows from the computation (up to 2·lr per step); what does: such parameters are few
+    # (their gradients are at rounding level), while a wrong shard or a missed all-reduce moves most weights. Hence:
+    # fewer than 1 % of the weights differ by more than a tenth of a step, and the mean difference is below a
+    # hundredth of a step; the loss history above (which every weight feeds) agrees to 1e-4.
     lr = AHATrainConfig().lr
     diffs = torch.cat([(a - b).abs().flatten() for a, b in zip(single.net.state_dict().values(),
                                                                 ddp_net.state_dict().values())])
-    assert float(diffs.max()) < lr / 2, float(diffs.max())
+    assert float((diffs > lr / 10).float().mean()) < 0.01, float((diffs > lr / 10).float().mean())
     assert float(diffs.mean()) < lr / 100, float(diffs.mean())
 
 
