@@ -23,6 +23,7 @@ from ..models._readout import readout_only
 from ..models.base import Recording, logits_of
 from ..targets import Target, TargetSpec, make_target
 from .registry import Method, method_classes
+from .support import check
 
 __all__ = ["Explainer", "check_choices", "Explanation", "Attribution", "Cost", "CostMeter", "image_size", "upsample_tokens",
            "validate_batch"]
@@ -255,14 +256,14 @@ def pool_to_tokens(maps: Tensor, grid: tuple[int, int]) -> Tensor:
 class Explainer(Method):
     """Base class of all explanation methods.
 
-    Subclasses set ``name``, ``defaults`` (option name → default value), ``requires`` (adapter capability, or
-    ``None`` for model-agnostic methods), ``level`` (``"token"`` or ``"pixel"``) and implement :meth:`attribute`.
+    Subclasses set ``name``, ``description`` (one plain line), ``defaults`` (option name → default value),
+    ``needs`` (the adapter capabilities it needs, :mod:`vitlens.models.capabilities`; ``()`` for model-agnostic
+    methods; :meth:`~vitlens.explainers.registry.Method.required` when they depend on the options), ``level`` (``"token"`` or ``"pixel"``) and implement :meth:`attribute`.
     Options are validated against ``defaults`` (unknown names are an error) and by :meth:`check_options`.
     """
 
     name: ClassVar[str] = ""
     defaults: dict[str, Any] = {}
-    requires: ClassVar[str | None] = None
     level: ClassVar[str] = "token"
     #: cheap settings for the shared property tests (e.g. fewer masks or steps); never used by default.
     fast_options: dict[str, Any] = {}
@@ -353,7 +354,8 @@ class Explainer(Method):
 
         ``batch_size`` splits the batch into chunks (memory knob; results do not depend on it).
         """
-        adapter = get_adapter(model, require=self.requires, method=self.name)
+        adapter = get_adapter(model)
+        check(adapter, self)  # the one refusal path: what the method needs and the adapter lacks
         x = validate_batch(x)
         device = _model_device(adapter.model)
         if device is not None and x.device != device:

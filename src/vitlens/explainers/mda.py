@@ -38,7 +38,7 @@ from torch import Tensor
 from ..errors import InputError, VitlensError
 from ..models import Adapter
 from ..targets import Target
-from ._perturbation import check_positive_int, check_score, resolve, target_scores
+from ._perturbation import score_needs, check_positive_int, check_score, resolve, target_scores
 from .base import Attribution, Explainer, Explanation, image_size
 from .registry import get_method, methods, register
 
@@ -118,8 +118,11 @@ class MDA(Explainer):
     """
 
     name = "mda"
+    description = "greedy insertion/deletion orderings of superpixels"
+
+    def required(self) -> tuple[str | tuple[str, ...], ...]:
+        return self.needs + score_needs(self.options["score"])
     level = "pixel"
-    requires = None
     defaults: dict[str, Any] = {
         "n_regions": None,
         "compactness": 10000.0,

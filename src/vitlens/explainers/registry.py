@@ -16,9 +16,22 @@ __all__ = ["Method", "register", "get_method", "methods", "method_classes", "req
 class Method:
     """The root of the explanation-method classes: :class:`~vitlens.explainers.base.Explainer` derives from it. It
     lets the registry (a module the rest of vitlens may import without importing any method) tell a method instance
-    from a method name."""
+    from a method name, and holds what every method declares about itself:
+
+    - ``name``: the registered name;
+    - ``needs``: the adapter capabilities (:mod:`vitlens.models.capabilities`) the method needs with its default
+      options; an entry that is a tuple needs any one of its names. ``()``: model-agnostic;
+    - ``description``: one plain line (``vitlens methods`` and the catalogue print it).
+    """
 
     name: ClassVar[str] = ""
+    needs: ClassVar[tuple[str | tuple[str, ...], ...]] = ()
+    description: ClassVar[str] = ""
+
+    def required(self) -> tuple[str | tuple[str, ...], ...]:
+        """What this instance needs with its options (default: :attr:`needs`); a method whose needs depend on an
+        option (e.g. a softmax score needs class logits) overrides it."""
+        return self.needs
 
 
 _METHODS: dict[str, type["Explainer"]] = {}
@@ -56,7 +69,7 @@ def method_classes() -> Mapping[str, type["Explainer"]]:
     return MappingProxyType(_METHODS)
 
 
-def requirements() -> dict[str, str | None]:
-    """Method name → the adapter capability it requires (``None``: model-agnostic), for every registered method."""
+def requirements() -> dict[str, tuple[str | tuple[str, ...], ...]]:
+    """Method name → the capabilities it needs (``Method.needs``), for every registered method."""
     # every method file is registered once vitlens is imported (its package imports them all)
-    return {name: cls.requires for name, cls in _METHODS.items()}
+    return {name: cls.needs for name, cls in _METHODS.items()}

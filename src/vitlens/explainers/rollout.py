@@ -13,6 +13,7 @@ from torch import Tensor
 
 from ..errors import InputError
 from ..models import Adapter
+from ..models.capabilities import ATTENTION, CLASS_ATTENTION, TOKEN_SEQUENCE, WINDOWS
 from ..targets import Target
 from ._attention import readout_row, token_map
 from .base import Attribution, Explainer, check_choices, image_size
@@ -76,7 +77,8 @@ class AttentionRollout(Explainer):
     """
 
     name = "rollout"
-    requires = "attention"
+    description = "attention rollout: attention maps multiplied through the blocks"
+    needs = (ATTENTION, (TOKEN_SEQUENCE, WINDOWS, CLASS_ATTENTION))
     level = "token"
     defaults: dict[str, Any] = {"head_fusion": "mean", "discard_ratio": 0.0, "discard_per": "matrix"}
 
@@ -102,7 +104,7 @@ class AttentionRollout(Explainer):
             tgt(logits)  # validates the target against the batch (the map itself does not depend on it)
             attns = [blk.attn for blk in rec.blocks]
         protect = adapter.readout_tokens or ()
-        if adapter.windowed:  # Swin: the row through shifted windows and merges (docs/methods/gradskip_swin.md)
+        if adapter.provides(WINDOWS):  # Swin: the row through shifted windows and merges (docs/methods/gradskip_swin.md)
             from ._windows import windowed_row
 
             mats = []
@@ -113,7 +115,7 @@ class AttentionRollout(Explainer):
                 mats.append(a / a.sum(dim=-1, keepdim=True))
             row = windowed_row(rec, mats, x.shape[0], lambda r, mixed: mixed)
             return Attribution(values=self.on_grid(adapter, row, image_size(x))), logits.detach(), tgt
-        if adapter.class_attention:  # CaiT: docs/methods/gradskip_cait.md
+        if adapter.provides(CLASS_ATTENTION):  # CaiT: docs/methods/gradskip_cait.md
             return self._class_attention(adapter, rec, attns, x), logits.detach(), tgt
         joint = None
         for attn in attns:

@@ -28,8 +28,9 @@ from torch import Tensor
 
 from ..errors import InputError, VitlensError
 from ..models import Adapter
+from ..models.capabilities import BLOCK_IO, TOKEN_SEQUENCE
 from ..targets import Target
-from ._perturbation import check_positive_int, check_score, resolve, target_scores
+from ._perturbation import score_needs, check_positive_int, check_score, resolve, target_scores
 from ._random import image_generator
 from .base import Attribution, Explainer, Explanation, image_size
 from .registry import register
@@ -93,8 +94,12 @@ class ViTCX(Explainer):
     """
 
     name = "vitcx"
+    description = "masks from clustered patch embeddings and their causal impact"
+    needs = (BLOCK_IO, TOKEN_SEQUENCE)
+
+    def required(self) -> tuple[str | tuple[str, ...], ...]:
+        return self.needs + score_needs(self.options["score"])
     level = "pixel"
-    requires = "attention"  # an adapter that captures the residual stream (the attention-capable ones)
     defaults: dict[str, Any] = {
         "layer": -1,
         "distance_threshold": 0.1,

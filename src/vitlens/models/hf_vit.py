@@ -11,6 +11,8 @@ from torch import Tensor, nn
 
 from ..errors import InputError, UnsupportedModelError
 from ._hf import eager_attention
+from .capabilities import (ATTENTION, BLOCK_IO, CLASS_LOGITS, FEATURE_MAPS, FEATURES, LINEAR_HEAD, LRP_LINEARS,
+                           TOKEN_GRID, TOKEN_SEQUENCE, TOKENS)
 from .base import Adapter, BlockRecord, LRPLinears, Recording, linears_at, logits_of
 
 __all__ = ["HFViTAdapter"]
@@ -37,7 +39,8 @@ class HFViTAdapter(Adapter):
     model: Any
 
     family = "hf-vit"
-    capabilities = frozenset({"attention", "tokens", "features"})
+    capabilities = frozenset({CLASS_LOGITS, ATTENTION, BLOCK_IO, TOKEN_SEQUENCE, LRP_LINEARS, LINEAR_HEAD, TOKENS,
+                              FEATURES, FEATURE_MAPS, TOKEN_GRID})
 
     @staticmethod
     def matches(model: nn.Module) -> bool:

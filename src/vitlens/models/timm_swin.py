@@ -26,15 +26,16 @@ from torch import Tensor, nn
 
 from ..errors import InputError, UnsupportedModelError
 from .base import Adapter, BlockRecord, Recording, int_pair, switched
+from .capabilities import (ATTENTION, BLOCK_IO, CLASS_LOGITS, FEATURE_MAPS, FEATURES, LRP_LINEARS, STAGES, TOKEN_GRID,
+                           TOKEN_SEQUENCE, TOKENS, WINDOWS)
 
-__all__ = ["SwinAdapter", "TimmSwinAdapter", "SwinBlockRecord", "SwinRecording", "to_windows", "from_windows", "SWIN_METHOD_LIMITS",
+__all__ = ["SwinAdapter", "TimmSwinAdapter", "SwinBlockRecord", "SwinRecording", "to_windows", "from_windows",
            "SWIN_CAPABILITY_NOTES"]
 
-_WHY = ("Swin's attention is windowed (shifted windows) and patch merging changes the token set between stages; "
-        "this method's rules are defined on one token sequence")
-#: what every Swin adapter (timm, HuggingFace) declares: the methods whose rules do not apply, and why
-SWIN_METHOD_LIMITS = {m: _WHY for m in ("attn_gradcam", "transformer_attribution", "attnlrp", "cplrp", "vitcx")}
-SWIN_CAPABILITY_NOTES = {"tokens": "Swin's windows are built over the full token grid: tokens cannot be dropped"}
+_WHY = "Swin's attention is windowed (shifted windows) and patch merging changes the token set between stages"
+#: what every Swin adapter (timm, HuggingFace) lacks, and why
+SWIN_CAPABILITY_NOTES = {TOKEN_SEQUENCE: _WHY, LRP_LINEARS: _WHY,
+                         TOKENS: "Swin's windows are built over the full token grid: tokens cannot be dropped"}
 
 
 @dataclass
@@ -102,11 +103,9 @@ class SwinAdapter(Adapter):
     recording type; each family fills in where its parts are."""
 
     model: Any  # a Swin classifier: its parts are read by attribute after __init__ checked the layout
-    capabilities = frozenset({"attention", "hierarchical", "features"})
-    hierarchical = True
-    windowed = True
-    method_limits = SWIN_METHOD_LIMITS
-    capability_notes = SWIN_CAPABILITY_NOTES
+    capabilities = frozenset({CLASS_LOGITS, ATTENTION, BLOCK_IO, WINDOWS, STAGES, FEATURES, TOKEN_GRID})
+    capability_notes = {**SWIN_CAPABILITY_NOTES, FEATURE_MAPS: "the model has no timm feature_info to read "
+                        "multi-depth feature maps from"}
 
     def _new_recording(self) -> SwinRecording:
         return SwinRecording()
@@ -117,6 +116,7 @@ class TimmSwinAdapter(SwinAdapter):
     the last stage."""
 
     family = "timm-swin"
+    capabilities = SwinAdapter.capabilities | {FEATURE_MAPS}
 
     @staticmethod
     def matches(model: nn.Module) -> bool:

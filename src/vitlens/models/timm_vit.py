@@ -8,6 +8,8 @@ from typing import Any, Iterator, Sequence
 from torch import Tensor, nn
 
 from ..errors import InputError, UnsupportedModelError
+from .capabilities import (ATTENTION, BLOCK_IO, CLASS_LOGITS, FEATURE_MAPS, FEATURES, LINEAR_HEAD, LRP_LINEARS,
+                           TOKEN_GRID, TOKEN_SEQUENCE, TOKENS)
 from .base import Adapter, BlockRecord, LRPLinears, Recording, int_pair, linears_at, switched
 
 __all__ = ["TimmViTAdapter"]
@@ -33,7 +35,8 @@ class TimmViTAdapter(Adapter):
     model: Any
 
     family = "timm-vit"
-    capabilities = frozenset({"attention", "tokens", "features"})
+    capabilities = frozenset({CLASS_LOGITS, ATTENTION, BLOCK_IO, TOKEN_SEQUENCE, LRP_LINEARS, LINEAR_HEAD, TOKENS,
+                              FEATURES, FEATURE_MAPS, TOKEN_GRID})
 
     @staticmethod
     def matches(model: nn.Module) -> bool:
