@@ -68,3 +68,38 @@ def test_aha_refuses_where_it_cannot_read_features(arch, kw):
     assert "aha" not in working_methods(model) and "gradient" in working_methods(model)
     with pytest.raises(UnsupportedModelError, match="'feature_maps'.*feature_info"):
         vitlens.explain(model, _x(1), method="aha", explainer="untrained", refine_steps=0)
+
+
+def test_hf_vit_at_another_size_is_refused_with_the_models_reason_unless_asked():
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.ViTConfig(image_size=32, patch_size=8, hidden_size=48, num_hidden_layers=2,
+                                 num_attention_heads=4, intermediate_size=96, num_labels=5)
+    torch.manual_seed(0)
+    model = transformers.ViTForImageClassification(cfg).eval()
+    with pytest.raises(vitlens.InputError, match="input size 48x48: ViTForImageClassification refuses it: .*"
+                                                 "vitlens_interpolate_pos_encoding"):
+        vitlens.explain(model, _x(1, 48), method="gradskip")
+    assert vitlens.explain(model, _x(1, 32), method="gradskip").maps.shape == (1, 32, 32)
+    model.vitlens_interpolate_pos_encoding = True  # the user asks for interpolated position embeddings
+    exp = vitlens.explain(model, _x(1, 48), method="gradskip")
+    assert exp.token_maps.shape == (1, 6, 6) and torch.isfinite(exp.maps).all()
+
+
+@pytest.mark.parametrize("size", [40, 48])
+def test_timm_swin_with_strict_img_size_false_runs_at_other_sizes(size):
+    model = _model("swin_tiny_patch4_window7_224", img_size=32, patch_size=4, window_size=4, embed_dim=24,
+                   depths=(2, 2), num_heads=(2, 4), strict_img_size=False)
+    x = _x(2, size)
+    exp = vitlens.explain(model, x, method="gradskip")
+    assert exp.token_maps.shape == (2, size // 4, size // 4)
+    torch.testing.assert_close(exp.scores, model(x).detach()[torch.arange(2), exp.targets], rtol=1e-5, atol=1e-6)
+    total = exp.token_maps.sum((1, 2)).double() + exp.remainder.double()
+    torch.testing.assert_close(total, exp.scores.double(), rtol=1e-5, atol=1e-6)
+    totals = exp.extras["layer_totals"].double()
+    torch.testing.assert_close(totals, exp.scores.double()[:, None].expand_as(totals), rtol=1e-5, atol=1e-6)
+    for name in ("rollout", "gae", "gradcam"):
+        assert torch.isfinite(vitlens.explain(model, x, method=name).maps).all(), name
+    strict = _model("swin_tiny_patch4_window7_224", img_size=32, patch_size=4, window_size=4, embed_dim=24,
+                    depths=(2, 2), num_heads=(2, 4))
+    with pytest.raises(vitlens.InputError, match="strict_img_size=False"):
+        vitlens.explain(strict, x, method="gradskip")

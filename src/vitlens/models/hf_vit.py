@@ -7,6 +7,7 @@ import contextlib
 import functools
 from typing import Any, Iterator, Sequence
 
+import torch
 from torch import Tensor, nn
 
 from ..errors import InputError, UnsupportedModelError
@@ -105,12 +106,33 @@ class HFViTAdapter(Adapter):
         ph, pw = self.patch_size
         if h % ph or w % pw:
             raise InputError(f"input size {h}x{w} is not a multiple of the patch size {ph}x{pw}")
+        if (h, w) != tuple(self.default_size) and not self.interpolate:
+            raise InputError(self._size_refusal(x))
+
+    @property
+    def interpolate(self) -> bool:
+        """Whether inputs of another size than the model's ``image_size`` are explained with interpolated position
+        embeddings (``interpolate_pos_encoding=True``): only when the user asks, by setting
+        ``model.vitlens_interpolate_pos_encoding = True``; otherwise such inputs are refused with the model's reason."""
+        return bool(getattr(self.model, "vitlens_interpolate_pos_encoding", False))
+
+    def _size_refusal(self, x: Tensor) -> str:
+        """The model's own reason for refusing ``x``'s size (the error of its forward without interpolation), and how
+        to opt in."""
+        reason = f"the model was built for {self.default_size[0]}x{self.default_size[1]} inputs"
+        try:
+            with torch.no_grad():
+                self.model(pixel_values=x[:1].detach())
+        except (ValueError, RuntimeError) as e:
+            reason = f"{type(self.model).__name__} refuses it: {str(e).splitlines()[0][:200]}"
+        return (f"input size {x.shape[-2]}x{x.shape[-1]}: {reason} (set model.vitlens_interpolate_pos_encoding = True "
+                "to explain it with interpolated position embeddings)")
 
     def _forward(self, x: Tensor) -> Tensor:
         # transformers 4.x returns attention probabilities only when asked; 5.x always returns them from the
         # attention module, and asking would make it install permanent capture hooks on the model.
         kwargs = {"output_attentions": True} if self._capturing and _transformers_major() < 5 else {}
-        if tuple(x.shape[-2:]) != self.default_size:
+        if tuple(x.shape[-2:]) != self.default_size and self.interpolate:
             kwargs["interpolate_pos_encoding"] = True
         return logits_of(self.model(pixel_values=x, **kwargs))
 

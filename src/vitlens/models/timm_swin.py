@@ -129,7 +129,10 @@ class TimmSwinAdapter(SwinAdapter):
         self.patch_size = int_pair(pe.patch_size)
         self.in_chans = int(pe.proj.in_channels)
         self.default_size = int_pair(pe.img_size) if getattr(pe, "img_size", None) is not None else None
-        self.any_size = False  # relative position bias and shift masks are built for the configured resolution
+        # relative position bias and shift masks are built for the configured resolution, unless the model was
+        # created with strict_img_size=False (timm then builds the shift masks for the input's grid)
+        self.any_size = not bool(getattr(pe, "strict_img_size", True)) and all(
+            bool(getattr(blk, "dynamic_mask", False)) for stage in self.model.layers for blk in stage.blocks)
         self.stages: list[Any] = list(self.model.layers)
         for s, stage in enumerate(self.stages):
             for j, blk in enumerate(stage.blocks):
@@ -169,9 +172,13 @@ class TimmSwinAdapter(SwinAdapter):
     def check_input(self, x: Tensor) -> None:
         super().check_input(x)
         hw = tuple(x.shape[-2:])
-        if self.default_size is not None and hw != tuple(self.default_size):
+        if not self.any_size and self.default_size is not None and hw != tuple(self.default_size):
             raise InputError(f"SwinTransformer expects {self.default_size[0]}x{self.default_size[1]} inputs; got "
-                             f"{hw[0]}x{hw[1]} (its shift masks are built for that size)")
+                             f"{hw[0]}x{hw[1]} (its shift masks are built for that size; create it with "
+                             "strict_img_size=False to explain other sizes)")
+        ph, pw = self.patch_size
+        if self.any_size and (hw[0] % ph or hw[1] % pw):
+            raise InputError(f"input size {hw[0]}x{hw[1]} is not a multiple of the patch size {ph}x{pw}")
 
     def classifier_modules(self) -> list[nn.Module]:
         fc = getattr(self.model.head, "fc", None)
