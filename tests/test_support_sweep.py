@@ -64,3 +64,13 @@ def test_conformance_lists_what_an_adapter_provides_and_lacks():
     assert "windowed" in report["lacks"]["token_sequence"]
     assert "gradskip" in report["methods"] and "attnlrp" in report["refused"]
     assert set(report["methods"]) | set(report["refused"]) == set(METHODS)
+
+
+def test_conformance_cli_lists_capabilities_and_methods(capsys):
+    from vitlens.cli import main
+
+    assert main(["conformance", "timm:vit_tiny_patch16_224", "--model-option", "pretrained=False",
+                 "--model-option", "img_size=32", "--model-option", "patch_size=8"]) == 0
+    out = capsys.readouterr().out
+    assert "adapter: TimmViTAdapter (timm-vit)" in out and "provides: attention, block_io" in out
+    assert "methods that run: aha, attn_gradcam, attnlrp" in out and "  windows: " in out

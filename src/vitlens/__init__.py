@@ -21,6 +21,7 @@ from .errors import (
     WeightsUnavailableError,
 )
 from .explainers import Explainer, Explanation
+from .explainers.support import conformance, working_methods
 from .images import load_images
 from .models import get_adapter, load_model
 from .targets import ClassLogit, ClassProbability, Contrast, SegmentationTarget
@@ -35,6 +36,8 @@ __all__ = [
     "load_model",
     "load_images",
     "get_adapter",
+    "conformance",
+    "working_methods",
     "Explainer",
     "Explanation",
     "ClassLogit",
