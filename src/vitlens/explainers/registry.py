@@ -7,7 +7,7 @@ from typing import Any, ClassVar, Mapping
 
 from ..errors import InputError
 
-__all__ = ["Method", "register", "get_method", "methods", "method_classes", "requirements"]
+__all__ = ["Method", "register", "unregister", "get_method", "methods", "method_classes", "requirements"]
 
 
 class Method:
@@ -50,6 +50,11 @@ def register(cls: type[Method]) -> type[Method]:
         raise ValueError(f"{cls.__name__} has no name")
     _METHODS[cls.name] = cls
     return cls
+
+
+def unregister(name: str) -> None:
+    """Remove the method registered as ``name`` (a plugin's or a test's method; unknown names are ignored)."""
+    _METHODS.pop(name, None)
 
 
 def get_method(name: "str | Method", **options: Any) -> Method:

@@ -48,6 +48,7 @@ __all__ = [
     "get_adapter",
     "refusal",
     "register_adapter",
+    "unregister_adapter",
     "load_model",
 ]
 
@@ -131,6 +132,12 @@ def register_adapter(cls: type[Adapter], first: bool = True) -> type[Adapter]:
         raise InputError(f"adapter {cls.__name__} defines no static matches(model): get_adapter could never choose it")
     _ADAPTERS.insert(0, cls) if first else _ADAPTERS.append(cls)
     return cls
+
+
+def unregister_adapter(cls: type[Adapter]) -> None:
+    """Remove a registered adapter class (a plugin's or a test's; an unregistered class is ignored)."""
+    if cls in _ADAPTERS:
+        _ADAPTERS.remove(cls)
 
 
 def get_adapter(model: nn.Module | Adapter, require: str | None = None) -> Adapter:
