@@ -19,7 +19,6 @@ from torch import Tensor, nn
 from .._version import __version__
 from ..errors import InputError
 from ..models import Adapter, get_adapter
-from ..models._readout import readout_only
 from ..models.base import Recording, logits_of
 from ..targets import Target, TargetSpec, make_target
 from .registry import Method, method_classes
@@ -271,8 +270,9 @@ class Explainer(Method):
     batch_equivariant: ClassVar[bool] = True
     #: options whose default is a number but which also accept ``None`` (documented meaning, e.g. "all at once").
     nullable_options: ClassVar[frozenset[str]] = frozenset({"internal_batch_size"})
-    #: True for methods that read only the model's logits (no capture): their calls run the readout fast path
-    #: (``vitlens.models._readout``, the last block on the readout tokens only; same maps up to float rounding).
+    #: True for methods that read only the model's logits (no capture): their calls run the adapter's readout fast
+    #: path where it offers one (``Adapter.readout_only``: the last block on the readout tokens only; same maps up to
+    #: float rounding).
     readout_logit_only: ClassVar[bool] = False
 
     def __init__(self, **options: Any) -> None:
@@ -369,7 +369,7 @@ class Explainer(Method):
             raise InputError(f"batch_size must be positive, got {batch_size}")
         parts: list[tuple[Attribution, Tensor, Target]] = []
         meter = CostMeter(adapter.model)
-        fast = readout_only(adapter, all_queries=False) if self.readout_logit_only else contextlib.nullcontext()
+        fast = adapter.readout_only(all_queries=False) if self.readout_logit_only else contextlib.nullcontext()
         # gradient methods also work inside torch.no_grad(); a caller's autocast applies to the model's forwards only
         with meter, torch.enable_grad(), adapter.caller_autocast(x.device.type), fast:
             for start in range(0, b, chunk):

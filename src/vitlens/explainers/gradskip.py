@@ -15,7 +15,6 @@ from torch import Tensor, nn
 
 from ..errors import InputError
 from ..models import Adapter
-from ..models._readout import readout_only
 from ..models.base import int_pair
 from ..models.capabilities import ATTENTION, CLASS_ATTENTION, STAGES, TOKEN_SEQUENCE, WINDOWS
 from ..targets import Target
@@ -103,7 +102,7 @@ class GradSkip(Explainer):
 
             return attribute_hierarchical(self, adapter, x, target)
         o = self.options
-        fast = readout_only(adapter, all_queries=True) if o["readout_path"] else contextlib.nullcontext(False)
+        fast = adapter.readout_only(all_queries=True) if o["readout_path"] else contextlib.nullcontext(False)
         steps = _BlockSteps(self)  # reduces each block's gradients as the backward produces them
         with adapter.session(capture=True, conservative=bool(o["conservative"])) as rec, fast, \
                 steps.value_norms(adapter, rec):

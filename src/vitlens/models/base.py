@@ -387,6 +387,14 @@ class Adapter:
             yield
 
     @contextlib.contextmanager
+    def readout_only(self, all_queries: bool = True) -> Iterator[bool]:
+        """The readout fast path, where the family offers one: within the context the last block computes its
+        outputs on the readout tokens only (same logits up to float rounding, same gradients to every earlier
+        tensor; ``all_queries`` keeps every attention row). Yields whether it is active. Default: not offered
+        (the model runs unchanged, ``False``); timm ViT: :mod:`vitlens.models._readout`."""
+        yield False
+
+    @contextlib.contextmanager
     def session(self, capture: bool = True, conservative: bool = False) -> Iterator[Recording]:
         """Context in which :meth:`forward` records a :class:`Recording`.
 

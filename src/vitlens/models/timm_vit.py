@@ -10,6 +10,7 @@ from torch import Tensor, nn
 from ..errors import InputError, UnsupportedModelError
 from .capabilities import (ATTENTION, BLOCK_IO, CLASS_LOGITS, FEATURE_MAPS, FEATURES, LINEAR_HEAD, LRP_LINEARS,
                            TOKEN_GRID, TOKEN_SEQUENCE, TOKENS)
+from ._readout import readout_only
 from .base import Adapter, BlockRecord, LRPLinears, Recording, int_pair, linears_at, normalisation_layers, switched
 
 __all__ = ["TimmViTAdapter", "stem_channels"]
@@ -132,6 +133,11 @@ class TimmViTAdapter(Adapter):
         if self.dynamic and not getattr(self.model.patch_embed, "dynamic_img_pad", False):
             if hw[0] % ph or hw[1] % pw:
                 raise InputError(f"input size {hw[0]}x{hw[1]} is not a multiple of the patch size {ph}x{pw}")
+
+    @contextlib.contextmanager
+    def readout_only(self, all_queries: bool = True) -> Iterator[bool]:
+        with readout_only(self, all_queries=all_queries) as active:
+            yield active
 
     def _embedding_module(self) -> nn.Module:
         return self.model.patch_drop  # applied right after the position embeddings
