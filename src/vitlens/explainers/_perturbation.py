@@ -15,7 +15,8 @@ from ..models import Adapter
 from ..targets import Target, class_score
 from .base import Explainer, check_choices
 
-__all__ = ["SCORE_KINDS", "score_needs", "check_positive_int", "check_score", "resolve", "target_scores", "score_token_subsets",
+__all__ = ["SCORE_KINDS", "score_needs",
+           "check_positive_int", "check_score", "resolve", "target_scores", "score_token_subsets",
            "coverage_average"]
 
 #: what a perturbation method scores: the softmax probability of the target class (the papers' choice) or the

@@ -257,7 +257,8 @@ class Explainer(Method):
 
     Subclasses set ``name``, ``description`` (one plain line), ``defaults`` (option name → default value),
     ``needs`` (the adapter capabilities it needs, :mod:`vitlens.models.capabilities`; ``()`` for model-agnostic
-    methods; :meth:`~vitlens.explainers.registry.Method.required` when they depend on the options), ``level`` (``"token"`` or ``"pixel"``) and implement :meth:`attribute`.
+    methods; :meth:`~vitlens.explainers.registry.Method.required` when they depend on the options), ``level``
+    (``"token"`` or ``"pixel"``) and implement :meth:`attribute`.
     Options are validated against ``defaults`` (unknown names are an error) and by :meth:`check_options`.
     """
 

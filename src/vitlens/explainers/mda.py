@@ -119,9 +119,6 @@ class MDA(Explainer):
 
     name = "mda"
     description = "greedy insertion/deletion orderings of superpixels"
-
-    def required(self) -> tuple[str | tuple[str, ...], ...]:
-        return self.needs + score_needs(self.options["score"])
     level = "pixel"
     defaults: dict[str, Any] = {
         "n_regions": None,
@@ -139,6 +136,10 @@ class MDA(Explainer):
         "batch_size": 64,
     }
     fast_options: dict[str, Any] = {"n_regions": 9, "blur_size": 5, "blur_sigma": 2.0, "blur_max_size": 9}
+
+    def required(self) -> tuple[str | tuple[str, ...], ...]:
+        """``score='probability'`` (a softmax over classes) also needs class logits."""
+        return self.needs + score_needs(self.options["score"])
 
     def __init__(self, **options: Any) -> None:
         super().__init__(**options)

@@ -139,9 +139,6 @@ class MUTEX(Explainer):
     name = "mutex"
     description = "token masks from attention-graph centralities"
     needs = (TOKENS, ATTENTION, TOKEN_SEQUENCE)
-
-    def required(self) -> tuple[str | tuple[str, ...], ...]:
-        return self.needs + score_needs(self.options["score"])
     level = "token"
     defaults: dict[str, Any] = {
         "aggregations": AGGREGATIONS,
@@ -154,6 +151,10 @@ class MUTEX(Explainer):
         "batch_size": 64,
     }
     fast_options: dict[str, Any] = {}
+
+    def required(self) -> tuple[str | tuple[str, ...], ...]:
+        """``score='probability'`` (a softmax over classes) also needs class logits."""
+        return self.needs + score_needs(self.options["score"])
 
     def check_options(self) -> None:
         o = self.options

@@ -13,7 +13,8 @@ __all__ = ["Method", "register", "unregister", "get_method", "methods", "method_
 class Method:
     """The root of the explanation-method classes: :class:`~vitlens.explainers.base.Explainer` derives from it. It
     lets the registry (a module the rest of vitlens may import without importing any method, and which imports no
-    method module itself, not even for type checking) tell a method instance from a method name, and holds what every method declares about itself:
+    method module itself, not even for type checking) tell a method instance from a method name, and holds what
+    every method declares about itself:
 
     - ``name``: the registered name;
     - ``needs``: the adapter capabilities (:mod:`vitlens.models.capabilities`) the method needs with its default

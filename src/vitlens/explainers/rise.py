@@ -65,9 +65,6 @@ class RISE(Explainer):
 
     name = "rise"
     description = "mean class score over random smooth masks"
-
-    def required(self) -> tuple[str | tuple[str, ...], ...]:
-        return self.needs + score_needs(self.options["score"])
     level = "pixel"
     defaults: dict[str, Any] = {
         "n_masks": 4000,
@@ -79,6 +76,10 @@ class RISE(Explainer):
         "batch_size": 64,
     }
     fast_options: dict[str, Any] = {"n_masks": 24, "grid_size": 3, "batch_size": 16}
+
+    def required(self) -> tuple[str | tuple[str, ...], ...]:
+        """``score='probability'`` (a softmax over classes) also needs class logits."""
+        return self.needs + score_needs(self.options["score"])
 
     def check_options(self) -> None:
         o = self.options

@@ -86,9 +86,6 @@ class TIS(Explainer):
     name = "tis"
     description = "token masks from clustered activations, scored on the kept tokens"
     needs = (TOKENS, BLOCK_IO, TOKEN_SEQUENCE)
-
-    def required(self) -> tuple[str | tuple[str, ...], ...]:
-        return self.needs + score_needs(self.options["score"])
     level = "token"
     defaults: dict[str, Any] = {
         "n_masks": 2048,
@@ -100,6 +97,10 @@ class TIS(Explainer):
         "batch_size": 64,
     }
     fast_options: dict[str, Any] = {"n_masks": 8, "max_iter": 20, "batch_size": 8}
+
+    def required(self) -> tuple[str | tuple[str, ...], ...]:
+        """``score='probability'`` (a softmax over classes) also needs class logits."""
+        return self.needs + score_needs(self.options["score"])
 
     def check_options(self) -> None:
         o = self.options

@@ -96,9 +96,6 @@ class ViTCX(Explainer):
     name = "vitcx"
     description = "masks from clustered patch embeddings and their causal impact"
     needs = (BLOCK_IO, TOKEN_SEQUENCE)
-
-    def required(self) -> tuple[str | tuple[str, ...], ...]:
-        return self.needs + score_needs(self.options["score"])
     level = "pixel"
     defaults: dict[str, Any] = {
         "layer": -1,
@@ -110,6 +107,10 @@ class ViTCX(Explainer):
         "batch_size": 64,
     }
     fast_options: dict[str, Any] = {"batch_size": 64}
+
+    def required(self) -> tuple[str | tuple[str, ...], ...]:
+        """``score='probability'`` (a softmax over classes) also needs class logits."""
+        return self.needs + score_needs(self.options["score"])
 
     def __init__(self, **options: Any) -> None:
         super().__init__(**options)

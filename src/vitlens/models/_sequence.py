@@ -20,7 +20,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..errors import InputError, UnsupportedModelError
-from .capabilities import ATTENTION, BLOCK_IO, CLASS_LOGITS, FEATURE_MAPS, FEATURES, LRP_LINEARS, TOKEN_GRID, TOKEN_SEQUENCE
+from .capabilities import (ATTENTION, BLOCK_IO, CLASS_LOGITS, FEATURE_MAPS, FEATURES, LRP_LINEARS, TOKEN_GRID,
+                           TOKEN_SEQUENCE)
 from .base import Adapter, BlockRecord, Recording, switched
 
 __all__ = ["BlockParts", "SequenceAdapter", "not_plain", "value_weights"]
