@@ -76,8 +76,8 @@ def test_hf_vit_at_another_size_is_refused_with_the_models_reason_unless_asked()
                                  num_attention_heads=4, intermediate_size=96, num_labels=5)
     torch.manual_seed(0)
     model = transformers.ViTForImageClassification(cfg).eval()
-    with pytest.raises(vitlens.InputError, match="input size 48x48: ViTForImageClassification refuses it: .*"
-                                                 "vitlens_interpolate_pos_encoding"):
+    with pytest.raises(vitlens.InputError, match="ViTForImageClassification expects 32x32 inputs; got 48x48 "
+                                                 r"\(the model refuses it: .*vitlens_interpolate_pos_encoding"):
         vitlens.explain(model, _x(1, 48), method="gradskip")
     assert vitlens.explain(model, _x(1, 32), method="gradskip").maps.shape == (1, 32, 32)
     model.vitlens_interpolate_pos_encoding = True  # the user asks for interpolated position embeddings

@@ -63,6 +63,7 @@ class HFViTAdapter(Adapter):
         encoder = getattr(self.backbone, "encoder", None)  # transformers 4.x: backbone.encoder.layer
         self.layers = list(encoder.layer if encoder is not None else self.backbone.layers)
         self._capturing = False
+        self.any_size = self.interpolate  # other sizes only with interpolated position embeddings, when asked
         for i, layer in enumerate(self.layers):
             if not (hasattr(layer, "layernorm_after") and hasattr(layer, "attention")):
                 raise UnsupportedModelError(f"HF layer {i} ({type(layer).__name__}) is not a pre-norm ViT layer")
@@ -119,14 +120,15 @@ class HFViTAdapter(Adapter):
     def _size_refusal(self, x: Tensor) -> str:
         """The model's own reason for refusing ``x``'s size (the error of its forward without interpolation), and how
         to opt in."""
-        reason = f"the model was built for {self.default_size[0]}x{self.default_size[1]} inputs"
+        reason = "its position embeddings are built for that size"
         try:
             with torch.no_grad():
                 self.model(pixel_values=x[:1].detach())
         except (ValueError, RuntimeError) as e:
-            reason = f"{type(self.model).__name__} refuses it: {str(e).splitlines()[0][:200]}"
-        return (f"input size {x.shape[-2]}x{x.shape[-1]}: {reason} (set model.vitlens_interpolate_pos_encoding = True "
-                "to explain it with interpolated position embeddings)")
+            reason = f"the model refuses it: {str(e).splitlines()[0][:200]}"
+        return (f"{type(self.model).__name__} expects {self.default_size[0]}x{self.default_size[1]} inputs; got "
+                f"{x.shape[-2]}x{x.shape[-1]} ({reason}; set model.vitlens_interpolate_pos_encoding = True to explain "
+                "it with interpolated position embeddings)")
 
     def _forward(self, x: Tensor) -> Tensor:
         # transformers 4.x returns attention probabilities only when asked; 5.x always returns them from the
