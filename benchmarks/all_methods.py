@@ -28,7 +28,6 @@ import torch
 
 import vitlens
 from vitlens.bench import BenchConfig, run_benchmark
-from vitlens.errors import UnsupportedModelError
 
 #: reduced settings for methods whose paper settings take thousands of forwards per image
 REDUCED = {
@@ -60,17 +59,15 @@ SETUPS = {
 
 def applicable(model: torch.nn.Module, names: list[str]) -> tuple[list[str], dict[str, str]]:
     """Split method names into those that run on ``model`` and those that do not (with the reason)."""
-    from vitlens.explainers.registry import get_method
-    from vitlens.models import get_adapter
+    from vitlens.explainers.support import why_not
 
     ok, skipped = [], {}
     for name in names:
-        req = get_method(name).requires
-        try:
-            get_adapter(model, require=req)
+        why = why_not(model, name)  # the support query: the capability the method needs and the model lacks
+        if why is None:
             ok.append(name)
-        except UnsupportedModelError as exc:
-            skipped[name] = str(exc).split(";")[0]
+        else:
+            skipped[name] = why.split(";")[0]
     return ok, skipped
 
 

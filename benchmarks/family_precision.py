@@ -14,7 +14,8 @@ from pathlib import Path
 import torch
 
 import vitlens
-from vitlens.models.catalogue import FAMILIES, build
+from vitlens.explainers.support import working_methods
+from vitlens.models.families import FAMILIES, build
 
 
 def corr(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -30,7 +31,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = ["| family | fp32: max abs(Σ + rem − y) | fp16: min corr | fp16: max abs(Σ + rem − y) | bf16: min corr | "
             "bf16: max abs(Σ + rem − y) |", "|---|---|---|---|---|---|"]
     for fam in FAMILIES:
-        if fam.note == "refused" or "gradskip" not in vitlens.get_adapter(build(fam.name)).working_methods():
+        if fam.note == "refused" or "gradskip" not in working_methods(build(fam.name)):
             continue
         ref = vitlens.explain(build(fam.name), x, method="gradskip")
         err32 = (ref.token_maps.sum((1, 2)).double() + ref.remainder.double() - ref.scores.double()).abs().max()
@@ -41,7 +42,7 @@ def main(argv: list[str] | None = None) -> int:
             cells += [f"{corr(e.maps, ref.maps):.4f}", f"{float(err):.1e}"]
         rows.append(f"| {fam.name} | " + " | ".join(cells) + " |")
     text = ("# GradSkip in half precision, per family\n\n"
-            "Each family's tiny random-weight catalogue model (`vitlens.models.catalogue`, attention sharpened), cast "
+            "Each family's tiny random-weight catalogue model (`vitlens.models.families`, attention sharpened), cast "
             "to float16 / bfloat16; 4 random 32×32 images; min over images of the Pearson correlation with the "
             "float32 map of the same weights, and the completeness error in that dtype (the propagation runs in "
             f"float32). Command: `python benchmarks/family_precision.py` ({time.strftime('%Y-%m-%d')}, torch "

@@ -11,7 +11,7 @@ import logging
 import sys
 from pathlib import Path
 
-from vitlens.models.catalogue import supported_models_markdown
+from vitlens.catalog import supported_models_markdown
 
 OUT = Path(__file__).resolve().parents[1] / "docs" / "supported_models.md"
 

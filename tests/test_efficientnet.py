@@ -153,7 +153,7 @@ def test_model_agnostic_methods_give_input_size_maps(model, batch, method, optio
 
 @pytest.mark.parametrize("method", ["gradskip", "rollout", "tis"])
 def test_token_methods_refuse_the_cnn_clearly(model, batch, method):
-    with pytest.raises(UnsupportedModelError, match="not supported by this method"):
+    with pytest.raises(UnsupportedModelError, match=rf"method .{method}. needs .*EfficientNet \(timm-cnn\) does not provide: a CNN has no attention"):
         vitlens.explain(model, batch[:1], method=method)
 
 

@@ -1,4 +1,4 @@
-"""The shared properties, parametrised over every model family in ``vitlens.models.catalogue`` (tiny random configs
+"""The shared properties, parametrised over every model family in ``vitlens.models.families`` (tiny random configs
 of the real timm / HF classes): shapes, determinism, batch = one-by-one, completeness and per-layer conservation where
 promised, the model restored after success and after an exception, the capture matching the model's own forward,
 and clear refusals that name the methods that work.
@@ -15,11 +15,12 @@ import vitlens
 from vitlens.errors import UnsupportedModelError
 from vitlens.explainers import get_method
 from vitlens.explainers.registry import requirements
-from vitlens.models.catalogue import FAMILIES, build, why_not
+from vitlens.explainers.support import why_not, working_methods
+from vitlens.models.families import FAMILIES, build
 
 from conftest import model_fingerprint
 
-SUPPORTED = [f.name for f in FAMILIES if f.note != "refused"]
+SUPPORTED = [f.name for f in FAMILIES if f.note == ""]  # the transformer classifiers
 REFUSED = [f.name for f in FAMILIES if f.note == "refused"]
 NEW = [n for n in SUPPORTED if n not in ("timm ViT", "timm DeiT distilled", "HF ViT")]
 METHODS = sorted(n for n in requirements() if n != "aha")  # AHA needs a trained explainer network
@@ -51,7 +52,7 @@ def _model(name):
 
 
 def _working(name):
-    return vitlens.get_adapter(_model(name)).working_methods()
+    return working_methods(_model(name))
 
 
 @pytest.mark.parametrize("family", SUPPORTED)
@@ -93,7 +94,7 @@ def test_gradskip_completeness_and_per_layer_conservation(family):
     torch.testing.assert_close(totals, y[:, None].expand_as(totals), rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("family", [n for n in SUPPORTED if "cplrp" in vitlens.get_adapter(build(n)).working_methods()])
+@pytest.mark.parametrize("family", [n for n in SUPPORTED if "cplrp" in working_methods(build(n))])
 def test_cplrp_completeness_where_it_applies(family):
     exp = vitlens.explain(_model(family), _x(), method="cplrp")
     total = exp.token_maps.sum((1, 2)).double() + exp.remainder.double()

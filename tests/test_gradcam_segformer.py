@@ -56,7 +56,7 @@ def assert_maps_equal(ours: torch.Tensor, ref: torch.Tensor) -> None:
 def test_feature_layer_is_the_classifier_input_on_the_logit_grid(kind, size):
     model = tiny_segformer(kind)
     adapter = vitlens.get_adapter(model, require="features")
-    assert {"attention", "hierarchical", "features"} <= adapter.capabilities
+    assert {"attention", "stages", "features"} <= adapter.capabilities
     assert list(adapter.feature_layers()) == [model.decode_head.classifier]
     x = images(2, size)
     with adapter.session(capture=True) as rec:
@@ -216,7 +216,7 @@ def test_finercam_with_gamma_zero_is_gradcam():
 
 def test_single_sequence_methods_still_refuse_segformer():
     for name in ("attn_gradcam", "rollout"):
-        with pytest.raises(vitlens.UnsupportedModelError, match="gradcam/finercam"):
+        with pytest.raises(vitlens.UnsupportedModelError, match="token_sequence.*methods that work on this model: .*gradcam"):
             vitlens.explain(tiny_segformer("2stage-sr2"), images(1), method=name, target=SegmentationTarget(1))
 
 

@@ -128,7 +128,8 @@ def test_timm_and_hf_vit_of_the_same_weights_give_the_same_maps():
     scale = a.maps.abs().max()
     torch.testing.assert_close(a.maps, b.maps, rtol=1e-4, atol=1e-5 * scale)
     torch.testing.assert_close(a.remainder, b.remainder, rtol=1e-4, atol=1e-5 * scale)
-    # a different input size through HF's position-embedding interpolation
+    # a different input size through HF's position-embedding interpolation, which the user asks for
+    hm.vitlens_interpolate_pos_encoding = True
     e = vitlens.explain(hm, torch.randn(2, 3, 48, 40))
     assert e.token_maps.shape == (2, 6, 5)
 

@@ -378,9 +378,13 @@ def test_single_sequence_methods_refuse_segformer_clearly(name):
 
 
 def test_rise_probability_score_needs_a_classifier():
-    with pytest.raises(vitlens.TargetError, match="score='target'"):
+    # refused by the support path: score='probability' (the default) needs class logits, SegFormer has per-pixel ones
+    with pytest.raises(vitlens.UnsupportedModelError, match="needs 'class_logits'.*score='target'"):
         vitlens.explain(tiny_segformer("2stage-sr2"), images(1), method="rise", target=SegmentationTarget(1),
                         n_masks=4, grid_size=3)
+    exp = vitlens.explain(tiny_segformer("2stage-sr2"), images(1), method="rise", target=SegmentationTarget(1),
+                          n_masks=4, grid_size=3, score="target")
+    assert torch.isfinite(exp.maps).all()
 
 
 # -- the benchmark script runs end to end (untrained model: numbers not checked) ------------------------------------

@@ -10,7 +10,7 @@ from torch import nn
 
 import vitlens
 from vitlens.errors import UnsupportedModelError
-from vitlens.models import catalogue, get_adapter
+from vitlens.models import families as catalogue, get_adapter
 from vitlens.models.base import linears_at
 
 from conftest import model_fingerprint

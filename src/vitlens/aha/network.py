@@ -32,6 +32,8 @@ from torch import Tensor, nn
 from ..errors import InputError, UnsupportedModelError, WeightsUnavailableError
 from ..models import get_adapter
 from ..models.base import Adapter, int_pair
+from ..models.capabilities import TOKEN_SEQUENCE
+from ..models.feature_maps import feature_modules
 
 __all__ = [
     "AHADecoder",
@@ -92,24 +94,19 @@ class FeatureBackbone:
         self.adapter = adapter
         # token blocks: any single-sequence family whose blocks vitlens reads (not Swin/SegFormer stages, not CaiT's
         # class-attention blocks); their outputs are (B, prefix + patches, D)
-        self.tokens = ("tokens" in adapter.capabilities or "attention" in adapter.capabilities) and not (
-            adapter.hierarchical or adapter.class_attention)
+        self.tokens = adapter.provides(TOKEN_SEQUENCE)  # token blocks (B, prefix + patches, D) vitlens reads
         if self.tokens:
             self.modules: list[nn.Module] = list(adapter.blocks())
             self.module_names = [f"block {i}" for i in range(len(self.modules))]
             width = _vit_width(model)
             self.all_channels = [width] * len(self.modules)
         else:
-            info = getattr(model, "feature_info", None)
-            if info is None:
+            try:
+                self.modules, self.module_names, self.all_channels = feature_modules(model)
+            except UnsupportedModelError as e:
                 raise UnsupportedModelError(
-                    f"{type(model).__name__} has no token blocks (vitlens adapter) and no timm feature_info: cannot "
-                    "read multi-depth features for the AHA backbone; pass a timm model or a supported ViT as backbone"
-                )
-            entries = [dict(e) for e in (info.info if hasattr(info, "info") else info)]
-            self.modules = [model.get_submodule(e["module"]) for e in entries]
-            self.module_names = [e["module"] for e in entries]
-            self.all_channels = [int(e["num_chs"]) for e in entries]
+                    f"{e}; AHA reads vitlens token blocks or timm feature_info maps: pass a timm model or a supported "
+                    "ViT as backbone (AHANet(target, backbone=...))") from None
         self.depths = list(depths) if depths is not None else evenly_spaced(len(self.modules), n_levels)
         bad = [d for d in self.depths if not 0 <= d < len(self.modules)]
         if bad:
@@ -155,6 +152,10 @@ class FeatureBackbone:
         finally:
             for h in handles:
                 h.remove()
+        absent = [self.module_names[self.depths[k]] for k in range(len(self.depths)) if k not in found]
+        if absent:
+            raise UnsupportedModelError(f"AHA: the feature module(s) {', '.join(absent)} of {type(self.model).__name__} "
+                                        "were never called in the forward (containers, not layers)")
         return [found[k] for k in range(len(self.depths))], logits.detach()
 
     def describe(self) -> dict[str, Any]:

@@ -10,10 +10,11 @@ from typing import Sequence
 import torch
 from torch import Tensor
 
+from ..errors import InputError
 from ..models import Adapter
 from .base import Explainer, image_size
 
-__all__ = ["readout_row", "relevance_rollout", "token_map"]
+__all__ = ["readout_row", "relevance_rollout", "token_map", "fuse_heads", "discard_lowest", "FUSIONS", "DISCARD_PER"]
 
 
 def readout_row(joint: Tensor, readout: tuple[int, ...] | None, num_prefix: int) -> Tensor:
@@ -42,3 +43,44 @@ def relevance_rollout(maps: Sequence[Tensor]) -> Tensor:
     for m in maps:
         r = m + torch.eye(m.shape[-1], device=m.device, dtype=m.dtype) if r is None else r + m.bmm(r)
     return r
+
+
+FUSIONS = ("mean", "max", "min")
+DISCARD_PER = ("matrix", "row")
+
+
+def fuse_heads(attn: Tensor, mode: str = "mean") -> Tensor:
+    """Fuse the heads of attention probabilities ``(B, H, T, T)`` into ``(B, T, T)`` by their mean, max or min."""
+    if mode == "mean":
+        return attn.mean(dim=1)
+    if mode == "max":
+        return attn.amax(dim=1)
+    if mode == "min":
+        return attn.amin(dim=1)
+    raise InputError(f"head_fusion must be one of {FUSIONS}, got {mode!r}")
+
+
+def discard_lowest(fused: Tensor, ratio: float, protect: tuple[int, ...] = (), per: str = "matrix") -> Tensor:
+    """Zero the lowest entries of each image's fused ``(T, T)`` attention matrix (or ``(1, T)`` row).
+
+    ``per="matrix"`` (default, as the widely used implementation jacobgil/vit-explain): the ``⌊ratio·T²⌋`` lowest
+    entries of the whole matrix of one image. ``per="row"``: the ``⌊ratio·T⌋`` lowest entries of every row.
+    In both, the diagonal entries ``(r, r)`` of the tokens in ``protect`` (the readout tokens) are never zeroed — the
+    common implementation protects exactly the entry ``(0, 0)``, i.e. CLS attending to itself; the rest of the readout
+    row and the readout column can be dropped. Protected entries count towards the number dropped (so fewer than
+    ``⌊ratio·…⌋`` entries are zeroed when one is among the lowest), as in that implementation. Ties are broken by
+    :func:`torch.topk`.
+    """
+    if ratio <= 0:
+        return fused
+    b, t, tk = fused.shape  # (B, T, T); CaiT's class attention: one row (B, 1, 1 + N), where both kinds agree
+    flat = fused.reshape(b, t * tk) if per == "matrix" else fused
+    k = int(flat.shape[-1] * ratio)
+    if k == 0:
+        return fused
+    drop = torch.zeros_like(flat, dtype=torch.bool)
+    drop.scatter_(-1, flat.topk(k, dim=-1, largest=False).indices, True)
+    drop = drop.reshape(b, t, tk)
+    for r in protect:
+        drop[:, r, r] = False
+    return fused.masked_fill(drop, 0.0)

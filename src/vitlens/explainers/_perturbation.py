@@ -10,11 +10,13 @@ import torch
 from torch import Tensor
 
 from ..errors import InputError, TargetError
+from ..models.capabilities import CLASS_LOGITS
 from ..models import Adapter
 from ..targets import Target, class_score
 from .base import Explainer, check_choices
 
-__all__ = ["SCORE_KINDS", "check_positive_int", "check_score", "resolve", "target_scores", "score_token_subsets",
+__all__ = ["SCORE_KINDS", "score_needs",
+           "check_positive_int", "check_score", "resolve", "target_scores", "score_token_subsets",
            "coverage_average"]
 
 #: what a perturbation method scores: the softmax probability of the target class (the papers' choice) or the
@@ -79,3 +81,9 @@ def coverage_average(masks: Tensor, scores: Tensor) -> Tensor:
     coverage = masks.sum(dim=0)
     raw = scores.to(masks.dtype) @ masks
     return torch.where(coverage > 0, raw / coverage.clamp_min(1e-12), torch.zeros_like(raw))
+
+
+def score_needs(score: str) -> tuple[str, ...]:
+    """What a perturbation method's ``score`` option needs of the model: ``'probability'`` (a softmax over classes)
+    needs class logits ``(B, K)``; the other scores read the target's own score."""
+    return (CLASS_LOGITS,) if score == "probability" else ()

@@ -15,6 +15,7 @@ from torch import Tensor, nn
 
 from ..errors import InputError, UnsupportedModelError, WeightsUnavailableError
 from ..models import Adapter
+from ..models.capabilities import CLASS_LOGITS, FEATURE_MAPS, TOKEN_SEQUENCE
 from ..targets import Target
 from .base import Attribution, Explainer, image_size
 from .registry import register
@@ -49,8 +50,9 @@ class AHA(Explainer):
     """
 
     name = "aha"
+    description = "learned explainer trained on deletion/insertion, optional refinement (needs trained explainer weights)"
+    needs = (CLASS_LOGITS, (TOKEN_SEQUENCE, FEATURE_MAPS))
     level = "pixel"
-    requires = None
     defaults: dict[str, Any] = {"explainer": None, "refine_steps": 3, "lr": 0.05, "grid": None, "tau": 0.03, "m": 16,
                                 "n_iters": 30, "reference": "mean", "w_peak": 0.0025}
     fast_options: dict[str, Any] = {"explainer": "untrained", "refine_steps": 1, "m": 4}

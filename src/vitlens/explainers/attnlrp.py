@@ -21,6 +21,7 @@ import torch
 from torch import Tensor
 
 from ..models import Adapter
+from ..models.capabilities import ATTENTION, BLOCK_IO, LRP_LINEARS, TOKEN_SEQUENCE
 from ..targets import Target
 from ._attention import token_map
 from ._lrp import BlockLinears, LinearTaps
@@ -74,7 +75,8 @@ def attention_rule(mode: str) -> Callable[[BlockLinears, Tensor], Tensor]:
 class _GradientInputLRP(Explainer):
     """Shared driver of AttnLRP and CP-LRP (subclasses set ``name`` and ``mode``)."""
 
-    requires = "attention"
+    needs = (ATTENTION, LRP_LINEARS, BLOCK_IO, TOKEN_SEQUENCE)
+
     level = "token"
     mode = "attnlrp"
     defaults: dict[str, Any] = {"activation_rule": "identity"}
@@ -110,6 +112,7 @@ class AttnLRP(_GradientInputLRP):
     """
 
     name = "attnlrp"
+    description = "AttnLRP relevance as gradient x input"
     mode = "attnlrp"
 
 
@@ -125,4 +128,5 @@ class CPLRP(_GradientInputLRP):
     """
 
     name = "cplrp"
+    description = "CP-LRP relevance as gradient x input"
     mode = "cplrp"

@@ -19,10 +19,10 @@ from torch import Tensor, nn
 from .._version import __version__
 from ..errors import InputError
 from ..models import Adapter, get_adapter
-from ..models._readout import readout_only
 from ..models.base import Recording, logits_of
 from ..targets import Target, TargetSpec, make_target
 from .registry import Method, method_classes
+from .support import check
 
 __all__ = ["Explainer", "check_choices", "Explanation", "Attribution", "Cost", "CostMeter", "image_size", "upsample_tokens",
            "validate_batch"]
@@ -255,14 +255,15 @@ def pool_to_tokens(maps: Tensor, grid: tuple[int, int]) -> Tensor:
 class Explainer(Method):
     """Base class of all explanation methods.
 
-    Subclasses set ``name``, ``defaults`` (option name → default value), ``requires`` (adapter capability, or
-    ``None`` for model-agnostic methods), ``level`` (``"token"`` or ``"pixel"``) and implement :meth:`attribute`.
+    Subclasses set ``name``, ``description`` (one plain line), ``defaults`` (option name → default value),
+    ``needs`` (the adapter capabilities it needs, :mod:`vitlens.models.capabilities`; ``()`` for model-agnostic
+    methods; :meth:`~vitlens.explainers.registry.Method.required` when they depend on the options), ``level``
+    (``"token"`` or ``"pixel"``) and implement :meth:`attribute`.
     Options are validated against ``defaults`` (unknown names are an error) and by :meth:`check_options`.
     """
 
     name: ClassVar[str] = ""
     defaults: dict[str, Any] = {}
-    requires: ClassVar[str | None] = None
     level: ClassVar[str] = "token"
     #: cheap settings for the shared property tests (e.g. fewer masks or steps); never used by default.
     fast_options: dict[str, Any] = {}
@@ -270,8 +271,9 @@ class Explainer(Method):
     batch_equivariant: ClassVar[bool] = True
     #: options whose default is a number but which also accept ``None`` (documented meaning, e.g. "all at once").
     nullable_options: ClassVar[frozenset[str]] = frozenset({"internal_batch_size"})
-    #: True for methods that read only the model's logits (no capture): their calls run the readout fast path
-    #: (``vitlens.models._readout``, the last block on the readout tokens only; same maps up to float rounding).
+    #: True for methods that read only the model's logits (no capture): their calls run the adapter's readout fast
+    #: path where it offers one (``Adapter.readout_only``: the last block on the readout tokens only; same maps up to
+    #: float rounding).
     readout_logit_only: ClassVar[bool] = False
 
     def __init__(self, **options: Any) -> None:
@@ -353,7 +355,8 @@ class Explainer(Method):
 
         ``batch_size`` splits the batch into chunks (memory knob; results do not depend on it).
         """
-        adapter = get_adapter(model, require=self.requires, method=self.name)
+        adapter = get_adapter(model)
+        check(adapter, self)  # the one refusal path: what the method needs and the adapter lacks
         x = validate_batch(x)
         device = _model_device(adapter.model)
         if device is not None and x.device != device:
@@ -367,7 +370,7 @@ class Explainer(Method):
             raise InputError(f"batch_size must be positive, got {batch_size}")
         parts: list[tuple[Attribution, Tensor, Target]] = []
         meter = CostMeter(adapter.model)
-        fast = readout_only(adapter, all_queries=False) if self.readout_logit_only else contextlib.nullcontext()
+        fast = adapter.readout_only(all_queries=False) if self.readout_logit_only else contextlib.nullcontext()
         # gradient methods also work inside torch.no_grad(); a caller's autocast applies to the model's forwards only
         with meter, torch.enable_grad(), adapter.caller_autocast(x.device.type), fast:
             for start in range(0, b, chunk):

@@ -18,6 +18,7 @@ from torch import Tensor
 from ..errors import InputError, UnsupportedModelError
 from ..models import Adapter
 from ..models.base import Recording
+from ..models.capabilities import ATTENTION, BLOCK_IO, LINEAR_HEAD, LRP_LINEARS, TOKEN_SEQUENCE
 from ..targets import Target
 from ._attention import readout_row, relevance_rollout, token_map
 from ._lrp import BlockLinears, LinearTaps
@@ -151,7 +152,8 @@ class TransformerAttribution(Explainer):
     """
 
     name = "transformer_attribution"
-    requires = "attention"
+    description = "LRP relevance of the attention, rolled out (Chefer et al. 2021a)"
+    needs = (ATTENTION, LRP_LINEARS, BLOCK_IO, TOKEN_SEQUENCE, LINEAR_HEAD)
     level = "token"
     defaults: dict[str, Any] = {"alpha": 1.0}
 

@@ -11,6 +11,7 @@ from typing import Any
 from torch import Tensor
 
 from ..models import Adapter
+from ..models.capabilities import ATTENTION, CLASS_ATTENTION, TOKEN_SEQUENCE, WINDOWS
 from ..targets import Target
 from ._attention import readout_row, relevance_rollout, token_map
 from .base import Attribution, Explainer, image_size
@@ -28,7 +29,8 @@ class GAE(Explainer):
     """
 
     name = "gae"
-    requires = "attention"
+    description = "gradient-weighted attention rollout (Chefer et al. 2021b)"
+    needs = (ATTENTION, (TOKEN_SEQUENCE, WINDOWS, CLASS_ATTENTION))
     level = "token"
     defaults: dict[str, Any] = {}
 
@@ -39,12 +41,12 @@ class GAE(Explainer):
             attns = [blk.attn for blk in rec.blocks]
             grads = self.gradients(tgt(logits), attns)
         maps = [(grad * attn.detach()).clamp_min(0).mean(dim=1) for attn, grad in zip(attns, grads)]
-        if adapter.windowed:  # Swin: R ← R + Ā·R inside each block's windows, merges split evenly
+        if adapter.provides(WINDOWS):  # Swin: R ← R + Ā·R inside each block's windows, merges split evenly
             from ._windows import windowed_row
 
             row = windowed_row(rec, [m.float() for m in maps], x.shape[0], lambda r, mixed: r + mixed)
             return Attribution(values=self.on_grid(adapter, row, image_size(x))), logits.detach(), tgt
-        if adapter.class_attention:  # CaiT: R ← R + Ā·R through the class-attention rows, then the SA blocks
+        if adapter.provides(CLASS_ATTENTION):  # CaiT: R ← R + Ā·R through the class-attention rows, then the SA blocks
             from ._class_attention import class_attention_row, readout_start
 
             n_sa = int(getattr(rec, "self_attention"))

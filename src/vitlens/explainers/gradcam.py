@@ -16,6 +16,7 @@ from torch import Tensor
 
 from ..errors import InputError, TargetError
 from ..models import Adapter
+from ..models.capabilities import ATTENTION, FEATURES, TOKEN_SEQUENCE
 from ..targets import Target
 from .base import Attribution, Explainer, check_choices, image_size
 from .registry import register
@@ -81,7 +82,8 @@ class GradCAM(_OneLayer):
     """
 
     name = "gradcam"
-    requires = "features"
+    description = "Grad-CAM on the ViT's tokens (or a CNN's last feature map)"
+    needs = (FEATURES,)
     defaults: dict[str, Any] = {"layer": -1}
 
     def attribute(self, adapter: Adapter, x: Tensor, target: Target) -> tuple[Attribution, Tensor, Target]:
@@ -200,7 +202,8 @@ class FinerCAM(_OneLayer):
     """
 
     name = "finercam"
-    requires = "features"
+    description = "Grad-CAM of the target class against its closest competitor"
+    needs = (FEATURES,)
     defaults: dict[str, Any] = {"references": 3, "gamma": 1.0, "weighting": "mean", "layer": -1}
 
     def check_options(self) -> None:
@@ -252,7 +255,8 @@ class AttentionGradCAM(_OneLayer):
     """
 
     name = "attn_gradcam"
-    requires = "attention"
+    description = "Grad-CAM on the last block's attention"
+    needs = (ATTENTION, TOKEN_SEQUENCE)
     defaults: dict[str, Any] = {"layer": -1}
 
     def attribute(self, adapter: Adapter, x: Tensor, target: Target) -> tuple[Attribution, Tensor, Target]:

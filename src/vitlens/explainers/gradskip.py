@@ -15,8 +15,8 @@ from torch import Tensor, nn
 
 from ..errors import InputError
 from ..models import Adapter
-from ..models._readout import readout_only
 from ..models.base import int_pair
+from ..models.capabilities import ATTENTION, CLASS_ATTENTION, STAGES, TOKEN_SEQUENCE, WINDOWS
 from ..targets import Target
 from ._gradskip_rules import (
     block_backward,
@@ -54,7 +54,8 @@ class GradSkip(Explainer):
     """
 
     name = "gradskip"
-    requires = "attention"
+    description = "relevance propagation with adaptive head weights and skip-aware gates; conserves relevance"
+    needs = (ATTENTION, (TOKEN_SEQUENCE, WINDOWS, CLASS_ATTENTION, STAGES))
     level = "token"
     defaults: dict[str, Any] = {
         "head_weighting": "adaptive",
@@ -88,20 +89,20 @@ class GradSkip(Explainer):
             o["head_subset"] = (hs[0], float(hs[1]))
 
     def attribute(self, adapter: Adapter, x: Tensor, target: Target) -> tuple[Attribution, Tensor, Target]:
-        if adapter.windowed:  # Swin: docs/methods/gradskip_swin.md
+        if adapter.provides(WINDOWS):  # Swin: docs/methods/gradskip_swin.md
             from .gradskip_swin import attribute_windowed
 
             return attribute_windowed(self, adapter, x, target)
-        if adapter.class_attention:  # CaiT: docs/methods/gradskip_cait.md
+        if adapter.provides(CLASS_ATTENTION):  # CaiT: docs/methods/gradskip_cait.md
             from .gradskip_cait import attribute_class_attention
 
             return attribute_class_attention(self, adapter, x, target)
-        if adapter.hierarchical:  # SegFormer: docs/methods/gradskip_segformer.md
+        if adapter.provides(STAGES):  # SegFormer: docs/methods/gradskip_segformer.md
             from .gradskip_segformer import attribute_hierarchical
 
             return attribute_hierarchical(self, adapter, x, target)
         o = self.options
-        fast = readout_only(adapter, all_queries=True) if o["readout_path"] else contextlib.nullcontext(False)
+        fast = adapter.readout_only(all_queries=True) if o["readout_path"] else contextlib.nullcontext(False)
         steps = _BlockSteps(self)  # reduces each block's gradients as the backward produces them
         with adapter.session(capture=True, conservative=bool(o["conservative"])) as rec, fast, \
                 steps.value_norms(adapter, rec):

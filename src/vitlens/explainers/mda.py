@@ -38,7 +38,7 @@ from torch import Tensor
 from ..errors import InputError, VitlensError
 from ..models import Adapter
 from ..targets import Target
-from ._perturbation import check_positive_int, check_score, resolve, target_scores
+from ._perturbation import score_needs, check_positive_int, check_score, resolve, target_scores
 from .base import Attribution, Explainer, Explanation, image_size
 from .registry import get_method, methods, register
 
@@ -118,8 +118,8 @@ class MDA(Explainer):
     """
 
     name = "mda"
+    description = "greedy insertion/deletion orderings of superpixels"
     level = "pixel"
-    requires = None
     defaults: dict[str, Any] = {
         "n_regions": None,
         "compactness": 10000.0,
@@ -136,6 +136,10 @@ class MDA(Explainer):
         "batch_size": 64,
     }
     fast_options: dict[str, Any] = {"n_regions": 9, "blur_size": 5, "blur_sigma": 2.0, "blur_max_size": 9}
+
+    def required(self) -> tuple[str | tuple[str, ...], ...]:
+        """``score='probability'`` (a softmax over classes) also needs class logits."""
+        return self.needs + score_needs(self.options["score"])
 
     def __init__(self, **options: Any) -> None:
         super().__init__(**options)

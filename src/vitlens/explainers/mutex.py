@@ -34,8 +34,9 @@ from torch import Tensor
 
 from ..errors import InputError
 from ..models import Adapter
+from ..models.capabilities import ATTENTION, TOKENS, TOKEN_SEQUENCE
 from ..targets import Target
-from ._perturbation import check_positive_int, check_score, coverage_average, resolve, score_token_subsets
+from ._perturbation import score_needs, check_positive_int, check_score, coverage_average, resolve, score_token_subsets
 from .base import Attribution, Explainer, image_size
 from .registry import register
 
@@ -136,8 +137,9 @@ class MUTEX(Explainer):
     """
 
     name = "mutex"
+    description = "token masks from attention-graph centralities"
+    needs = (TOKENS, ATTENTION, TOKEN_SEQUENCE)
     level = "token"
-    requires = "tokens"
     defaults: dict[str, Any] = {
         "aggregations": AGGREGATIONS,
         "centralities": CENTRALITIES,
@@ -149,6 +151,10 @@ class MUTEX(Explainer):
         "batch_size": 64,
     }
     fast_options: dict[str, Any] = {}
+
+    def required(self) -> tuple[str | tuple[str, ...], ...]:
+        """``score='probability'`` (a softmax over classes) also needs class logits."""
+        return self.needs + score_needs(self.options["score"])
 
     def check_options(self) -> None:
         o = self.options

@@ -23,7 +23,7 @@ from torch import Tensor
 from ..errors import InputError
 from ..models import Adapter
 from ..targets import Target
-from ._perturbation import SCORE_KINDS, check_positive_int, check_score, resolve, target_scores
+from ._perturbation import score_needs, SCORE_KINDS, check_positive_int, check_score, resolve, target_scores
 from ._random import image_generator
 from .base import Attribution, Explainer
 from .registry import register
@@ -64,8 +64,8 @@ class RISE(Explainer):
     readout_logit_only = True  # logits only: the readout fast path applies (base.Explainer)
 
     name = "rise"
+    description = "mean class score over random smooth masks"
     level = "pixel"
-    requires = None
     defaults: dict[str, Any] = {
         "n_masks": 4000,
         "grid_size": 7,
@@ -76,6 +76,10 @@ class RISE(Explainer):
         "batch_size": 64,
     }
     fast_options: dict[str, Any] = {"n_masks": 24, "grid_size": 3, "batch_size": 16}
+
+    def required(self) -> tuple[str | tuple[str, ...], ...]:
+        """``score='probability'`` (a softmax over classes) also needs class logits."""
+        return self.needs + score_needs(self.options["score"])
 
     def check_options(self) -> None:
         o = self.options

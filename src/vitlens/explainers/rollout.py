@@ -13,52 +13,14 @@ from torch import Tensor
 
 from ..errors import InputError
 from ..models import Adapter
+from ..models.capabilities import ATTENTION, CLASS_ATTENTION, TOKEN_SEQUENCE, WINDOWS
 from ..targets import Target
-from ._attention import readout_row, token_map
+from ._attention import DISCARD_PER, FUSIONS, discard_lowest, fuse_heads, readout_row, token_map
 from .base import Attribution, Explainer, check_choices, image_size
 from .registry import register
 
-__all__ = ["AttentionRollout", "fuse_heads", "discard_lowest", "readout_row", "token_map"]
+__all__ = ["AttentionRollout", "fuse_heads", "discard_lowest", "readout_row", "token_map"]  # helpers re-exported
 
-_FUSIONS = ("mean", "max", "min")
-_DISCARD_PER = ("matrix", "row")
-
-
-def fuse_heads(attn: Tensor, mode: str = "mean") -> Tensor:
-    """Fuse the heads of attention probabilities ``(B, H, T, T)`` into ``(B, T, T)`` by their mean, max or min."""
-    if mode == "mean":
-        return attn.mean(dim=1)
-    if mode == "max":
-        return attn.amax(dim=1)
-    if mode == "min":
-        return attn.amin(dim=1)
-    raise InputError(f"head_fusion must be one of {_FUSIONS}, got {mode!r}")
-
-
-def discard_lowest(fused: Tensor, ratio: float, protect: tuple[int, ...] = (), per: str = "matrix") -> Tensor:
-    """Zero the lowest entries of each image's fused ``(T, T)`` attention matrix (or ``(1, T)`` row).
-
-    ``per="matrix"`` (default, as the widely used implementation jacobgil/vit-explain): the ``⌊ratio·T²⌋`` lowest
-    entries of the whole matrix of one image. ``per="row"``: the ``⌊ratio·T⌋`` lowest entries of every row.
-    In both, the diagonal entries ``(r, r)`` of the tokens in ``protect`` (the readout tokens) are never zeroed — the
-    common implementation protects exactly the entry ``(0, 0)``, i.e. CLS attending to itself; the rest of the readout
-    row and the readout column can be dropped. Protected entries count towards the number dropped (so fewer than
-    ``⌊ratio·…⌋`` entries are zeroed when one is among the lowest), as in that implementation. Ties are broken by
-    :func:`torch.topk`.
-    """
-    if ratio <= 0:
-        return fused
-    b, t, tk = fused.shape  # (B, T, T); CaiT's class attention: one row (B, 1, 1 + N), where both kinds agree
-    flat = fused.reshape(b, t * tk) if per == "matrix" else fused
-    k = int(flat.shape[-1] * ratio)
-    if k == 0:
-        return fused
-    drop = torch.zeros_like(flat, dtype=torch.bool)
-    drop.scatter_(-1, flat.topk(k, dim=-1, largest=False).indices, True)
-    drop = drop.reshape(b, t, tk)
-    for r in protect:
-        drop[:, r, r] = False
-    return fused.masked_fill(drop, 0.0)
 
 
 @register
@@ -76,13 +38,14 @@ class AttentionRollout(Explainer):
     """
 
     name = "rollout"
-    requires = "attention"
+    description = "attention rollout: attention maps multiplied through the blocks"
+    needs = (ATTENTION, (TOKEN_SEQUENCE, WINDOWS, CLASS_ATTENTION))
     level = "token"
     defaults: dict[str, Any] = {"head_fusion": "mean", "discard_ratio": 0.0, "discard_per": "matrix"}
 
     def check_options(self) -> None:
         o = self.options
-        check_choices(o, head_fusion=_FUSIONS, discard_per=_DISCARD_PER)
+        check_choices(o, head_fusion=FUSIONS, discard_per=DISCARD_PER)
         try:
             ratio = float(o["discard_ratio"])
         except (TypeError, ValueError):
@@ -102,7 +65,7 @@ class AttentionRollout(Explainer):
             tgt(logits)  # validates the target against the batch (the map itself does not depend on it)
             attns = [blk.attn for blk in rec.blocks]
         protect = adapter.readout_tokens or ()
-        if adapter.windowed:  # Swin: the row through shifted windows and merges (docs/methods/gradskip_swin.md)
+        if adapter.provides(WINDOWS):  # Swin: the row through shifted windows and merges (docs/methods/gradskip_swin.md)
             from ._windows import windowed_row
 
             mats = []
@@ -113,7 +76,7 @@ class AttentionRollout(Explainer):
                 mats.append(a / a.sum(dim=-1, keepdim=True))
             row = windowed_row(rec, mats, x.shape[0], lambda r, mixed: mixed)
             return Attribution(values=self.on_grid(adapter, row, image_size(x))), logits.detach(), tgt
-        if adapter.class_attention:  # CaiT: docs/methods/gradskip_cait.md
+        if adapter.provides(CLASS_ATTENTION):  # CaiT: docs/methods/gradskip_cait.md
             return self._class_attention(adapter, rec, attns, x), logits.detach(), tgt
         joint = None
         for attn in attns:

@@ -27,8 +27,9 @@ from torch import Tensor
 
 from ..errors import InputError
 from ..models import Adapter
+from ..models.capabilities import BLOCK_IO, TOKENS, TOKEN_SEQUENCE
 from ..targets import Target
-from ._perturbation import check_positive_int, check_score, coverage_average, resolve, score_token_subsets
+from ._perturbation import score_needs, check_positive_int, check_score, coverage_average, resolve, score_token_subsets
 from ._random import image_generator
 from .base import Attribution, Explainer, image_size
 from .registry import register
@@ -83,8 +84,9 @@ class TIS(Explainer):
     """
 
     name = "tis"
+    description = "token masks from clustered activations, scored on the kept tokens"
+    needs = (TOKENS, BLOCK_IO, TOKEN_SEQUENCE)
     level = "token"
-    requires = "tokens"
     defaults: dict[str, Any] = {
         "n_masks": 2048,
         "token_ratio": 0.25,
@@ -95,6 +97,10 @@ class TIS(Explainer):
         "batch_size": 64,
     }
     fast_options: dict[str, Any] = {"n_masks": 8, "max_iter": 20, "batch_size": 8}
+
+    def required(self) -> tuple[str | tuple[str, ...], ...]:
+        """``score='probability'`` (a softmax over classes) also needs class logits."""
+        return self.needs + score_needs(self.options["score"])
 
     def check_options(self) -> None:
         o = self.options

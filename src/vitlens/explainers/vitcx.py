@@ -28,8 +28,9 @@ from torch import Tensor
 
 from ..errors import InputError, VitlensError
 from ..models import Adapter
+from ..models.capabilities import BLOCK_IO, TOKEN_SEQUENCE
 from ..targets import Target
-from ._perturbation import check_positive_int, check_score, resolve, target_scores
+from ._perturbation import score_needs, check_positive_int, check_score, resolve, target_scores
 from ._random import image_generator
 from .base import Attribution, Explainer, Explanation, image_size
 from .registry import register
@@ -93,8 +94,9 @@ class ViTCX(Explainer):
     """
 
     name = "vitcx"
+    description = "masks from clustered patch embeddings and their causal impact"
+    needs = (BLOCK_IO, TOKEN_SEQUENCE)
     level = "pixel"
-    requires = "attention"  # an adapter that captures the residual stream (the attention-capable ones)
     defaults: dict[str, Any] = {
         "layer": -1,
         "distance_threshold": 0.1,
@@ -105,6 +107,10 @@ class ViTCX(Explainer):
         "batch_size": 64,
     }
     fast_options: dict[str, Any] = {"batch_size": 64}
+
+    def required(self) -> tuple[str | tuple[str, ...], ...]:
+        """``score='probability'`` (a softmax over classes) also needs class logits."""
+        return self.needs + score_needs(self.options["score"])
 
     def __init__(self, **options: Any) -> None:
         super().__init__(**options)

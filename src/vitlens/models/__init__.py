@@ -15,6 +15,8 @@ from torch import nn
 
 from ..errors import InputError, UnsupportedModelError, WeightsUnavailableError
 from .base import Adapter, BlockRecord, Recording, int_pair
+from .capabilities import ATTENTION, CLASS_LOGITS, FEATURE_MAPS, TOKEN_GRID, describe_need
+from .feature_maps import feature_maps_reason
 from .hf_segformer import SegformerAdapter
 from .hf_families import HFSequenceAdapter
 from .hf_swin import HFSwinAdapter
@@ -44,30 +46,50 @@ __all__ = [
     "HFSwinAdapter",
     "LinearProbe",
     "get_adapter",
+    "refusal",
     "register_adapter",
+    "unregister_adapter",
     "load_model",
 ]
 
 
 class GenericAdapter(Adapter):
     """Any ``nn.Module`` mapping images ``(B, C, H, W)`` to logits ``(B, K)``: enough for model-agnostic methods
-    (gradients, perturbations), not for methods that read attention."""
+    (gradients, perturbations), not for methods that read attention. ``reason``: why a family adapter that
+    recognised the model could not read it (recorded as :attr:`fallback_reason`, quoted by refusals)."""
 
     family = "generic"
-    capabilities = frozenset()
+    capabilities = frozenset({CLASS_LOGITS})
 
     @staticmethod
     def matches(model: nn.Module) -> bool:
         return isinstance(model, nn.Module)
 
-    def __init__(self, model: nn.Module) -> None:
+    def __init__(self, model: nn.Module, reason: str | None = None) -> None:
         super().__init__(model)
+        self.fallback_reason = reason or _refused_note(model)
         self.num_classes = int(getattr(model, "num_classes", 0) or 0)
         ps = getattr(getattr(model, "patch_embed", None), "patch_size", None)  # timm ViT-like models
         if isinstance(ps, int):
             ps = (ps, ps)
         if isinstance(ps, (tuple, list)) and len(ps) == 2 and all(isinstance(v, int) and v > 0 for v in ps):
             self.patch_size = (int(ps[0]), int(ps[1]))
+            self.capabilities = self.capabilities | {TOKEN_GRID}
+        self.default_size = _built_size(model)
+        self._maps_reason: str | None = None
+        if getattr(model, "feature_info", None) is not None:
+            self._maps_reason = feature_maps_reason(model, self.default_size)
+            if self._maps_reason is None:
+                self.capabilities = self.capabilities | {FEATURE_MAPS}
+
+    def lacking(self, capability: str) -> str:
+        if capability == FEATURE_MAPS:
+            return self._maps_reason or f"{type(self.model).__name__} has no timm feature_info to read multi-depth " \
+                                        "features from"
+        if self.fallback_reason is not None:
+            return self.fallback_reason
+        return (f"no registered adapter reads {type(self.model).__name__}; supported families: "
+                f"{', '.join(a.family for a in _ADAPTERS)} (to add one, register an Adapter: docs/architecture.md)")
 
     def grid(self, input_hw: tuple[int, int]) -> tuple[int, int]:
         """The patch grid of a timm ViT-like model (pixel maps are also summed onto it), else the pixels."""
@@ -76,10 +98,25 @@ class GenericAdapter(Adapter):
         return int_pair(input_hw)  # pixels are the features
 
     def _install_capture(self, rec: Recording, hooks: list) -> None:
-        raise UnsupportedModelError(
-            f"{type(self.model).__name__} has no adapter that exposes attention; "
-            f"supported families: {', '.join(a.family for a in _ADAPTERS)}"
-        )
+        raise UnsupportedModelError(f"{type(self.model).__name__}: {self.lacking(ATTENTION)}")
+
+
+def _built_size(model: nn.Module) -> tuple[int, int] | None:
+    """The input size a timm model was built for: its (or its patch embedding's) ``img_size``, else the
+    pretrained config's ``input_size``; ``None`` if unknown."""
+    for size in (getattr(model, "img_size", None), getattr(getattr(model, "patch_embed", None), "img_size", None)):
+        if isinstance(size, int) or (isinstance(size, (tuple, list)) and len(size) == 2):
+            return int_pair(size)
+    cfg = getattr(model, "pretrained_cfg", None)
+    size = cfg.get("input_size") if isinstance(cfg, dict) else None
+    if isinstance(size, (tuple, list)) and len(size) == 3:
+        return int(size[1]), int(size[2])
+    return None
+
+
+def _refused_note(model: nn.Module) -> str | None:
+    why = REFUSED.get(type(model).__name__)
+    return None if why is None else f"{type(model).__name__} is not read by any adapter: {why}"
 
 
 _ADAPTERS: list[type[Adapter]] = [TimmViTAdapter, TimmEvaAdapter, TimmBeitAdapter, TimmRelPosAdapter, TimmSwinAdapter,
@@ -97,19 +134,24 @@ def register_adapter(cls: type[Adapter], first: bool = True) -> type[Adapter]:
     return cls
 
 
-def get_adapter(model: nn.Module | Adapter, require: str | None = None, method: str | None = None) -> Adapter:
+def unregister_adapter(cls: type[Adapter]) -> None:
+    """Remove a registered adapter class (a plugin's or a test's; an unregistered class is ignored)."""
+    if cls in _ADAPTERS:
+        _ADAPTERS.remove(cls)
+
+
+def get_adapter(model: nn.Module | Adapter, require: str | None = None) -> Adapter:
     """Return the adapter for ``model``.
 
     Args:
         model: a model (or an adapter, returned as is).
-        require: a capability the caller needs (e.g. ``"attention"``); a model whose family does not offer it gets an
-            :class:`UnsupportedModelError` that lists the supported families.
-        method: the name of the calling method; if the family declares that the method's rules do not apply
-            (:attr:`Adapter.method_limits`), the error names the methods that do work.
+        require: a capability the caller needs (a name from :mod:`vitlens.models.capabilities`, e.g.
+            ``"attention"``); a model whose adapter does not provide it gets an :class:`UnsupportedModelError` that
+            says why (:meth:`Adapter.lacking`). Methods are checked by :func:`vitlens.explainers.support.check`.
 
-    A model that an adapter recognises but cannot handle (e.g. a timm ViT with non-standard blocks) gets the
-    :class:`GenericAdapter` when no capability is required, so model-agnostic methods work on any ``nn.Module``;
-    when one is required, the adapter's own reason is raised.
+    A model that an adapter recognises but cannot read (e.g. a timm ViT with non-standard blocks or a hybrid stem
+    it does not know) gets the :class:`GenericAdapter`, with the adapter's reason recorded as its
+    :attr:`~Adapter.fallback_reason`, so model-agnostic methods work on any ``nn.Module``.
     """
     if isinstance(model, Adapter):
         adapter = model
@@ -122,30 +164,26 @@ def get_adapter(model: nn.Module | Adapter, require: str | None = None, method: 
                 try:
                     adapter = cls(model)
                 except UnsupportedModelError as e:
-                    if require is not None:
-                        raise UnsupportedModelError(
-                            f"{e}; methods that work on this model: {', '.join(GenericAdapter(model).working_methods())}"
-                        ) from None
-                    adapter = GenericAdapter(model)
+                    adapter = GenericAdapter(model, reason=f"the {cls.family} adapter cannot read it: {e}")
+                except (AttributeError, TypeError, KeyError, IndexError, ValueError) as e:
+                    # a layout the adapter did not expect (e.g. a stem without the attributes it reads)
+                    adapter = GenericAdapter(model, reason=f"the {cls.family} adapter cannot read it "
+                                                           f"({type(e).__name__}: {str(e).splitlines()[0][:160]})")
                 break
         if adapter is None:
             adapter = GenericAdapter(model)
-    if require is not None and require not in adapter.capabilities:
-        refused = REFUSED.get(type(adapter.model).__name__) or adapter.capability_notes.get(require)
-        if refused is not None:
-            raise UnsupportedModelError(
-                f"{type(adapter.model).__name__} is not supported by this method (it needs '{require}'): {refused}; "
-                f"methods that work on this model: {', '.join(adapter.working_methods())}"
-            )
-        supported = ", ".join(f"{a.family} ({a.__doc__.strip().splitlines()[0]})" for a in _ADAPTERS)
-        raise UnsupportedModelError(
-            f"{type(adapter.model).__name__} is not supported by this method (it needs '{require}'); "
-            f"supported families: {supported}; methods that work on this model: "
-            f"{', '.join(adapter.working_methods())}. To add a family, register an Adapter (docs/architecture.md)"
-        )
-    if method is not None:
-        adapter.check_method(method)
+    if require is not None and not adapter.provides(require):
+        raise UnsupportedModelError(refusal(adapter, require))
     return adapter
+
+
+def refusal(adapter: Adapter, need: str | tuple[str, ...], who: str = "this") -> str:
+    """The one-line refusal for a missing capability ``need`` (or a tuple of alternatives, none provided): what is
+    needed, by ``who`` (e.g. ``"method 'gae'"``), and why the model's adapter lacks it."""
+    model = f"{type(adapter.model).__name__} ({adapter.family})"
+    alternatives = need if isinstance(need, tuple) else (need,)
+    why = "; ".join(dict.fromkeys(adapter.lacking(n) for n in alternatives))
+    return f"{who} needs {describe_need(need)}, which {model} does not provide: {why}"
 
 
 def load_model(name: str | nn.Module, pretrained: bool = True, weights: str | os.PathLike | None = None,

@@ -35,9 +35,11 @@ __all__ = ["readout_only", "readout_path_applies"]
 
 def _last_block(adapter: Any) -> Any:
     """The timm ``Block`` the fast path would replace, or ``None`` when it does not apply."""
-    from .timm_vit import TimmViTAdapter
-
-    if not isinstance(adapter, TimmViTAdapter):
+    try:
+        from timm.models.vision_transformer import VisionTransformer
+    except ImportError:  # pragma: no cover - timm is an optional extra
+        return None
+    if not isinstance(getattr(adapter, "model", None), VisionTransformer) or adapter.family != "timm-vit":
         return None
     readout = adapter.readout_tokens
     if not readout or tuple(readout) != tuple(range(len(readout))):

@@ -20,18 +20,18 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..errors import InputError, UnsupportedModelError
+from .capabilities import (ATTENTION, BLOCK_IO, CLASS_LOGITS, FEATURE_MAPS, FEATURES, LRP_LINEARS, TOKEN_GRID,
+                           TOKEN_SEQUENCE)
 from .base import Adapter, BlockRecord, Recording, switched
 
-__all__ = ["BlockParts", "SequenceAdapter", "LRP_METHODS", "lrp_limits", "value_weights"]
+__all__ = ["BlockParts", "SequenceAdapter", "not_plain", "value_weights"]
 
-#: methods whose rules are applied to the linear maps of each block, found by call order (``chefer_lrp.LinearTaps``).
-LRP_METHODS = ("attnlrp", "cplrp", "transformer_attribution")
-_PLAIN = "its LRP rules are written for the plain ViT block (qkv, proj, fc1, fc2 as nn.Linear calls, softmax(q·kᵀ/√d))"
+_PLAIN = "LRP rules are written for the plain ViT block (qkv, proj, fc1, fc2 as nn.Linear calls, softmax(q·kᵀ/√d))"
 
 
-def lrp_limits(why: str, methods: tuple[str, ...] = LRP_METHODS) -> dict[str, str]:
-    """``method_limits`` refusing ``methods`` because of ``why`` (what the family adds to the plain ViT block)."""
-    return {m: f"{why}; {_PLAIN}" for m in methods}
+def not_plain(why: str) -> str:
+    """Why a family lacks :data:`~.capabilities.LRP_LINEARS`: ``why`` (what it adds to the plain ViT block)."""
+    return f"{why}; {_PLAIN}"
 
 
 @dataclass
@@ -74,8 +74,8 @@ class SequenceAdapter(Adapter):
     #: (``nn.Module.__getattr__`` types them loosely), after :meth:`matches` and ``__init__`` checked the layout
     model: Any
 
-    capabilities = frozenset({"attention", "features"})
-    method_limits = lrp_limits("this family's blocks are not the plain ViT block")
+    capabilities = frozenset({CLASS_LOGITS, ATTENTION, BLOCK_IO, TOKEN_SEQUENCE, FEATURES, FEATURE_MAPS, TOKEN_GRID})
+    capability_notes = {LRP_LINEARS: not_plain("this family's blocks are not the plain ViT block")}
 
     def parts(self) -> list[BlockParts]:
         """The blocks, input side first."""

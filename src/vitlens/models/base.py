@@ -24,6 +24,7 @@ from torch import Tensor, nn
 
 from ..errors import InputError, UnsupportedModelError
 from ..preprocessing import int_pair  # re-exported: how sizes are passed around
+from .capabilities import CLASS_ATTENTION, CLASS_LOGITS, STAGES, WINDOWS
 from .data_configs import model_data_config
 
 __all__ = ["Adapter", "BlockRecord", "LRPLinears", "Recording", "conservative_layernorm_hook", "int_pair",
@@ -166,23 +167,14 @@ class Adapter:
     Attributes (set by subclasses):
         model: the wrapped ``nn.Module``.
         family: short name of the model family (e.g. ``"timm-vit"``).
-        capabilities: what the adapter offers explainers: ``"attention"`` (attention capture for relevance
-            propagation), ``"tokens"`` (:meth:`keep_tokens`), ``"features"`` (:meth:`feature_layers`),
-            ``"hierarchical"`` (several token grids; see :attr:`hierarchical`).
-        hierarchical: the model has stages with their own token grids (SegFormer, Swin); explainers with a
-            hierarchical code path dispatch on it.
-        windowed: the attention runs inside (shifted) windows of the token grid (Swin); GradSkip then takes its
-            windowed path (``explainers/gradskip_swin.py``).
-        class_attention: the model ends in class-attention blocks that update the CLS token only (CaiT). The
-            recording holds the self-attention blocks first (patch tokens only; ``attn`` is the tensor that
-            multiplies the values, which need not be row-stochastic, e.g. talking heads), then the class-attention
-            blocks (``attn`` ``(B, H, 1, 1 + N)``: one row from CLS over [CLS, patches]; ``u``, ``h``: the CLS stream
-            ``(B, 1, D)``); ``final`` is ``[CLS, patches]``. GradSkip, rollout and GAE then take their
-            class-attention path (``explainers/gradskip_cait.py``).
-        method_limits: method name → why the method's rules do not apply to this family (checked by
-            :meth:`check_method`; e.g. LRP rules on gated MLPs).
-        capability_notes: capability → why this family does not offer it (used in the error a method that needs it
-            raises, e.g. ``"tokens"``: RoPE is tied to token positions).
+        capabilities: the named capabilities the adapter provides (:mod:`vitlens.models.capabilities`: attention
+            probabilities, block inputs/outputs, one token sequence or windows or class attention or stages, declared
+            LRP linears, token dropping, feature layers, token grid, class or per-pixel logits, ...). Methods declare
+            what they need; :mod:`vitlens.explainers.support` decides from the two whether a method runs.
+        capability_notes: capability → why this family does not provide it (the refusal a method that needs it
+            raises quotes it, e.g. ``"tokens"``: RoPE is tied to token positions).
+        fallback_reason: set on the generic adapter when a family adapter recognised the model but could not read
+            it (why; quoted by refusals).
         num_prefix_tokens: tokens before the patch tokens (CLS, DIST, registers).
         readout_tokens: indices of the tokens the classifier reads, or ``None`` for pooled readouts.
         num_classes: size of the model's output.
@@ -194,12 +186,9 @@ class Adapter:
     """
 
     family: str = "base"
-    capabilities: frozenset[str] = frozenset()
-    hierarchical: bool = False
-    windowed: bool = False
-    class_attention: bool = False
-    method_limits: dict[str, str] = {}
+    capabilities: frozenset[str] = frozenset({CLASS_LOGITS})
     capability_notes: dict[str, str] = {}
+    fallback_reason: str | None = None
 
     @staticmethod
     def matches(model: nn.Module) -> bool:
@@ -217,24 +206,36 @@ class Adapter:
         self.default_size: tuple[int, int] | None = None
         self.any_size: bool = True
 
-    # -- what the family supports ----------------------------------------------------------------------------------
-    def check_method(self, method: str) -> None:
-        """Raise :class:`UnsupportedModelError` if ``method``'s rules do not apply to this family; the message says why
-        and names the registered methods that do work on the model."""
-        reason = self.method_limits.get(method)
-        if reason is None:
-            return
-        raise UnsupportedModelError(
-            f"method '{method}' does not apply to {type(self.model).__name__} ({self.family}): {reason}; "
-            f"methods that work on this model: {', '.join(self.working_methods())}"
-        )
+    # -- what the family provides -------------------------------------------------------------------------------
+    def provides(self, capability: str) -> bool:
+        """Whether the adapter provides ``capability`` (a name from :mod:`vitlens.models.capabilities`)."""
+        return capability in self.capabilities
 
-    def working_methods(self) -> list[str]:
-        """Registered methods whose required capability this adapter offers and whose rules apply, sorted."""
-        from ..explainers.registry import requirements  # the registry knows methods, not models
+    def lacking(self, capability: str) -> str:
+        """Why the adapter does not provide ``capability``: its :attr:`capability_notes` entry, the reason the family
+        adapter could not read the model (:attr:`fallback_reason`), or a plain statement."""
+        note = self.capability_notes.get(capability)
+        if note is not None:
+            return note
+        if self.fallback_reason is not None:
+            return self.fallback_reason
+        return f"the {self.family} adapter does not provide it"
 
-        return sorted(name for name, req in requirements().items()
-                      if (req is None or req in self.capabilities) and name not in self.method_limits)
+    @property
+    def windowed(self) -> bool:
+        """Whether the attention is windowed (:data:`~vitlens.models.capabilities.WINDOWS`)."""
+        return WINDOWS in self.capabilities
+
+    @property
+    def class_attention(self) -> bool:
+        """Whether the model ends in class-attention blocks
+        (:data:`~vitlens.models.capabilities.CLASS_ATTENTION`)."""
+        return CLASS_ATTENTION in self.capabilities
+
+    @property
+    def hierarchical(self) -> bool:
+        """Whether the model has stages with their own token grids (:data:`~vitlens.models.capabilities.STAGES`)."""
+        return STAGES in self.capabilities
 
     def data_config(self) -> Any:
         """The preprocessing the model expects, a :class:`vitlens.images.DataConfig` (input size, mean/std,
@@ -384,6 +385,14 @@ class Adapter:
         commands that want the explicit path for speed)."""
         with self._explicit_attention():
             yield
+
+    @contextlib.contextmanager
+    def readout_only(self, all_queries: bool = True) -> Iterator[bool]:
+        """The readout fast path, where the family offers one: within the context the last block computes its
+        outputs on the readout tokens only (same logits up to float rounding, same gradients to every earlier
+        tensor; ``all_queries`` keeps every attention row). Yields whether it is active. Default: not offered
+        (the model runs unchanged, ``False``); timm ViT: :mod:`vitlens.models._readout`."""
+        yield False
 
     @contextlib.contextmanager
     def session(self, capture: bool = True, conservative: bool = False) -> Iterator[Recording]:

@@ -15,7 +15,8 @@ from torch import Tensor, nn
 
 from ..errors import UnsupportedModelError
 from ._hf import eager_attention
-from ._sequence import BlockParts, SequenceAdapter, lrp_limits
+from ._sequence import BlockParts, SequenceAdapter, not_plain
+from .capabilities import LINEAR_HEAD, LRP_LINEARS, TOKENS
 from .base import LRPLinears, linears_at, logits_of
 from .data_configs import processor_defaults  # re-exported: the families' processors
 
@@ -35,18 +36,19 @@ class _Layout:
     embeddings: str = "embeddings"
 
 
-#: family → the LRP-rule methods whose rules do not apply, and why (the others are checked numerically per block by
-#: ``chefer_lrp.LinearTaps``, which raises if q/k/v, the output projection or the MLP are not what it expects).
-_LIMITS = {
-    "hf-dinov2": lrp_limits("the classifier reads [CLS, mean of patch tokens] concatenated",
-                            ("transformer_attribution",)),
-    "hf-beit": lrp_limits("a relative position bias enters the softmax"),
-    "hf-clip": {},
-    "hf-siglip": lrp_limits("the vision tower's attention-pool head runs after the blocks although the classifier "
-                            "reads the token mean", ("transformer_attribution",)),
-    "hf-dinov3": lrp_limits("RoPE rotates queries and keys (cos/sin applied to q and k before the softmax)"),
-    "hf-dinov2-probe": lrp_limits("the linear probe reads the backbone through its own forward",
-                                  ("transformer_attribution",)),
+#: family → the capabilities it adds to the shared ones, and the notes on what it lacks (``LinearTaps`` still checks
+#: q/k/v, the output projection and the MLP numerically per block, and raises if they are not what it expects).
+_HEAD = "the classifier reads [CLS, mean of patch tokens] concatenated"
+_EXTRA: dict[str, tuple[frozenset[str], dict[str, str]]] = {
+    "hf-dinov2": (frozenset({LRP_LINEARS}), {LINEAR_HEAD: _HEAD}),
+    "hf-beit": (frozenset(), {LRP_LINEARS: not_plain("a relative position bias enters the softmax")}),
+    "hf-clip": (frozenset({LRP_LINEARS, LINEAR_HEAD}), {}),
+    "hf-siglip": (frozenset({LRP_LINEARS}), {LINEAR_HEAD: "the vision tower's attention-pool head runs after the blocks "
+                                                          "although the classifier reads the token mean"}),
+    "hf-dinov3": (frozenset(), {LRP_LINEARS: not_plain("RoPE rotates queries and keys (cos/sin applied to q and k "
+                                                       "before the softmax)")}),
+    "hf-dinov2-probe": (frozenset({LRP_LINEARS}), {LINEAR_HEAD: "the linear probe reads the backbone through its own "
+                                                                "forward"}),
 }
 
 #: backbone class → (family, layout) for :class:`vitlens.models.LinearProbe` models
@@ -96,7 +98,9 @@ class HFSequenceAdapter(SequenceAdapter):
         super().__init__(model)
         probe = _is_probe(model)
         self.family, lay = _PROBES[type(model.backbone).__name__] if probe else _FAMILIES[type(model).__name__]
-        self.method_limits = _LIMITS[self.family]
+        extra, notes = _EXTRA[self.family]
+        self.capabilities = self.capabilities | extra
+        self.capability_notes = dict(notes)
         self.backbone = getattr(model, lay.backbone)
         vcfg = getattr(self.model.config, "vision_config", None) or self.model.config
         self.num_classes = _probe_classes(model) if probe else int(self.model.config.num_labels)
@@ -113,11 +117,11 @@ class HFSequenceAdapter(SequenceAdapter):
         self.readout_tokens = None if mean_pool else (0,)
         self._embeddings = _get(self.backbone, lay.embeddings)
         if self.family == "hf-beit":
-            self.capability_notes = {"tokens": "the relative position bias is built for the full token grid"}
+            self.capability_notes[TOKENS] = "the relative position bias is built for the full token grid"
         elif self.family == "hf-dinov3":
-            self.capability_notes = {"tokens": "RoPE is computed for the full token grid"}
+            self.capability_notes[TOKENS] = "RoPE is computed for the full token grid"
         else:  # absolute position embeddings, added in the embeddings module: tokens can be dropped after them
-            self.capabilities = self.capabilities | {"tokens"}
+            self.capabilities = self.capabilities | {TOKENS}
         layers = _get(self.backbone, lay.layers)
         if layers is None:
             raise UnsupportedModelError(f"{type(model).__name__}: no layer list at {lay.backbone}.{lay.layers}")
@@ -153,7 +157,7 @@ class HFSequenceAdapter(SequenceAdapter):
         return super().classifier_modules()
 
     def _embedding_module(self) -> nn.Module:
-        if "tokens" not in self.capabilities or self._embeddings is None:
+        if TOKENS not in self.capabilities or self._embeddings is None:
             return super()._embedding_module()
         return self._embeddings
 

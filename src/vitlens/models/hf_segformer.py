@@ -43,6 +43,11 @@ from torch import Tensor, nn
 from ..errors import InputError, UnsupportedModelError
 from ._hf import eager_attention
 from .base import Adapter, BlockRecord, Recording, int_pair, logits_of
+from .capabilities import (ATTENTION, BLOCK_IO, CLASS_LOGITS, FEATURE_MAPS, FEATURES, LRP_LINEARS, PIXEL_LOGITS, STAGES,
+                           TOKEN_GRID, TOKEN_SEQUENCE, TOKENS)
+
+_NO_SEQUENCE = ("every stage has its own token grid, reduced keys and an overlapping patch-merging convolution, so "
+                "there is no single sequence of block inputs, outputs and attention rows")
 
 __all__ = ["SegformerAdapter", "SegformerRecording", "StageRecord", "SegformerBlockRecord", "ConvRecord",
            "conv_output_size"]
@@ -85,9 +90,7 @@ class SegformerRecording:
     @staticmethod
     def _no_single_sequence() -> NoReturn:
         raise UnsupportedModelError(
-            "SegFormer has hierarchical stages, not one token sequence: this method reads a single-sequence ViT; "
-            "on SegFormer use gradskip, gradcam/finercam (decode-head features) or a model-agnostic method "
-            "(inputxgradient, gradient, integrated_gradients, rise, random)"
+            f"SegFormer has hierarchical stages, not one token sequence: {_NO_SEQUENCE}"
         )
 
     @property
@@ -134,9 +137,14 @@ class SegformerAdapter(Adapter):
     model: Any
 
     family = "hf-segformer"
-    capabilities = frozenset({"attention", "hierarchical", "features"})
-    #: explainers with a hierarchical code path (GradSkip) dispatch on this flag.
-    hierarchical = True
+    capabilities = frozenset({PIXEL_LOGITS, ATTENTION, STAGES, FEATURES, TOKEN_GRID})
+    capability_notes = {
+        TOKEN_SEQUENCE: _NO_SEQUENCE, BLOCK_IO: _NO_SEQUENCE, LRP_LINEARS: _NO_SEQUENCE,
+        TOKENS: "each stage embeds the previous stage's grid with an overlapping convolution: tokens cannot be dropped",
+        CLASS_LOGITS: "the model outputs per-pixel logits (B, K, h, w), not class logits: explain a "
+                      "SegmentationTarget with score='target'",
+        FEATURE_MAPS: "no timm feature_info to read multi-depth features from",
+    }
 
     @staticmethod
     def matches(model: nn.Module) -> bool:

@@ -7,10 +7,13 @@ import contextlib
 import functools
 from typing import Any, Iterator, Sequence
 
+import torch
 from torch import Tensor, nn
 
 from ..errors import InputError, UnsupportedModelError
 from ._hf import eager_attention
+from .capabilities import (ATTENTION, BLOCK_IO, CLASS_LOGITS, FEATURE_MAPS, FEATURES, LINEAR_HEAD, LRP_LINEARS,
+                           TOKEN_GRID, TOKEN_SEQUENCE, TOKENS)
 from .base import Adapter, BlockRecord, LRPLinears, Recording, linears_at, logits_of
 
 __all__ = ["HFViTAdapter"]
@@ -37,7 +40,8 @@ class HFViTAdapter(Adapter):
     model: Any
 
     family = "hf-vit"
-    capabilities = frozenset({"attention", "tokens", "features"})
+    capabilities = frozenset({CLASS_LOGITS, ATTENTION, BLOCK_IO, TOKEN_SEQUENCE, LRP_LINEARS, LINEAR_HEAD, TOKENS,
+                              FEATURES, FEATURE_MAPS, TOKEN_GRID})
 
     @staticmethod
     def matches(model: nn.Module) -> bool:
@@ -59,6 +63,7 @@ class HFViTAdapter(Adapter):
         encoder = getattr(self.backbone, "encoder", None)  # transformers 4.x: backbone.encoder.layer
         self.layers = list(encoder.layer if encoder is not None else self.backbone.layers)
         self._capturing = False
+        self.any_size = self.interpolate  # other sizes only with interpolated position embeddings, when asked
         for i, layer in enumerate(self.layers):
             if not (hasattr(layer, "layernorm_after") and hasattr(layer, "attention")):
                 raise UnsupportedModelError(f"HF layer {i} ({type(layer).__name__}) is not a pre-norm ViT layer")
@@ -102,12 +107,34 @@ class HFViTAdapter(Adapter):
         ph, pw = self.patch_size
         if h % ph or w % pw:
             raise InputError(f"input size {h}x{w} is not a multiple of the patch size {ph}x{pw}")
+        if (h, w) != tuple(self.default_size) and not self.interpolate:
+            raise InputError(self._size_refusal(x))
+
+    @property
+    def interpolate(self) -> bool:
+        """Whether inputs of another size than the model's ``image_size`` are explained with interpolated position
+        embeddings (``interpolate_pos_encoding=True``): only when the user asks, by setting
+        ``model.vitlens_interpolate_pos_encoding = True``; otherwise such inputs are refused with the model's reason."""
+        return bool(getattr(self.model, "vitlens_interpolate_pos_encoding", False))
+
+    def _size_refusal(self, x: Tensor) -> str:
+        """The model's own reason for refusing ``x``'s size (the error of its forward without interpolation), and how
+        to opt in."""
+        reason = "its position embeddings are built for that size"
+        try:
+            with torch.no_grad():
+                self.model(pixel_values=x[:1].detach())
+        except (ValueError, RuntimeError) as e:
+            reason = f"the model refuses it: {str(e).splitlines()[0][:200]}"
+        return (f"{type(self.model).__name__} expects {self.default_size[0]}x{self.default_size[1]} inputs; got "
+                f"{x.shape[-2]}x{x.shape[-1]} ({reason}; set model.vitlens_interpolate_pos_encoding = True to explain "
+                "it with interpolated position embeddings)")
 
     def _forward(self, x: Tensor) -> Tensor:
         # transformers 4.x returns attention probabilities only when asked; 5.x always returns them from the
         # attention module, and asking would make it install permanent capture hooks on the model.
         kwargs = {"output_attentions": True} if self._capturing and _transformers_major() < 5 else {}
-        if tuple(x.shape[-2:]) != self.default_size:
+        if tuple(x.shape[-2:]) != self.default_size and self.interpolate:
             kwargs["interpolate_pos_encoding"] = True
         return logits_of(self.model(pixel_values=x, **kwargs))
 

@@ -30,22 +30,22 @@ from torch import Tensor, nn
 
 from ..errors import InputError, UnsupportedModelError
 from .base import Adapter, BlockRecord, Recording, int_pair, switched
+from .capabilities import (ATTENTION, BLOCK_IO, CLASS_ATTENTION, CLASS_LOGITS, FEATURE_MAPS, FEATURES, LRP_LINEARS,
+                           TOKEN_GRID, TOKEN_SEQUENCE, TOKENS)
 
-__all__ = ["TimmCaitAdapter", "CaitRecording", "CAIT_METHOD_LIMITS", "CAIT_CAPABILITY_NOTES"]
+__all__ = ["TimmCaitAdapter", "CaitRecording", "CAIT_CAPABILITY_NOTES"]
 
 _LRP = ("talking-heads attention mixes the heads linearly before and after the softmax, and the class-attention "
-        "blocks update the CLS token only; its LRP rules are written for the plain ViT block (qkv, proj, fc1, fc2 "
+        "blocks update the CLS token only; LRP rules are written for the plain ViT block (qkv, proj, fc1, fc2 "
         "as nn.Linear calls, softmax(q·kᵀ/√d) per head)")
 _SPLIT = "CaiT's self-attention blocks hold the patch tokens only and its class-attention blocks the CLS token only"
-#: methods whose rules do not apply to CaiT, and why
-CAIT_METHOD_LIMITS = {
-    **{m: _LRP for m in ("attnlrp", "cplrp", "transformer_attribution")},
-    "attn_gradcam": "it reads the CLS row of a block's attention; CaiT's self-attention blocks have no CLS token",
-    "vitcx": f"it reads a block's patch tokens by block index over one token sequence; {_SPLIT}",
-}
 #: what CaiT does not offer, and why
-CAIT_CAPABILITY_NOTES = {"tokens": "TIS and MUTEX read every block's tokens as one sequence (TIS: the concatenated block "
-                                   f"outputs, MUTEX: a token graph per block); {_SPLIT}"}
+CAIT_CAPABILITY_NOTES = {
+    LRP_LINEARS: _LRP,
+    TOKEN_SEQUENCE: _SPLIT,
+    TOKENS: f"{_SPLIT}, so dropping patch tokens does not give one shorter sequence through every block",
+    FEATURE_MAPS: f"its timm feature_info names token blocks (B, N, D) without a grid layout; {_SPLIT}",
+}
 
 
 @dataclass
@@ -65,9 +65,7 @@ class TimmCaitAdapter(Adapter):
 
     model: Any  # a timm Cait: its parts are read by attribute after __init__ checked the layout
     family = "timm-cait"
-    capabilities = frozenset({"attention", "features"})
-    class_attention = True
-    method_limits = CAIT_METHOD_LIMITS
+    capabilities = frozenset({CLASS_LOGITS, ATTENTION, BLOCK_IO, CLASS_ATTENTION, FEATURES, TOKEN_GRID})
     capability_notes = CAIT_CAPABILITY_NOTES
 
     @staticmethod

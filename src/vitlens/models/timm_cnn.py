@@ -15,6 +15,7 @@ from typing import Any
 from torch import Tensor, nn
 
 from .base import Adapter, BlockRecord, Recording
+from .capabilities import ATTENTION, BLOCK_IO, CLASS_LOGITS, FEATURE_MAPS, FEATURES, TOKEN_SEQUENCE, TOKENS
 
 __all__ = ["TimmCNNAdapter"]
 
@@ -34,7 +35,8 @@ class TimmCNNAdapter(Adapter):
     model: Any
 
     family = "timm-cnn"
-    capabilities = frozenset({"features"})
+    capabilities = frozenset({CLASS_LOGITS, FEATURES, FEATURE_MAPS})
+    capability_notes = {c: "a CNN has no attention and no tokens" for c in (ATTENTION, BLOCK_IO, TOKEN_SEQUENCE, TOKENS)}
 
     @staticmethod
     def matches(model: nn.Module) -> bool:

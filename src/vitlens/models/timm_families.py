@@ -16,7 +16,8 @@ from typing import Iterator
 from torch import Tensor, nn
 
 from ..errors import UnsupportedModelError
-from ._sequence import BlockParts, SequenceAdapter, lrp_limits, value_weights
+from ._sequence import BlockParts, SequenceAdapter, not_plain, value_weights
+from .capabilities import LRP_LINEARS, TOKENS
 from .base import Adapter, int_pair
 
 __all__ = ["TimmEvaAdapter", "TimmBeitAdapter", "TimmRelPosAdapter", "REFUSED"]
@@ -107,9 +108,9 @@ class TimmEvaAdapter(_TimmSequenceAdapter):
 
     family = "timm-eva"
     block_types = ("EvaBlock",)
-    capability_notes = {"tokens": "RoPE is tied to the token grid, so tokens cannot be dropped"}
-    method_limits = lrp_limits("RoPE rotates queries and keys, q/v biases are added through F.linear, the MLP may be "
-                               "gated (SwiGLU)")
+    capability_notes = {TOKENS: "RoPE is tied to the token grid, so tokens cannot be dropped",
+                        LRP_LINEARS: not_plain("RoPE rotates queries and keys, q/v biases are added through F.linear, "
+                                               "the MLP may be gated (SwiGLU)")}
     timm_class = ("eva", "Eva")
 
 
@@ -117,7 +118,7 @@ class _TimmRelativeBiasAdapter(_TimmSequenceAdapter):
     """What timm's relative-position-bias families share: the bias tables are built for the full token grid, so the
     input size is fixed and tokens cannot be dropped."""
 
-    capability_notes = {"tokens": "the relative position bias is built for the full token grid"}
+    capability_notes = {TOKENS: "the relative position bias is built for the full token grid"}
     fixed_size = True
 
 
@@ -127,7 +128,8 @@ class TimmBeitAdapter(_TimmRelativeBiasAdapter):
 
     family = "timm-beit"
     block_types = ("Block",)
-    method_limits = lrp_limits("a relative position bias enters the softmax and q/v biases are added through F.linear")
+    capability_notes = {**_TimmRelativeBiasAdapter.capability_notes, LRP_LINEARS: not_plain(
+        "a relative position bias enters the softmax and q/v biases are added through F.linear")}
     timm_class = ("beit", "Beit")
 
 
@@ -137,5 +139,6 @@ class TimmRelPosAdapter(_TimmRelativeBiasAdapter):
 
     family = "timm-vit-relpos"
     block_types = ("RelPosBlock",)
-    method_limits = lrp_limits("a relative position bias enters the softmax")
+    capability_notes = {**_TimmRelativeBiasAdapter.capability_notes,
+                        LRP_LINEARS: not_plain("a relative position bias enters the softmax")}
     timm_class = ("vision_transformer_relpos", "VisionTransformerRelPos")

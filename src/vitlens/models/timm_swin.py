@@ -26,15 +26,16 @@ from torch import Tensor, nn
 
 from ..errors import InputError, UnsupportedModelError
 from .base import Adapter, BlockRecord, Recording, int_pair, switched
+from .capabilities import (ATTENTION, BLOCK_IO, CLASS_LOGITS, FEATURE_MAPS, FEATURES, LRP_LINEARS, STAGES, TOKEN_GRID,
+                           TOKEN_SEQUENCE, TOKENS, WINDOWS)
 
-__all__ = ["SwinAdapter", "TimmSwinAdapter", "SwinBlockRecord", "SwinRecording", "to_windows", "from_windows", "SWIN_METHOD_LIMITS",
+__all__ = ["SwinAdapter", "TimmSwinAdapter", "SwinBlockRecord", "SwinRecording", "to_windows", "from_windows",
            "SWIN_CAPABILITY_NOTES"]
 
-_WHY = ("Swin's attention is windowed (shifted windows) and patch merging changes the token set between stages; "
-        "this method's rules are defined on one token sequence")
-#: what every Swin adapter (timm, HuggingFace) declares: the methods whose rules do not apply, and why
-SWIN_METHOD_LIMITS = {m: _WHY for m in ("attn_gradcam", "transformer_attribution", "attnlrp", "cplrp", "vitcx")}
-SWIN_CAPABILITY_NOTES = {"tokens": "Swin's windows are built over the full token grid: tokens cannot be dropped"}
+_WHY = "Swin's attention is windowed (shifted windows) and patch merging changes the token set between stages"
+#: what every Swin adapter (timm, HuggingFace) lacks, and why
+SWIN_CAPABILITY_NOTES = {TOKEN_SEQUENCE: _WHY, LRP_LINEARS: _WHY,
+                         TOKENS: "Swin's windows are built over the full token grid: tokens cannot be dropped"}
 
 
 @dataclass
@@ -102,11 +103,9 @@ class SwinAdapter(Adapter):
     recording type; each family fills in where its parts are."""
 
     model: Any  # a Swin classifier: its parts are read by attribute after __init__ checked the layout
-    capabilities = frozenset({"attention", "hierarchical", "features"})
-    hierarchical = True
-    windowed = True
-    method_limits = SWIN_METHOD_LIMITS
-    capability_notes = SWIN_CAPABILITY_NOTES
+    capabilities = frozenset({CLASS_LOGITS, ATTENTION, BLOCK_IO, WINDOWS, STAGES, FEATURES, TOKEN_GRID})
+    capability_notes = {**SWIN_CAPABILITY_NOTES, FEATURE_MAPS: "the model has no timm feature_info to read "
+                        "multi-depth feature maps from"}
 
     def _new_recording(self) -> SwinRecording:
         return SwinRecording()
@@ -117,6 +116,7 @@ class TimmSwinAdapter(SwinAdapter):
     the last stage."""
 
     family = "timm-swin"
+    capabilities = SwinAdapter.capabilities | {FEATURE_MAPS}
 
     @staticmethod
     def matches(model: nn.Module) -> bool:
@@ -129,7 +129,10 @@ class TimmSwinAdapter(SwinAdapter):
         self.patch_size = int_pair(pe.patch_size)
         self.in_chans = int(pe.proj.in_channels)
         self.default_size = int_pair(pe.img_size) if getattr(pe, "img_size", None) is not None else None
-        self.any_size = False  # relative position bias and shift masks are built for the configured resolution
+        # relative position bias and shift masks are built for the configured resolution, unless the model was
+        # created with strict_img_size=False (timm then builds the shift masks for the input's grid)
+        self.any_size = not bool(getattr(pe, "strict_img_size", True)) and all(
+            bool(getattr(blk, "dynamic_mask", False)) for stage in self.model.layers for blk in stage.blocks)
         self.stages: list[Any] = list(self.model.layers)
         for s, stage in enumerate(self.stages):
             for j, blk in enumerate(stage.blocks):
@@ -169,9 +172,13 @@ class TimmSwinAdapter(SwinAdapter):
     def check_input(self, x: Tensor) -> None:
         super().check_input(x)
         hw = tuple(x.shape[-2:])
-        if self.default_size is not None and hw != tuple(self.default_size):
+        if not self.any_size and self.default_size is not None and hw != tuple(self.default_size):
             raise InputError(f"SwinTransformer expects {self.default_size[0]}x{self.default_size[1]} inputs; got "
-                             f"{hw[0]}x{hw[1]} (its shift masks are built for that size)")
+                             f"{hw[0]}x{hw[1]} (its shift masks are built for that size; create it with "
+                             "strict_img_size=False to explain other sizes)")
+        ph, pw = self.patch_size
+        if self.any_size and (hw[0] % ph or hw[1] % pw):
+            raise InputError(f"input size {hw[0]}x{hw[1]} is not a multiple of the patch size {ph}x{pw}")
 
     def classifier_modules(self) -> list[nn.Module]:
         fc = getattr(self.model.head, "fc", None)

@@ -8,9 +8,12 @@ from typing import Any, Iterator, Sequence
 from torch import Tensor, nn
 
 from ..errors import InputError, UnsupportedModelError
-from .base import Adapter, BlockRecord, LRPLinears, Recording, int_pair, linears_at, switched
+from .capabilities import (ATTENTION, BLOCK_IO, CLASS_LOGITS, FEATURE_MAPS, FEATURES, LINEAR_HEAD, LRP_LINEARS,
+                           TOKEN_GRID, TOKEN_SEQUENCE, TOKENS)
+from ._readout import readout_only
+from .base import Adapter, BlockRecord, LRPLinears, Recording, int_pair, linears_at, normalisation_layers, switched
 
-__all__ = ["TimmViTAdapter"]
+__all__ = ["TimmViTAdapter", "stem_channels"]
 
 
 def _is_timm_vit(model: nn.Module) -> bool:
@@ -19,6 +22,16 @@ def _is_timm_vit(model: nn.Module) -> bool:
     except ImportError:  # pragma: no cover - timm is an optional extra
         return False
     return isinstance(model, VisionTransformer)
+
+
+def stem_channels(patch_embed: nn.Module) -> int:
+    """Input channels of a timm patch embedding: its projection's, or for a hybrid embedding (a CNN stem such as
+    the ResNet of ``vit_*_r*`` or ViTamin's conv stages, then the projection) the stem's first convolution's. The
+    stem is part of the embedding: everything before the first block is."""
+    convs = [m for m in patch_embed.modules() if isinstance(m, nn.Conv2d)]
+    if not convs:
+        raise UnsupportedModelError(f"{type(patch_embed).__name__} has no convolution to read the input channels from")
+    return int(convs[0].in_channels)
 
 
 class TimmViTAdapter(Adapter):
@@ -33,7 +46,8 @@ class TimmViTAdapter(Adapter):
     model: Any
 
     family = "timm-vit"
-    capabilities = frozenset({"attention", "tokens", "features"})
+    capabilities = frozenset({CLASS_LOGITS, ATTENTION, BLOCK_IO, TOKEN_SEQUENCE, LRP_LINEARS, LINEAR_HEAD, TOKENS,
+                              FEATURES, FEATURE_MAPS, TOKEN_GRID})
 
     @staticmethod
     def matches(model: nn.Module) -> bool:
@@ -63,11 +77,38 @@ class TimmViTAdapter(Adapter):
         self.patch_size = tuple(pe.patch_size)
         self.dynamic = bool(getattr(pe, "dynamic_img_size", False) or getattr(model, "dynamic_img_size", False))
         self.default_size = tuple(pe.img_size) if pe.img_size is not None else None
-        self.in_chans = int(pe.proj.in_channels)
+        self.in_chans = stem_channels(pe)
+        grid = getattr(pe, "grid_size", None)
+        if self.default_size is not None and grid is not None and all(int(g) > 0 for g in grid):
+            # pixels per token (a hybrid stem's stride times its projection's patch size)
+            self.patch_size = (self.default_size[0] // int(grid[0]), self.default_size[1] // int(grid[1]))
         self.any_size = self.dynamic or self.default_size is None
+        why = self._not_plain()
+        if why is not None:
+            self.capabilities = self.capabilities - {LRP_LINEARS}
+            self.capability_notes = {**self.capability_notes, LRP_LINEARS: why}
+
+    def _not_plain(self) -> str | None:
+        """Why the blocks are not the plain ViT block the LRP rules are written for (``None``: they are)."""
+        try:
+            self.lrp_linears()
+        except UnsupportedModelError as e:
+            return f"{e}; LRP rules are written for the plain ViT block (qkv, proj, fc1, fc2 as nn.Linear calls)"
+        for i, blk in enumerate(self.model.blocks):
+            for norm in ("q_norm", "k_norm"):
+                if not isinstance(getattr(blk.attn, norm, None), (nn.Identity, type(None))):
+                    return (f"block {i} normalises queries/keys ({norm}: {type(getattr(blk.attn, norm)).__name__}) "
+                            "before the softmax; the LRP rules are written for softmax(q·kᵀ/√d) of the projections")
+        return None
 
     def blocks(self) -> Sequence[nn.Module]:
         return list(self.model.blocks)
+
+    def layernorms(self) -> list[nn.Module]:
+        """The normalisations after the embedding (a hybrid stem's own norms, e.g. channel-first ``LayerNorm2d``,
+        run before the first block's leaf: no relevance passes through them)."""
+        stem = set(self.model.patch_embed.modules())
+        return [m for m in normalisation_layers(self.model) if m not in stem]
 
     def lrp_linears(self) -> list[LRPLinears]:
         return [linears_at(blk, i, qkv=[("attn.qkv",), ("attn.q_proj", "attn.k_proj", "attn.v_proj")],
@@ -92,6 +133,11 @@ class TimmViTAdapter(Adapter):
         if self.dynamic and not getattr(self.model.patch_embed, "dynamic_img_pad", False):
             if hw[0] % ph or hw[1] % pw:
                 raise InputError(f"input size {hw[0]}x{hw[1]} is not a multiple of the patch size {ph}x{pw}")
+
+    @contextlib.contextmanager
+    def readout_only(self, all_queries: bool = True) -> Iterator[bool]:
+        with readout_only(self, all_queries=all_queries) as active:
+            yield active
 
     def _embedding_module(self) -> nn.Module:
         return self.model.patch_drop  # applied right after the position embeddings

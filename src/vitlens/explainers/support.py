@@ -1,0 +1,85 @@
+"""Which methods run on which model: computed from what each method needs (``Explainer.needs``, or
+:meth:`~vitlens.explainers.base.Explainer.required` for its options) and what the model's adapter provides
+(``Adapter.capabilities``). This is the one place that decides, and :func:`check` the one refusal path: the error
+names the missing capability, why the adapter lacks it, and the methods that do work on the model.
+
+Not a method file (it registers nothing); it sits above both the adapters (``models/``) and the registry.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torch import nn
+
+from ..errors import UnsupportedModelError
+from ..models import Adapter, get_adapter, refusal
+from ..models.capabilities import DESCRIPTIONS
+from .registry import Method, method_classes
+
+__all__ = ["missing", "check", "working_methods", "why_not", "conformance"]
+
+Need = str | tuple[str, ...]
+
+
+def _needs(method: str | Method | type[Method]) -> tuple[str, Method | type[Method]]:
+    if isinstance(method, str):
+        cls = method_classes().get(method)
+        if cls is None:
+            raise UnsupportedModelError(f"unknown method {method!r}")
+        return method, cls
+    return method.name, method
+
+
+def missing(adapter: Adapter, method: str | Method | type[Method]) -> list[Need]:
+    """The needs of ``method`` (a name, class or instance with its options) that ``adapter`` does not provide."""
+    _, m = _needs(method)
+    if isinstance(m, Method):
+        needs = m.required()
+    else:
+        try:
+            needs = m().required()  # with its default options
+        except Exception:  # noqa: BLE001 - defaults that need external input: the class-level needs apply
+            needs = m.needs
+    out: list[Need] = []
+    for need in needs:
+        alternatives = need if isinstance(need, tuple) else (need,)
+        if not any(adapter.provides(n) for n in alternatives):
+            out.append(need)
+    return out
+
+
+def working_methods(model: nn.Module | Adapter) -> list[str]:
+    """The registered methods that run on ``model`` with their default options, sorted."""
+    adapter = get_adapter(model)
+    return sorted(name for name in method_classes() if not missing(adapter, name))
+
+
+def check(adapter: Adapter, method: str | Method | type[Method]) -> None:
+    """Raise :class:`UnsupportedModelError` if ``method`` needs a capability ``adapter`` lacks: the first missing
+    one, why, and the methods that do work on the model."""
+    name, _ = _needs(method)
+    lacking = missing(adapter, method)
+    if lacking:
+        raise UnsupportedModelError(f"{refusal(adapter, lacking[0], f'method {name!r}')}; methods that work on this "
+                                    f"model: {', '.join(working_methods(adapter))}")
+
+
+def why_not(model: nn.Module | Adapter, method: str) -> str | None:
+    """``None`` if ``method`` runs on ``model`` with its default options, else the refusal (without the list of
+    methods that work)."""
+    adapter = get_adapter(model)
+    lacking = missing(adapter, method)
+    return None if not lacking else refusal(adapter, lacking[0], "it")
+
+
+def conformance(model: nn.Module | Adapter) -> dict[str, Any]:
+    """What ``model``'s adapter provides and lacks (with why), and which methods that enables: ``{"adapter",
+    "family", "fallback_reason", "provides", "lacks": {capability: why}, "methods": [...], "refused": {method:
+    refusal}}``. ``vitlens conformance`` prints it."""
+    adapter = get_adapter(model)
+    provides = sorted(c for c in DESCRIPTIONS if adapter.provides(c))
+    lacks = {c: adapter.lacking(c) for c in DESCRIPTIONS if not adapter.provides(c)}
+    refused = {n: str(why_not(adapter, n)) for n in sorted(method_classes()) if missing(adapter, n)}
+    return {"adapter": type(adapter).__name__, "family": adapter.family, "fallback_reason": adapter.fallback_reason,
+            "provides": provides, "lacks": lacks, "methods": working_methods(adapter), "refused": refused}
