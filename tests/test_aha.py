@@ -222,6 +222,7 @@ res = train_aha(tiny_target(), tiny_data(), {out!r}, steps=3, progress=False, **
 """
 
 
+@pytest.mark.slow
 def test_two_process_ddp_matches_one_process(tmp_path):
     script = tmp_path / "ddp_train.py"
     script.write_text(textwrap.dedent(_DDP_SCRIPT.format(tests=str(Path(__file__).parent), out=str(tmp_path / "ddp"))))

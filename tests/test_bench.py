@@ -17,6 +17,9 @@ from vitlens.errors import InputError
 
 from conftest import result_rows
 
+#: real command-line processes, training or a sweep over every family: left out of `pytest -m "not slow"`
+pytestmark = pytest.mark.slow
+
 MODEL = ["--model", "timm:vit_tiny_patch16_224", "--model-option", "pretrained=False",
          "--model-option", "img_size=32", "--model-option", "num_classes=6", "--model-option", "patch_size=8"]
 

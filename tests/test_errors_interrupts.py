@@ -24,6 +24,9 @@ from pathlib import Path
 import pytest
 import torch
 
+#: real command-line processes, training or a sweep over every family: left out of `pytest -m "not slow"`
+pytestmark = pytest.mark.slow
+
 MODEL = ["--model", "timm:vit_tiny_patch16_224", "--model-option", "pretrained=False",
          "--model-option", "img_size=32", "--model-option", "num_classes=6", "--model-option", "patch_size=8"]
 CLI = [sys.executable, "-m", "vitlens.cli"]

@@ -34,6 +34,9 @@ from pathlib import Path
 
 import pytest
 
+#: real command-line processes, training or a sweep over every family: left out of `pytest -m "not slow"`
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parents[1]
 # scripts/setup.sh creates .venv-lxt next to .venv; VITLENS_LXT_PYTHON points elsewhere.
 _DEFAULT_LXT = ROOT / ".venv-lxt" / "bin" / "python"
@@ -152,6 +155,7 @@ for cname, cfg in configs.items():
     prepared.append((cname, tm, other, x, ours, entry, near))
 
 from functools import partial
+
 if mode == "torchvision-cp":
     import lxt.efficient
     from torchvision.models import vision_transformer

@@ -12,6 +12,9 @@ from pathlib import Path
 
 import pytest
 
+#: real command-line processes, training or a sweep over every family: left out of `pytest -m "not slow"`
+pytestmark = pytest.mark.slow
+
 README = Path(__file__).resolve().parents[1] / "README.md"
 
 

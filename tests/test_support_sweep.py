@@ -19,6 +19,9 @@ from vitlens.models.capabilities import DESCRIPTIONS, PIXEL_LOGITS
 from vitlens.models.families import FAMILIES, build
 from vitlens.targets import SegmentationTarget
 
+#: real command-line processes, training or a sweep over every family: left out of `pytest -m "not slow"`
+pytestmark = pytest.mark.slow
+
 METHODS = sorted(method_classes())
 
 

@@ -14,6 +14,9 @@ pytest.importorskip("timm")
 from vitlens.models import zoo  # noqa: E402
 from vitlens.training import shapes  # noqa: E402
 
+#: real command-line processes, training or a sweep over every family: left out of `pytest -m "not slow"`
+pytestmark = pytest.mark.slow
+
 
 # the cues-vit-12h seeds differ only in --seed: one of them stands for all three
 @pytest.mark.parametrize("name", sorted(n for n in shapes.MODELS if not n.startswith("cues-vit-12h-s")))
