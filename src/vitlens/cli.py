@@ -11,6 +11,7 @@ import argparse
 import json
 import os
 import shlex
+import signal
 import sys
 from pathlib import Path
 from typing import Any, Sequence
@@ -226,18 +227,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     from vitlens.errors import DamagedFileError, VitlensError, WeightsUnavailableError
 
+    previous = _terminate_as_interrupt()
     try:
         return int(args.func(args) or 0)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as e:
         out = getattr(args, "out", None)
+        what = "terminated (SIGTERM)" if isinstance(e, Terminated) else "interrupted"
         if out and args.command in ("bench", "demo", "train-aha"):
             note = f"; finished results are kept in {out}; resume with: {_resume_command(argv, args.command)}"
         elif out:
             note = f"; the files written so far are in {out}"
         else:
             note = ""
-        print(f"vitlens: interrupted{note}", file=sys.stderr)
-        return 130
+        print(f"vitlens: {what}{note}", file=sys.stderr)
+        return 143 if isinstance(e, Terminated) else 130
     except (DamagedFileError, WeightsUnavailableError) as e:
         print(f"vitlens: error: {e}", file=sys.stderr)
         return 1
@@ -251,6 +254,26 @@ def main(argv: Sequence[str] | None = None) -> int:
         where = f" {e.filename}" if e.filename else ""
         print(f"vitlens: error: cannot write or read{where}: {e.strerror or e}", file=sys.stderr)
         return 1
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (a job scheduler, ``kill``): handled like Ctrl-C, so the user is told how to resume."""
+
+
+def _raise_terminated(signum: int, frame: Any) -> None:
+    raise Terminated()
+
+
+def _terminate_as_interrupt() -> Any:
+    """Turn SIGTERM into :class:`Terminated` while a command runs (main thread only); returns the previous handler
+    (``None`` where it cannot be set)."""
+    try:
+        return signal.signal(signal.SIGTERM, _raise_terminated)
+    except (ValueError, OSError):  # not the main thread
+        return None
 
 
 if __name__ == "__main__":  # pragma: no cover
