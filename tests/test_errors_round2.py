@@ -329,3 +329,20 @@ def test_sigterm_gives_the_resume_hint(monkeypatch, capsys):
     assert err.startswith("vitlens: terminated (SIGTERM); finished results are kept in runs/a; resume with: ")
     assert err.endswith("--resume")
     assert signal.getsignal(signal.SIGTERM) == before
+
+
+def test_closed_pil_image_is_one_line():
+    from vitlens.errors import ImageLoadError
+
+    img = Image.fromarray(np.zeros((40, 40, 3), dtype=np.uint8))
+    img.close()
+    with pytest.raises(ImageLoadError, match=r"inputs\[0\]: cannot read this PIL image \(.*closed image"):
+        vitlens.load_images([img], {"input_size": (3, 32, 32)})
+
+
+@pytest.mark.parametrize("preset", [["aha"], ("aha",), 3, {"aha": 1}])
+def test_insertion_deletion_preset_of_another_type(preset):
+    from vitlens.metrics import get_metric
+
+    with pytest.raises(InputError, match=r"unknown preset .*available: aha, mutex, rise"):
+        get_metric("insertion_deletion", preset=preset)
