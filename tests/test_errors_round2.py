@@ -346,3 +346,16 @@ def test_insertion_deletion_preset_of_another_type(preset):
 
     with pytest.raises(InputError, match=r"unknown preset .*available: aha, mutex, rise"):
         get_metric("insertion_deletion", preset=preset)
+
+
+@pytest.mark.parametrize("field,specs,pattern", [
+    ("methods", [("random", {}), ("random", {})], r"--methods lists random twice"),
+    ("metrics", [("pointing_game", {}), ("pointing_game", {})], r"--metrics lists pointing_game twice"),
+    ("methods", [("gradskip", {"skip": "fixed"}), ("gradskip", {"skip": "FIXED"})], r"would share one name"),
+])
+def test_bench_same_method_twice_refused(field, specs, pattern):
+    from vitlens.bench import BenchConfig
+
+    base = dict(model="shapes-vit", data="scenes", methods=[("random", {})], metrics=[("pointing_game", {})])
+    with pytest.raises(InputError, match=pattern):
+        BenchConfig(**{**base, field: specs}).check()
