@@ -359,3 +359,25 @@ def test_bench_same_method_twice_refused(field, specs, pattern):
     base = dict(model="shapes-vit", data="scenes", methods=[("random", {})], metrics=[("pointing_game", {})])
     with pytest.raises(InputError, match=pattern):
         BenchConfig(**{**base, field: specs}).check()
+
+
+def test_torch_save_failure_names_the_file_and_leaves_nothing(tmp_path, monkeypatch, capsys):
+    """A full disk inside torch.save (a RuntimeError from its stream writer) is an OSError naming the checkpoint;
+    the temporary is removed and the CLI prints one line."""
+    from vitlens import atomic
+    from vitlens.cli import main as cli_main
+
+    def full(obj, f, *a, **k):
+        Path(f).write_bytes(b"partial")
+        raise RuntimeError("[enforce fail at inline_container.cc:595] . PytorchStreamWriter failed writing file "
+                           "data/0: file write failed")
+
+    monkeypatch.setattr(torch, "save", full)
+    target = tmp_path / "checkpoint.pt"
+    with pytest.raises(OSError) as err:
+        atomic.save_torch({"x": 1}, target)
+    assert err.value.filename == str(target) and "disk full" in str(err.value)
+    assert not list(tmp_path.iterdir())
+    rc = cli_main([*TRAIN, "--out", str(tmp_path / "aha")])
+    msg = one_line(capsys.readouterr().err)
+    assert rc == 1 and "checkpoint.pt" in msg and "disk full" in msg and ".tmp" not in msg
