@@ -67,9 +67,9 @@ def test_cli_recipe_defaults_and_explicit_flags(monkeypatch, tmp_path):
 
 
 def test_empty_or_repeated_reference_lists_are_refused(tmp_path):
-    for argv, match in [(("--references", ""), "--references needs at least one name"),
-                        (("--references", " , "), "--references needs at least one name"),
-                        (("--val-references", ""), "--val-references needs at least one name"),
+    for argv, match in [(("--references", ""), "--references is empty"),
+                        (("--references", " , "), "--references is empty"),
+                        (("--val-references", ""), "--val-references is empty"),
                         (("--references", "mean,mean"), "distinct names"),
                         (("--references", "grey"), "references must be")]:
         args = _parse(*argv, "--out", str(tmp_path / "o"), "--steps", "3")

@@ -261,7 +261,7 @@ def test_sigterm_gives_the_resume_line_and_143(tmp_path):
     assert res.returncode == 143, res.stderr[-2000:]
     lines = res.stderr.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in res.stderr, res.stderr[-2000:]
-    assert lines[0].startswith(f"vitlens: terminated; finished results are kept in {out}; resume with: ")
+    assert lines[0].startswith(f"vitlens: terminated (SIGTERM); finished results are kept in {out}; resume with: ")
     assert "--resume" in lines[0] and checkpoint_step(out) == 2
 
 

@@ -63,8 +63,16 @@ def write_bytes(path: str | os.PathLike, data: bytes) -> Path:
 
 def save_torch(obj: Any, path: str | os.PathLike) -> Path:
     """``torch.save``, atomically (a killed or failed save never leaves a truncated checkpoint)."""
+    import errno
+
     import torch
 
-    with atomic_path(path) as tmp:
-        torch.save(obj, tmp)
+    try:
+        with atomic_path(path) as tmp:
+            torch.save(obj, tmp)
+    except RuntimeError as e:  # torch's writer reports a full disk as "PytorchStreamWriter failed writing file ..."
+        if "PytorchStreamWriter" not in str(e) and "write" not in str(e):
+            raise
+        why = (str(e).splitlines() or ["write failed"])[0][:120]
+        raise OSError(errno.EIO, f"write failed, is the disk full? ({why})", str(path)) from None
     return Path(path)

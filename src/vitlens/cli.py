@@ -11,6 +11,7 @@ import argparse
 import json
 import os
 import shlex
+import signal
 import sys
 from pathlib import Path
 from typing import Any, Sequence
@@ -273,7 +274,7 @@ def _interrupted(argv: Sequence[str], args: argparse.Namespace | None, terminate
         note = f"; the files written so far are in {out}"
     else:
         note = ""
-    print(f"vitlens: {'terminated' if terminated else 'interrupted'}{note}", file=sys.stderr, flush=True)
+    print(f"vitlens: {'terminated (SIGTERM)' if terminated else 'interrupted'}{note}", file=sys.stderr, flush=True)
     return 143 if terminated else 130
 
 
@@ -286,6 +287,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     from .pause import pause_point
 
+    previous = _terminate_as_interrupt()
     try:
         pause_point("start")
         _quiet_third_party()
@@ -309,18 +311,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         where = f" {e.filename}" if e.filename else ""
         print(f"vitlens: error: cannot write or read{where}: {e.strerror or e}", file=sys.stderr)
         return 1
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _terminate_as_interrupt() -> Any:
+    """Turn SIGTERM into :class:`Terminated` while a command runs (main thread only); returns the previous handler
+    (``None`` where it cannot be set)."""
+    try:
+        return signal.signal(signal.SIGTERM, _raise_terminated)
+    except (ValueError, OSError):  # not the main thread
+        return None
 
 
 def run() -> None:
-    """The ``vitlens`` program: :func:`main` with SIGTERM handled like Ctrl-C, and no signal after the command's
-    own exit code is settled turning into a traceback during the interpreter's shutdown."""
-    import signal
-
-    previous = signal.signal(signal.SIGTERM, _raise_terminated)
-    try:
-        code = main()
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+    """The ``vitlens`` program: :func:`main`, and no Ctrl-C after the command's own exit code is settled turning into
+    a traceback during the interpreter's shutdown."""
+    code = main()  # SIGTERM is handled inside, like Ctrl-C
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the run is over: its exit code stands
     sys.stdout.flush()
     sys.exit(code)

@@ -44,6 +44,8 @@ def add_explain_parser(sub: Any, formatter: type[argparse.HelpFormatter]) -> arg
     e.add_argument("--clip", type=float, default=99.5,
                    help="percentile where the colour scale ends (100 = the maximum)")
     e.add_argument("--out", default="vitlens-out", help="output folder")
+    e.add_argument("--overwrite", action="store_true",
+                   help="replace outputs an earlier run left in --out (default: refuse to replace any file)")
     e.add_argument("--json", action="store_true", help="print one JSON record per image instead of a summary line")
     e.add_argument("--quiet", action="store_true", help="print nothing but errors")
     e.set_defaults(func=cmd_explain)
@@ -77,8 +79,8 @@ def output_bases(paths: Sequence[Path]) -> list[str]:
     for r in resolved:
         rel = r.relative_to(common)
         base = (rel.parent / f"{rel.stem}_{rel.suffix.lstrip('.').lower() or 'img'}").as_posix()
-        count = seen.get(base, 0)
-        seen[base] = count + 1
+        count = seen.get(base.casefold(), 0)  # casefold: distinct on case-insensitive file systems too
+        seen[base.casefold()] = count + 1
         out.append(base if count == 0 else f"{base}-{count + 1}")
     return out
 
@@ -88,31 +90,38 @@ def _device(name: str) -> Any:
 
     from vitlens.errors import InputError
 
+    from vitlens.options import check_device
+
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     try:
-        device = torch.device(name)
-    except RuntimeError:
-        raise InputError(f"--device {name!r} is not a torch device (cpu, cuda, cuda:1, mps, auto)") from None
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise InputError(f"--device {name}: CUDA is not available on this machine")
-    return device
+        return torch.device(check_device(name))
+    except InputError as e:
+        raise InputError(f"--device: {e}") from None
 
 
 def _specs(args: argparse.Namespace) -> list[tuple[str, str, dict[str, Any]]]:
     """(label, name, options) per method; ``--option`` pairs apply to every method."""
     from vitlens.bench.runner import spec_label, split_specs
 
+    from vitlens.errors import InputError
+
     common = parse_key_values(args.option, "--option")
     out = []
+    if not args.methods.strip():
+        raise InputError("--methods is empty; name at least one method (vitlens methods lists them)")
     for name, opts in split_specs(args.methods):
         merged = {**common, **opts}
         out.append((spec_label(name, merged), name, merged))
     labels = [label for label, _, _ in out]
     if len(set(labels)) != len(labels):
-        from vitlens.errors import InputError
-
         raise InputError(f"--methods lists the same method twice: {args.methods}")
+    stems: dict[str, str] = {}
+    for label in labels:  # file names are made of the labels: two labels, one file name would replace outputs
+        other = stems.setdefault(_safe(label).casefold(), label)
+        if other != label:
+            raise InputError(f"--methods {other} and {label} would write the same files ({_safe(label)}.*); "
+                             "give them settings that differ in letters or digits, or run them separately")
     return out
 
 
@@ -156,9 +165,50 @@ def cmd_explain(args: argparse.Namespace) -> int:
     cfg = vimages.data_config(model)
     names = model_class_names(model)
     style = {"normalize": args.normalize, "clip": None if args.clip >= 100 else args.clip}
+    _refuse_replacing(out, planned_files(bases, [label for label, _ in methods]), args.overwrite)
+    from vitlens.run_folders import folder_lock
+
+    with folder_lock(out, "explain"):
+        _explain_all(args, out, paths, bases, methods, model, cfg, names, style, device)
+    return 0
+
+
+def planned_files(bases: Sequence[str], labels: Sequence[str]) -> list[str]:
+    """Every file (relative to ``--out``) a run writes, in order; unique by construction (distinct input bases and
+    distinct label stems, both checked before anything is written)."""
+    files = []
+    for base in bases:
+        for label in labels:
+            stem = f"{base}.{_safe(label)}"
+            files += [f"{stem}.png", f"{stem}.view.png", f"{stem}.npz", f"{stem}.json"]
+        if len(labels) > 1:
+            files.append(f"{base}.grid.png")
+    return files
+
+
+def _refuse_replacing(out: Path, files: Sequence[str], overwrite: bool) -> None:
+    from vitlens.errors import InputError
+
+    dup = len(set(files)) != len(files) or len({f.casefold() for f in files}) != len(files)
+    if dup:  # pragma: no cover - guarded by output_bases and _specs; a last check before anything is written
+        raise InputError("two outputs of this run would share one file name; rename the inputs or the methods")
+    if overwrite or not out.is_dir():
+        return
+    found = [f for f in files if (out / f).exists()]
+    if found:
+        more = f" and {len(found) - 1} more" if len(found) > 1 else ""
+        raise InputError(f"--out {out} already holds {out / found[0]}{more} from an earlier run; pass --overwrite "
+                         "to replace them, or choose another --out")
+
+
+def _explain_all(args: argparse.Namespace, out: Path, paths: list[Path], bases: list[str], methods: list,
+                 model: Any, cfg: Any, names: list[str] | None, style: dict[str, Any], device: Any) -> None:
+    import vitlens
+    from vitlens import images as vimages
+
     for start in range(0, len(paths), args.batch):
         chunk = list(range(start, min(start + args.batch, len(paths))))
-        x = vitlens.load_images([str(paths[i]) for i in chunk], cfg).to(device)
+        x = _load_chunk([paths[i] for i in chunk], cfg, start, len(paths)).to(device)
         probs = _probabilities(model, x)
         pixels = vimages.denormalize(x.cpu(), cfg)
         results = {}
@@ -168,7 +218,23 @@ def cmd_explain(args: argparse.Namespace) -> int:
         for j, i in enumerate(chunk):
             record = _write_image(paths[i], out / bases[i], pixels[j], results, j, probs, names, cfg, style, args)
             _report_line(record, args)
-    return 0
+
+
+def _load_chunk(paths: list[Path], cfg: Any, start: int, total: int) -> Any:
+    """The batch of ``paths`` (inputs ``start``.. of ``total``); an image that cannot be read is counted in the
+    whole input list, not within its batch."""
+    import re
+
+    import vitlens
+    from vitlens.errors import VitlensError
+
+    try:
+        return vitlens.load_images([str(p) for p in paths], cfg)
+    except VitlensError as e:
+        m = re.match(r"inputs\[(\d+)\]", str(e))
+        if m is None or int(m.group(1)) >= len(paths):
+            raise
+        raise type(e)(f"image {start + int(m.group(1)) + 1} of {total}{str(e)[m.end():]}") from None
 
 
 def _write_image(path: Path, base: Path, view: Any, results: dict[str, Any], j: int, probs: Any,

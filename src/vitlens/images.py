@@ -350,6 +350,11 @@ def _load_one(item: Any, cfg: DataConfig, label: str) -> torch.Tensor:
         img = ImageOps.exif_transpose(open_image_file(path, f"{label} '{path}'"))
         return _load_pil(img, cfg)
     if isinstance(item, Image.Image):
+        try:
+            item.load()
+        except (ValueError, OSError) as exc:  # closed (``Operation on closed image``) or truncated
+            raise ImageLoadError(f"{label}: cannot read this PIL image ({_one_line(exc)}); pass an open image, "
+                                 "e.g. a .copy() made before closing it") from None
         return _load_pil(ImageOps.exif_transpose(item), cfg)
     if isinstance(item, np.ndarray):
         return _load_array(item, cfg, label)

@@ -14,6 +14,7 @@ import math
 import numbers
 from typing import Any, Callable, Iterable, Mapping
 
+from .devices import check_device
 from .errors import InputError
 
 __all__ = [
@@ -103,29 +104,6 @@ def signature_settings(cls: type) -> tuple[set[str], bool]:
     return names, any(p.kind == p.VAR_KEYWORD for p in params)
 
 
-def check_device(device: Any) -> Any:
-    """A device string/object that exists on this machine: ``cpu``, ``cuda``/``cuda:N`` with a GPU, ``mps``."""
-    import torch
-
-    if device is None:
-        return None
-    try:
-        dev = torch.device(device)
-    except (RuntimeError, TypeError, ValueError):
-        raise InputError(f"unknown device {device!r}; use cpu, cuda or cuda:N") from None
-    if dev.type == "cuda":
-        if not torch.cuda.is_available():
-            raise InputError(f"device {device!r} asked for, but no CUDA GPU is available here; use --device cpu")
-        if dev.index is not None and dev.index >= torch.cuda.device_count():
-            raise InputError(f"device {device!r} does not exist: this machine has {torch.cuda.device_count()} GPU(s)")
-    elif dev.type == "mps":
-        if not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
-            raise InputError(f"device {device!r} is not available here; use --device cpu")
-    elif dev.type != "cpu":
-        raise InputError(f"device {device!r} is not supported; use cpu, cuda or cuda:N")
-    return device
-
-
 def check_file_name(what: str, name: Any) -> str:
     """A plain file name (no folder part, not ``.``/``..``, not empty): ``--name ../x`` cannot escape ``--out``."""
     s = str(name)
@@ -184,10 +162,14 @@ def load_model_with_options(name: str, options: Mapping[str, Any]) -> Any:
 
     try:
         model = load_model(name, **options)
-    except TypeError as e:
-        if "unexpected keyword argument" not in str(e) or not options:
+    except (TypeError, ValueError, AssertionError) as e:
+        if not options or isinstance(e, InputError):
             raise
-        raise InputError(f"--model-option: {name} does not take {str(e).split('argument')[-1].strip()} "
-                         f"(given: {', '.join(sorted(options))})") from None
+        if "unexpected keyword argument" in str(e):
+            raise InputError(f"--model-option: {name} does not take {str(e).split('argument')[-1].strip()} "
+                             f"(given: {', '.join(sorted(options))})") from None
+        given = ", ".join(f"{k}={v!r}" for k, v in sorted(options.items()))
+        why = (str(e).splitlines() or [type(e).__name__])[0][:160]
+        raise InputError(f"--model-option: {name} cannot be built with {given} ({type(e).__name__}: {why})") from None
     pause_point("model-loaded")
     return model

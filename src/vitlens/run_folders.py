@@ -6,12 +6,13 @@ replaced (``overwrite``) only when asked; a checkpoint that cannot be read is on
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Iterator, Sequence
 
 from .errors import DamagedFileError, InputError
 
-__all__ = ["guard_run_folder", "load_checkpoint", "optimizer_at_step"]
+__all__ = ["guard_run_folder", "load_checkpoint", "optimizer_at_step", "folder_lock", "LOCK_NAME"]
 
 
 def guard_run_folder(out: Path, checkpoint: Path, outputs: Sequence[Path], resume: bool, overwrite: bool) -> None:
@@ -26,6 +27,8 @@ def guard_run_folder(out: Path, checkpoint: Path, outputs: Sequence[Path], resum
         raise InputError(f"--out {out} is a file, not a folder")
     mine = [checkpoint, *outputs]
     found = [p.name for p in mine if p.exists()]
+    if resume and not found:
+        raise InputError(f"--resume: {out} has no {checkpoint.name} to continue; drop --resume to start a new run")
     if not found or (resume and checkpoint.exists()):
         return
     if not overwrite:
@@ -60,3 +63,62 @@ def optimizer_at_step(opt: Any, sched: Any, history: Sequence[Any], step: int) -
     (an interrupt inside a step, between ``opt.step()`` and the bookkeeping, is not)."""
     counts = {int(st["step"]) for st in opt.state.values() if "step" in st}
     return counts <= {step} and int(sched.last_epoch) == step and len(history) == step
+
+
+LOCK_NAME = ".vitlens.lock"
+
+
+def _alive(pid: int) -> bool:
+    import os
+
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # a process of another user holds it
+        return True
+    return True
+
+
+@contextlib.contextmanager
+def folder_lock(out: Path, command: str) -> Iterator[Path]:
+    """Hold ``out/.vitlens.lock`` (holding the process id) while ``command`` writes into ``out``: a second run into
+    the same folder while the first is alive is refused with one line naming the lock and its process; a lock left
+    by a process that no longer runs (killed) is taken over. The lock is removed when the block ends (and ``out``
+    too if this call created it and nothing was written)."""
+    import os
+
+    if out.exists() and not out.is_dir():
+        raise InputError(f"--out {out} is a file, not a folder")
+    created = not out.exists()
+    out.mkdir(parents=True, exist_ok=True)
+    lock = out / LOCK_NAME
+    for _ in range(2):
+        try:
+            fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:
+            try:
+                pid = int(lock.read_text().split()[0])
+            except (OSError, ValueError, IndexError):
+                pid = -1
+            if _alive(pid):
+                raise InputError(f"{out} is in use by another {command} run (process {pid}, lock {lock}); wait for "
+                                 "it to finish or choose another --out") from None
+            lock.unlink(missing_ok=True)  # stale: its process is gone
+            continue
+        with os.fdopen(fd, "w") as f:
+            f.write(f"{os.getpid()} {command}\n")
+        break
+    else:  # pragma: no cover - another process took the stale lock between our two tries
+        raise InputError(f"{out} is in use by another {command} run (lock {lock}); choose another --out")
+    try:
+        yield lock
+    finally:
+        with contextlib.suppress(OSError):
+            if lock.read_text().split()[0] == str(os.getpid()):
+                lock.unlink()
+        if created:  # a run refused before writing anything leaves no empty folder behind
+            with contextlib.suppress(OSError):
+                out.rmdir()

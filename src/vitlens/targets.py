@@ -38,11 +38,17 @@ def _as_class_tensor(classes: ClassSpec, logits: Tensor, what: str) -> Tensor:
         hint = " (per-pixel logits: use vitlens.targets.SegmentationTarget)" if logits.ndim == 4 else ""
         raise TargetError(f"{what} expects logits of shape (B, K); got shape {tuple(logits.shape)}{hint}")
     b, k = logits.shape
+    if k == 0:
+        raise TargetError(f"{what}: the model has no classifier head (0 classes, e.g. num_classes=0); there is no "
+                          "class to explain — load it with its classifier, or explain a feature target")
     if classes is None:
         return logits.detach().argmax(dim=-1)
     if isinstance(classes, bool):
         raise TargetError(f"{what}: a class index must be an int, got a bool")
     if isinstance(classes, int):
+        if not 0 <= classes < k:
+            raise TargetError(f"{what}: class {classes} is out of range for a model with {k} classes "
+                              f"(valid: 0..{k - 1})")
         idx = torch.full((b,), classes, dtype=torch.long, device=logits.device)
     else:
         try:
@@ -51,6 +57,9 @@ def _as_class_tensor(classes: ClassSpec, logits: Tensor, what: str) -> Tensor:
             raise TargetError(f"{what}: cannot read class indices from {type(classes).__name__}: {e}") from None
         if idx.is_floating_point() or idx.is_complex() or idx.dtype == torch.bool:
             raise TargetError(f"{what}: class indices must be integers, got dtype {idx.dtype}")
+        if idx.ndim > 1:
+            raise TargetError(f"{what}: class indices must be one per image, shape ({b},); got shape "
+                              f"{tuple(idx.shape)}")
         idx = idx.long().reshape(-1)
         if idx.numel() == 1 and b != 1:
             idx = idx.expand(b).clone()
@@ -193,6 +202,11 @@ class Contrast(Target):
             t.versus = masked.argmax(dim=-1)
         else:
             t.versus = _as_class_tensor(self._versus_spec, logits, "Contrast(versus)")
+            same = t.versus == t.classes
+            if bool(same.any()):
+                i = int(same.nonzero()[0, 0])
+                raise TargetError(f"Contrast: image {i} contrasts class {int(t.classes[i])} with itself (classes == "
+                                  "versus explains y_c - y_c); choose another versus class")
         return t
 
     def score(self, logits: Tensor) -> Tensor:

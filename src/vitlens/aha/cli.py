@@ -32,7 +32,8 @@ def _name_list(flag: str, text: str | None) -> tuple[str, ...] | None:
         return None
     names = tuple(r.strip() for r in text.split(",") if r.strip())
     if not names:
-        raise InputError(f"{flag} needs at least one name, of {', '.join(REFERENCES)}")
+        raise InputError(f"{flag} is empty; give one or more of {','.join(REFERENCES)}, or leave it out for the "
+                         "recipe's default")
     return names
 
 
@@ -136,13 +137,22 @@ def cmd_train_aha(args: argparse.Namespace) -> int:
         command = f"python -m vitlens.aha.train {args_text}"
     if world > 1:
         command = f"torchrun --nproc_per_node {world} " + command.replace("python ", "", 1)
-    res = train_aha(model, args.data, args.out, config=cfg, name=name, resume=args.resume,
-                    progress=not args.no_progress, device=device, command=command,
-                    overwrite=getattr(args, "overwrite", False))
+    from contextlib import nullcontext
+
+    from ..run_folders import folder_lock
+
+    # one run per folder: a second train-aha into a folder in use is refused (rank 0 holds the lock for all ranks)
+    lock = folder_lock(Path(args.out), "train-aha") if int(os.environ.get("RANK", "0")) == 0 else nullcontext()
+    with lock:
+        res = train_aha(model, args.data, args.out, config=cfg, name=name, resume=args.resume,
+                        progress=not args.no_progress, device=device, command=command,
+                        overwrite=getattr(args, "overwrite", False))
     if int(os.environ.get("RANK", "0")) == 0 and res.finished:
         v = res.validation or {}
-        print(f"train-aha: {res.step} steps in {res.seconds:.0f} s; validation deletion {v.get('deletion', 0):.4f} "
-              f"insertion {v.get('insertion', 0):.4f} difference {v.get('difference', 0):.4f}; wrote {res.weights}")
+        measured = (f"validation deletion {v['deletion']:.4f} insertion {v['insertion']:.4f} difference "
+                    f"{v['difference']:.4f}" if v.get("n", 1) and all(k in v for k in ("deletion", "insertion", "difference"))
+                    else "no validation (--n-val 0)")
+        print(f"train-aha: {res.step} steps in {res.seconds:.0f} s; {measured}; wrote {res.weights}")
     return 0
 
 

@@ -276,6 +276,7 @@ class _Run:
     mean_img: Tensor | None = None
     mean_std: tuple[Sequence[float], Sequence[float]] = ((0.0, 0.0, 0.0), (1.0, 1.0, 1.0))
     best: dict[str, Any] | None = None  # the best validation so far: step, score, pool, decoder state
+    target_id: str = ""
 
     def seconds(self) -> float:
         """Training wall time so far, including the runs this one resumes."""
@@ -300,6 +301,21 @@ def _config(config: AHATrainConfig | None, overrides: dict[str, Any]) -> AHATrai
 def _setup(model: nn.Module, data: Any, out_dir: str | os.PathLike | None, cfg: AHATrainConfig, name: str,
            resume: bool, overwrite: bool, device: str | torch.device | None, threads: int | None) -> _Run:
     """Guard the run folder, choose the device, join the process group, build the network, data and optimiser."""
+    from ..devices import check_device
+
+    check_device(device)
+    if cfg.grid_range is not None and not 1 <= cfg.grid_range[0] <= cfg.grid_range[1]:
+        raise InputError(f"grid_range (--grid-range MIN MAX) needs 1 <= MIN <= MAX; got {cfg.grid_range[0]} "
+                         f"{cfg.grid_range[1]}")
+    if isinstance(data, str) and data.partition(":")[0] in ("scenes", "planted", "cues"):
+        from ..options import check_known
+
+        kind, _, settings = data.partition(":")
+        for part in filter(None, (p.strip() for p in settings.split(","))):
+            key, _, value = part.partition("=")
+            check_known("setting", f"--data {kind}", [key], ["size"])
+            if not value.isdigit() or int(value) < 1:
+                raise InputError(f"--data {kind}: size must be an integer >= 1; got {value!r}")
     if out_dir is not None and int(os.environ.get("RANK", "0")) == 0:
         from ..options import check_file_name
         from ..run_folders import guard_run_folder
@@ -334,10 +350,15 @@ def _setup(model: nn.Module, data: Any, out_dir: str | os.PathLike | None, cfg: 
     opt = torch.optim.AdamW(net.decoder.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, cfg.steps, cfg.warmup_frac))
     out = Path(out_dir) if out_dir is not None else None
+    with torch.no_grad():  # which target: its class, size and a checksum of its weights (resume refuses another)
+        params = [p.detach().double() for p in model.parameters()]
+        checksum = sum(float((p * (1 + torch.arange(p.numel(), dtype=p.dtype, device=p.device).reshape(p.shape)
+                                    % 7)).sum()) for p in params)
+    target_id = f"{type(model).__name__}:{sum(p.numel() for p in params)}:{checksum:.10g}"
     return _Run(cfg=cfg, model=model, adapter=adapter, net=net, dev=dev, dist_info=dist_info, local_batch=local_batch,
                 amp=amp, ckpting=ckpting, train_set=train_set, val_set=val_set, data_info=data_info, opt=opt,
                 sched=sched, out=out, ckpt_path=out / "checkpoint.pt" if out is not None else None,
-                mean_img=mean_img, mean_std=mean_std(model))
+                mean_img=mean_img, mean_std=mean_std(model), target_id=target_id)
 
 
 def _resume(run: _Run, resume: bool) -> None:
@@ -352,7 +373,22 @@ def _resume(run: _Run, resume: bool) -> None:
         diff = sorted(k for k in mine if k not in RESUMABLE_CHANGES and saved.get(k) != mine[k])
         if diff:
             raise InputError(f"cannot resume {run.ckpt_path}: its config differs in {', '.join(diff)}")
-        run.net.decoder.load_state_dict(ck["decoder"])
+        if ck.get("target", run.target_id) != run.target_id:
+            raise InputError(f"cannot resume {run.ckpt_path}: it was trained for another target model "
+                             f"({ck['target']}, this one is {run.target_id}); pass the checkpoint's --model")
+        theirs, mine_d = ck.get("data", run.data_info), run.data_info  # the counts follow config, checked above
+        keys = sorted(k for k in set(theirs) | set(mine_d) if k not in ("n_train", "n_val")
+                      and theirs.get(k) != mine_d.get(k))
+        if keys:
+            raise InputError(f"cannot resume {run.ckpt_path}: it was trained on other data (differs in "
+                             f"{', '.join(keys)}: {theirs.get(keys[0])!r} there, {mine_d.get(keys[0])!r} now)")
+        try:
+            run.net.decoder.load_state_dict(ck["decoder"])
+        except RuntimeError as e:
+            why = next((ln.strip() for ln in str(e).splitlines() if "size mismatch" in ln or "Missing" in ln
+                        or "Unexpected" in ln), str(e).splitlines()[0])[:160]
+            raise InputError(f"cannot resume {run.ckpt_path}: its decoder does not fit this model ({why}); pass "
+                             "the checkpoint's --model, or --overwrite to train a new run") from None
         run.opt.load_state_dict(ck["optimizer"])
         run.sched.load_state_dict(ck["scheduler"])
         run.step = int(ck["step"])
@@ -389,8 +425,8 @@ def _save_checkpoint(run: _Run, seconds: float) -> None:
     save_torch({"decoder": run.net.decoder.state_dict(), "optimizer": run.opt.state_dict(),
                 "scheduler": run.sched.state_dict(), "step": run.step, "rng": _rng_state(),
                 "config": run.cfg.to_dict(), "history": run.history, "validation": run.validation,
-                "val_history": run.val_history, "seconds": seconds, "arch": run.net.arch, "best": run.best},
-               run.ckpt_path)
+                "val_history": run.val_history, "seconds": seconds, "arch": run.net.arch, "best": run.best,
+                "target": run.target_id, "data": run.data_info}, run.ckpt_path)
 
 
 def _run_validation(run: _Run) -> dict[str, Any]:

@@ -70,6 +70,17 @@ class BenchConfig:
             raise InputError("no method given: --methods needs at least one method name (see `vitlens methods`)")
         if not self.metrics:
             raise InputError("no metric given: --metrics needs at least one metric name")
+        for flag, specs in (("--methods", self.methods), ("--metrics", self.metrics)):
+            labels = [spec_label(name, opts) for name, opts in specs]  # one label = one set of result rows
+            twice = next((label for label in labels if labels.count(label) > 1), None)
+            if twice is not None:
+                raise InputError(f"{flag} lists {twice} twice; give each configured method or metric once")
+            seen: dict[str, str] = {}
+            for label in labels:
+                other = seen.setdefault(safe_label(label).casefold(), label)
+                if other != label:
+                    raise InputError(f"{flag} {other} and {label} would share one name in the results "
+                                     f"({safe_label(label)}); give them settings that differ in letters or digits")
 
     def to_json(self) -> dict[str, Any]:
         return json.loads(dumps({

@@ -364,10 +364,16 @@ class Explainer(Method):
         x = x.to(adapter.dtype())  # fp16/bf16/fp64 models get their dtype (torch.autocast still applies inside)
         adapter.check_input(x)
         tgt = make_target(target)
+        if getattr(adapter.model, "num_classes", None) == 0 and hasattr(adapter.model, "reset_classifier"):
+            from ..errors import TargetError
+
+            raise TargetError(f"{type(adapter.model).__name__} has no classifier head (num_classes=0): its output "
+                              "is features, not class scores, so there is no class to explain")
         b = x.shape[0]
-        chunk = b if batch_size is None else int(batch_size)
-        if chunk <= 0:
-            raise InputError(f"batch_size must be positive, got {batch_size}")
+        if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(batch_size, int)
+                                       or batch_size <= 0):
+            raise InputError(f"batch_size must be a positive integer, got {batch_size!r}")
+        chunk = b if batch_size is None else batch_size
         parts: list[tuple[Attribution, Tensor, Target]] = []
         meter = CostMeter(adapter.model)
         fast = adapter.readout_only(all_queries=False) if self.readout_logit_only else contextlib.nullcontext()

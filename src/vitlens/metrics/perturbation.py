@@ -138,7 +138,7 @@ class InsertionDeletion(PerturbationMetric):
         base = dict(_ID_DEFAULTS)
         overrides: list[str] = []
         if preset is not None:
-            if preset not in ID_PRESETS:
+            if not isinstance(preset, str) or preset not in ID_PRESETS:
                 raise InputError(f"unknown preset {preset!r}; available: {', '.join(sorted(ID_PRESETS))}")
             base.update(ID_PRESETS[preset])
             overrides = sorted(k for k, v in given.items() if base.get(k) != v)

@@ -199,8 +199,11 @@ def load_model(name: str | nn.Module, pretrained: bool = True, weights: str | os
         - ``"hf:<id or local directory>"``: a HuggingFace image classifier from a local directory or the local cache;
         - an ``nn.Module``: checked and returned.
 
-    Extra ``kwargs`` go to ``timm.create_model`` / ``from_pretrained``.
+    Extra ``kwargs`` go to ``timm.create_model`` / ``from_pretrained``. An argument a name does not use (options,
+    ``weights=`` or ``pretrained=False`` for a bundled model, anything but ``device`` for a module) is refused, never
+    ignored; so is a device this machine does not have.
     """
+    _check_load_arguments(name, pretrained, weights, device, kwargs)
     if isinstance(name, nn.Module):
         model = name
     elif not isinstance(name, str):
@@ -221,6 +224,32 @@ def load_model(name: str | nn.Module, pretrained: bool = True, weights: str | os
     if device is not None:
         model.to(device)
     return model
+
+
+def _check_load_arguments(name: Any, pretrained: bool, weights: Any, device: Any, kwargs: dict) -> None:
+    """Refuse arguments ``load_model`` would otherwise ignore for ``name``, before anything is loaded."""
+    from ..devices import check_device
+
+    check_device(device)
+    if not isinstance(pretrained, bool):
+        raise InputError(f"load_model: pretrained must be True or False; got {pretrained!r}")
+    if isinstance(name, str) and (name.startswith("timm:") or name.startswith("hf:")):
+        if name.startswith("hf:") and weights is not None:
+            raise InputError(f"load_model({name!r}): weights= applies to timm:<arch> and efficientnet_lite0; an hf: "
+                             "model reads its weights from its directory")
+        return
+    what = "an nn.Module" if isinstance(name, nn.Module) else f"{name!r}"
+    unused = sorted(kwargs)
+    if weights is not None and name != "efficientnet_lite0":
+        unused.insert(0, "weights")
+    if not pretrained and isinstance(name, nn.Module):
+        unused.insert(0, "pretrained")
+    if not pretrained and isinstance(name, str) and name != "efficientnet_lite0":
+        raise InputError(f"load_model({what}, pretrained=False): a bundled model is its trained weights; for random "
+                         "weights of an architecture use 'timm:<arch>' with pretrained=False")
+    if unused:
+        raise InputError(f"load_model({what}) takes no {', '.join(unused)} (only timm:<arch> and hf:<dir> models "
+                         "take options); they would be ignored")
 
 
 def _load_timm(arch: str, pretrained: bool, weights: str | os.PathLike | None, **kwargs: Any) -> nn.Module:

@@ -95,6 +95,14 @@ def _clean_axes(ax: Any) -> None:
         spine.set_visible(False)
 
 
+def _check_suffix(path: str | Path) -> None:
+    """A figure's file name must end in a format matplotlib writes (``.png``, ``.pdf``, ``.svg``, ...)."""
+    kinds = FigureCanvasAgg(Figure()).get_supported_filetypes()
+    if Path(path).suffix.lower().lstrip(".") not in kinds:
+        raise InputError(f"cannot save a figure as {path}: its name must end in one of "
+                         f"{', '.join('.' + k for k in sorted(kinds))}")
+
+
 def save_figure(
     path: str | Path,
     image: ImageLike,
@@ -136,6 +144,7 @@ def save_figure(
     Returns:
         The path written.
     """
+    _check_suffix(path)
     pixels = upsample_image(image, min_side)
     arr = map_array(heatmap, allow_nan=True)
     blended, scale, colormap = overlay_with_scale(pixels, arr, alpha, cmap, normalize, clip)
@@ -240,6 +249,7 @@ def save_grid(
     Returns:
         The path written.
     """
+    _check_suffix(path)
     image_list = _image_list(images)
     if not image_list:
         raise InputError("save_grid got no images")

@@ -298,9 +298,13 @@ def map_to_original(heatmap: MapLike, original_hw: tuple[int, int], config: Any)
     """
     from vitlens.images import data_config, resize_shape
 
+    from vitlens.errors import InputError
+
+    h, w = (int(v) for v in original_hw)
+    if h < 1 or w < 1:
+        raise InputError(f"map_to_original: the original image size must be at least 1 x 1 pixels; got {h} x {w}")
     cfg = data_config(config)
     arr = np.nan_to_num(map_array(heatmap, allow_nan=True), nan=0.0)
-    h, w = (int(v) for v in original_hw)
     out_h, out_w = cfg.size_hw
     if arr.shape != (out_h, out_w):
         arr = _resize_map(arr, (out_h, out_w))
