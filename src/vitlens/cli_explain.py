@@ -190,11 +190,13 @@ def _write_image(path: Path, base: Path, view: Any, results: dict[str, Any], j: 
         stem = f"{base.name}.{_safe(label)}"
         meta = {"method": label, "model": args.model, "image": str(path), "target_class": str(cls)}
         on_original = viz.map_to_original(exp.maps[j].cpu().numpy(), original.shape[:2], cfg)
+        # one colour range, from the model's view, for both figures of this map
+        scale = viz.map_scale(exp.maps[j].cpu().numpy(), style["normalize"], style["clip"])
         viz.save_figure(base.parent / f"{stem}.png", original, on_original, title=label,
                         caption=f"{caption} — on the original image (uncoloured: cropped away before the model)",
-                        metadata=meta, **style)
+                        metadata=meta, scale=scale, **style)
         viz.save_figure(base.parent / f"{stem}.view.png", view, exp.maps[j].cpu(), title=label,
-                        caption=f"{caption} — on the model's input view", metadata=meta, **style)
+                        caption=f"{caption} — on the model's input view", metadata=meta, scale=scale, **style)
         arrays = {"map": exp.maps[j].cpu().numpy()}
         if exp.token_maps is not None:
             arrays["token_map"] = exp.token_maps[j].cpu().numpy()
@@ -206,6 +208,7 @@ def _write_image(path: Path, base: Path, view: Any, results: dict[str, Any], j: 
                      "score": float(exp.scores[j]), "targets": [cls], "scores": [float(exp.scores[j])],
                      "remainder": None if exp.remainder is None else float(exp.remainder[j]),
                      "seconds_per_image": seconds / len(exp),
+                     "colour": {**style, "scale": {"mode": scale.mode, "vmin": scale.vmin, "vmax": scale.vmax}},
                      "files": {"figure": f"{stem}.png", "view": f"{stem}.view.png", "maps": f"{stem}.npz"}})
         write_text(base.parent / f"{stem}.json", json.dumps(info, indent=2))
         record["methods"][label] = {"class": cls, "name": info["target_name"], "probability": prob,

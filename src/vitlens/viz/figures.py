@@ -107,6 +107,7 @@ def save_figure(
     cmap: str | Colormap | None = None,
     normalize: MapNormalization = "auto",
     clip: float | None = 99.5,
+    scale: Scale | None = None,
     units: str = "relevance",
     min_side: int = 320,
     panel_size: float = 3.6,
@@ -126,7 +127,9 @@ def save_figure(
         show_image: also show the plain image left of the overlay.
         alpha, cmap, normalize, clip: as in :func:`vitlens.viz.overlay`; by default the colour scale ends at the
             99.5th percentile (a few extreme pixels, common in gradient maps, would wash out the rest; ``None``:
-            the maximum).
+            the maximum). The scale is computed over the pixels that have a value (NaN is left out).
+        scale: a fixed colour range (:func:`vitlens.viz.map_scale`), e.g. to draw a map on the original image and
+            on the model's view with the same colours; ``normalize`` and ``clip`` are then unused.
         units: what the map's values are, for the colour bar's label.
         min_side: images whose shorter side is smaller are enlarged (integer factor, nearest) before blending.
         panel_size: width of each panel in inches (height follows the aspect ratio).
@@ -138,7 +141,7 @@ def save_figure(
     """
     pixels = upsample_image(image, min_side)
     arr = map_array(heatmap, allow_nan=True)
-    blended, scale, colormap = overlay_with_scale(pixels, arr, alpha, cmap, normalize, clip)
+    blended, scale, colormap = overlay_with_scale(pixels, arr, alpha, cmap, normalize, clip, scale)
     h, w = blended.shape[:2]
     panels = [("image", pixels), (title or "explanation", blended)] if show_image else [(title or "", blended)]
     width = panel_size * len(panels) + 1.1
