@@ -41,6 +41,13 @@ def add_explain_parser(sub: Any, formatter: type[argparse.HelpFormatter]) -> arg
     e.add_argument("--batch", type=positive_int, default=16, help="images per batch (>= 1)")
     e.add_argument("--normalize", default="auto", choices=["auto", "signed", "abs", "minmax"],
                    help="colour scaling: auto = signed maps on a diverging scale centred at 0, others min to max")
+    e.add_argument("--style", default="auto", choices=["auto", "overlay", "blend", "abs"],
+                   help="how maps are drawn: overlay = colours over the photo; blend = signed colours over the image in "
+                        "grey; abs = |relevance| over the image in grey; auto = blend for pixel-level methods "
+                        "(input x gradient, IG, ...), overlay for token-level ones")
+    e.add_argument("--smooth", type=float, default=0.0, metavar="SIGMA",
+                   help="Gaussian smoothing of the drawn maps, in pixels of the model's view (0 = none; maps saved "
+                        "in .npz are never smoothed)")
     e.add_argument("--clip", type=float, default=99.5,
                    help="percentile where the colour scale ends (100 = the maximum)")
     e.add_argument("--out", default="vitlens-out", help="output folder")
@@ -140,6 +147,7 @@ def _caption(cls: int, prob: float | None, names: list[str] | None) -> str:
 def cmd_explain(args: argparse.Namespace) -> int:
     import vitlens
     from vitlens import images as vimages
+    from vitlens import viz
     from vitlens.data.classes import model_class_names
     from vitlens.errors import InputError
 
@@ -155,7 +163,12 @@ def cmd_explain(args: argparse.Namespace) -> int:
     model = load_model_with_options(args.model, model_kwargs).to(device)
     cfg = vimages.data_config(model)
     names = model_class_names(model)
-    style = {"normalize": args.normalize, "clip": None if args.clip >= 100 else args.clip}
+    if not 0.0 <= args.smooth < float("inf"):
+        raise InputError(f"--smooth must be a number >= 0 (pixels of the model's view), got {args.smooth}")
+    style: dict[str, Any] = {"normalize": args.normalize, "clip": None if args.clip >= 100 else args.clip,
+                             "smooth": args.smooth,
+                             "styles": {label: viz.default_style(method.level) if args.style == "auto" else args.style
+                                        for label, method in methods}}
     for start in range(0, len(paths), args.batch):
         chunk = list(range(start, min(start + args.batch, len(paths))))
         x = vitlens.load_images([str(paths[i]) for i in chunk], cfg).to(device)
@@ -189,14 +202,18 @@ def _write_image(path: Path, base: Path, view: Any, results: dict[str, Any], j: 
         caption = _caption(cls, prob, names)
         stem = f"{base.name}.{_safe(label)}"
         meta = {"method": label, "model": args.model, "image": str(path), "target_class": str(cls)}
-        on_original = viz.map_to_original(exp.maps[j].cpu().numpy(), original.shape[:2], cfg)
+        kind = style["styles"][label]
+        raw = exp.maps[j].cpu().numpy()
+        drawn = viz.smooth_map(abs(raw) if kind == "abs" else raw, style["smooth"])
+        on_original = viz.map_to_original(drawn, original.shape[:2], cfg)
         # one colour range, from the model's view, for both figures of this map
-        scale = viz.map_scale(exp.maps[j].cpu().numpy(), style["normalize"], style["clip"])
+        scale = viz.map_scale(drawn, viz.style_normalize(kind, style["normalize"]), style["clip"])
+        looks = {"scale": scale, "style": kind}
         viz.save_figure(base.parent / f"{stem}.png", original, on_original, title=label,
                         caption=f"{caption} — on the original image (uncoloured: cropped away before the model)",
-                        metadata=meta, scale=scale, **style)
-        viz.save_figure(base.parent / f"{stem}.view.png", view, exp.maps[j].cpu(), title=label,
-                        caption=f"{caption} — on the model's input view", metadata=meta, scale=scale, **style)
+                        metadata=meta, **looks)
+        viz.save_figure(base.parent / f"{stem}.view.png", view, drawn, title=label,
+                        caption=f"{caption} — on the model's input view", metadata=meta, **looks)
         arrays = {"map": exp.maps[j].cpu().numpy()}
         if exp.token_maps is not None:
             arrays["token_map"] = exp.token_maps[j].cpu().numpy()
@@ -208,7 +225,9 @@ def _write_image(path: Path, base: Path, view: Any, results: dict[str, Any], j: 
                      "score": float(exp.scores[j]), "targets": [cls], "scores": [float(exp.scores[j])],
                      "remainder": None if exp.remainder is None else float(exp.remainder[j]),
                      "seconds_per_image": seconds / len(exp),
-                     "colour": {**style, "scale": {"mode": scale.mode, "vmin": scale.vmin, "vmax": scale.vmax}},
+                     "colour": {"style": kind, "normalize": style["normalize"], "clip": style["clip"],
+                                "smooth_sigma": style["smooth"], "cmap": "inferno" if kind == "abs" else viz.default_cmap(scale.mode),
+                                "scale": {"mode": scale.mode, "vmin": scale.vmin, "vmax": scale.vmax}},
                      "files": {"figure": f"{stem}.png", "view": f"{stem}.view.png", "maps": f"{stem}.npz"}})
         write_text(base.parent / f"{stem}.json", json.dumps(info, indent=2))
         record["methods"][label] = {"class": cls, "name": info["target_name"], "probability": prob,
@@ -221,7 +240,7 @@ def _write_image(path: Path, base: Path, view: Any, results: dict[str, Any], j: 
         grid = base.parent / f"{base.name}.grid.png"
         viz.save_grid(grid, [view], grid_maps, captions=[_caption(first["class"], first["probability"], names)],
                       row_labels=[path.name], col_size=2.2, metadata={"model": args.model, "image": str(path)},
-                      **style)
+                      normalize=style["normalize"], clip=style["clip"], styles=style["styles"], smooth=style["smooth"])
         record["grid"] = str(grid)
     return record
 

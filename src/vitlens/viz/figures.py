@@ -26,11 +26,14 @@ from .pixels import (
     ImageLike,
     MapLike,
     MapNormalization,
+    MapStyle,
     Scale,
     is_signed,
     map_array,
     overlay_with_scale,
     prepare_path,
+    smooth_map,
+    style_normalize,
     to_uint8,
     upsample_image,
 )
@@ -108,6 +111,8 @@ def save_figure(
     normalize: MapNormalization = "auto",
     clip: float | None = 99.5,
     scale: Scale | None = None,
+    style: MapStyle = "overlay",
+    smooth: float = 0.0,
     units: str = "relevance",
     min_side: int = 320,
     panel_size: float = 3.6,
@@ -130,6 +135,9 @@ def save_figure(
             the maximum). The scale is computed over the pixels that have a value (NaN is left out).
         scale: a fixed colour range (:func:`vitlens.viz.map_scale`), e.g. to draw a map on the original image and
             on the model's view with the same colours; ``normalize`` and ``clip`` are then unused.
+        style: ``'overlay'``, ``'blend'`` or ``'abs'`` (see :data:`vitlens.viz.MapStyle`); the plain image panel is
+            shown in colour in every style.
+        smooth: Gaussian smoothing of the map before drawing, standard deviation in map pixels (0: none).
         units: what the map's values are, for the colour bar's label.
         min_side: images whose shorter side is smaller are enlarged (integer factor, nearest) before blending.
         panel_size: width of each panel in inches (height follows the aspect ratio).
@@ -141,7 +149,8 @@ def save_figure(
     """
     pixels = upsample_image(image, min_side)
     arr = map_array(heatmap, allow_nan=True)
-    blended, scale, colormap = overlay_with_scale(pixels, arr, alpha, cmap, normalize, clip, scale)
+    arr = smooth_map(np.abs(arr) if style == "abs" else arr, smooth)  # |h| is smoothed: signs never cancel
+    blended, scale, colormap = overlay_with_scale(pixels, arr, alpha, cmap, normalize, clip, scale, style)
     h, w = blended.shape[:2]
     panels = [("image", pixels), (title or "explanation", blended)] if show_image else [(title or "", blended)]
     width = panel_size * len(panels) + 1.1
@@ -218,6 +227,8 @@ def save_grid(
     cmap: str | Colormap | None = None,
     normalize: MapNormalization = "auto",
     clip: float | None = 99.5,
+    styles: Mapping[str, MapStyle] | None = None,
+    smooth: float = 0.0,
     units: str = "relevance",
     dpi: int = 100,
     metadata: Mapping[str, str] | None = None,
@@ -236,6 +247,8 @@ def save_grid(
         colorbar: draw one colour bar under each method column saying what its colours mean. Each map is scaled on
             its own; ``normalize='auto'`` scales a whole column as signed when any of its maps is signed.
         alpha, cmap, normalize, clip: passed to :func:`vitlens.viz.overlay` (``clip``: see :func:`save_figure`).
+        styles: method label → its style (see :data:`vitlens.viz.MapStyle`); default ``'overlay'``.
+        smooth: Gaussian smoothing of every map, standard deviation in map pixels (0: none).
         units: what the maps' values are, for the colour bars.
         dpi: resolution of the written raster.
         metadata: provenance stored in the file (PNG text chunks).
@@ -269,7 +282,11 @@ def save_grid(
         pixels = upsample_image(to_uint8(image), cell_px)
         cells = [pixels]
         for name, maps in columns.items():
-            blended, scale, colormap = overlay_with_scale(pixels, maps[r], alpha, cmap, modes[name], clip)
+            style = (styles or {}).get(name, "overlay")
+            mode = style_normalize(style, normalize) if style != "overlay" else modes[name]
+            blended, scale, colormap = overlay_with_scale(pixels, smooth_map(np.abs(map_array(maps[r])) if style == "abs"
+                                                                     else maps[r], smooth), alpha, cmap, mode,
+                                                          clip, style=style)
             scales.setdefault(name, (scale, colormap))
             cells.append(blended)
         for c, cell in enumerate(cells):

@@ -30,7 +30,12 @@ __all__ = [
     "ImageLike",
     "MapLike",
     "MapNormalization",
+    "MapStyle",
+    "STYLES",
     "Scale",
+    "smooth_map",
+    "default_style",
+    "style_normalize",
     "to_uint8",
     "is_signed",
     "scale_map",
@@ -55,6 +60,14 @@ MapLike = torch.Tensor | np.ndarray
 """A heatmap ``(H, W)`` of any real values (leading singleton dimensions such as ``(1, H, W)`` are dropped)."""
 
 MapNormalization = Literal["auto", "signed", "minmax", "abs", "none"]
+
+MapStyle = Literal["overlay", "blend", "abs"]
+"""How a map is drawn over its image: ``'overlay'`` — colours over the colour image (token-level maps);
+``'blend'`` — signed colours (blue < 0 < red) over a dimmed greyscale image, opacity growing with ``|h|``;
+``'abs'`` — ``|h|`` on a sequential colour map over the greyscale image, opacity growing with ``|h|``. The last two
+keep pixel-level maps (input × gradient, Integrated Gradients) readable on colour photos."""
+
+STYLES: tuple[str, ...] = ("overlay", "blend", "abs")
 
 # Float images may overshoot [0, 1] by interpolation round-off; beyond this they are taken to be normalised input.
 _RANGE_TOLERANCE = 1e-3
@@ -262,12 +275,60 @@ def _colormap(cmap: str | Colormap) -> Colormap:
         raise InputError(f"unknown matplotlib colormap {cmap!r}") from None
 
 
+def default_style(level: str) -> MapStyle:
+    """The style a method's maps are drawn in by default: ``'blend'`` for pixel-level methods (``level='pixel'``),
+    ``'overlay'`` for token-level ones."""
+    return "blend" if level == "pixel" else "overlay"
+
+
+def style_normalize(style: str, normalize: MapNormalization) -> MapNormalization:
+    """The scaling a style implies: ``'abs'`` always scales ``|h|``; ``'blend'`` turns ``'auto'`` into ``'signed'``."""
+    if style == "abs":
+        return "abs"
+    return "signed" if style == "blend" and normalize == "auto" else normalize
+
+
+def smooth_map(heatmap: MapLike, sigma: float) -> np.ndarray:
+    """Gaussian smoothing of a heatmap ``(H, W)`` with standard deviation ``sigma`` in map pixels (0: unchanged).
+
+    For display only (speckled pixel-level maps); NaN pixels take no part and stay NaN. Edges are handled by
+    normalising with the kernel weight that fell inside the map, so a constant map stays constant.
+    Returns ``(H, W)`` float64.
+    """
+    arr = map_array(heatmap, allow_nan=True)
+    if not (math.isfinite(float(sigma)) and float(sigma) >= 0.0):
+        raise InputError(f"smoothing sigma must be a number >= 0 (map pixels), got {sigma!r}")
+    if float(sigma) == 0.0:
+        return arr
+    radius = max(1, int(math.ceil(3.0 * float(sigma))))
+    taps = torch.arange(-radius, radius + 1, dtype=torch.float64)
+    kernel = torch.exp(-0.5 * (taps / float(sigma)) ** 2)
+    kernel = kernel / kernel.sum()
+    missing = np.isnan(arr)
+
+    def blur(values: np.ndarray) -> np.ndarray:
+        t = torch.from_numpy(np.ascontiguousarray(values))[None, None]
+        t = F.conv2d(F.pad(t, (radius, radius, 0, 0)), kernel.view(1, 1, 1, -1))
+        t = F.conv2d(F.pad(t, (0, 0, radius, radius)), kernel.view(1, 1, -1, 1))
+        return t[0, 0].numpy()
+
+    weight = blur((~missing).astype(np.float64))
+    total = blur(np.where(missing, 0.0, arr))
+    return np.where(missing, np.nan, total / np.maximum(weight, 1e-12))
+
+
 def upsample_image(image: ImageLike, min_side: int) -> np.ndarray:
     """``(H, W, 3)`` uint8, enlarged by the smallest integer factor that makes its shorter side ``>= min_side``
     (nearest neighbour: every input pixel stays a visible square, nothing is invented)."""
     pixels = to_uint8(image)
     factor = max(1, math.ceil(int(min_side) / min(pixels.shape[:2])))
     return pixels if factor == 1 else np.repeat(np.repeat(pixels, factor, axis=0), factor, axis=1)
+
+
+def _greyscale_background(pixels: np.ndarray) -> np.ndarray:
+    """``(H, W, 3)`` float: the image in grey (Rec. 601 luma), its contrast reduced so colours stand out on it."""
+    grey = pixels.astype(np.float64) @ np.array([0.299, 0.587, 0.114])
+    return np.repeat((64.0 + 0.5 * grey)[..., None], 3, axis=-1)
 
 
 def overlay_with_scale(
@@ -278,16 +339,20 @@ def overlay_with_scale(
     normalize: MapNormalization = "auto",
     clip: float | None = None,
     scale: Scale | None = None,
+    style: MapStyle = "overlay",
 ) -> tuple[np.ndarray, Scale, Colormap]:
     """:func:`overlay` that also returns the :class:`Scale` and colour map it used (for a colour bar)."""
     if not 0.0 <= float(alpha) <= 1.0:
         raise InputError(f"alpha must lie in [0, 1], got {alpha!r}")
+    if style not in STYLES:
+        raise InputError(f"style must be one of {', '.join(STYLES)}, got {style!r}")
     pixels = to_uint8(image)
     arr = map_array(heatmap, allow_nan=True)
     if scale is None:  # over the map's own pixels that have a value, before any resampling to the image
-        scale = map_scale(arr, normalize, clip)
+        scale = map_scale(arr, style_normalize(style, normalize), clip)
     mode = scale.mode
-    colormap = _colormap(cmap if cmap is not None else default_cmap(mode))
+    default = "inferno" if style == "abs" and mode == "abs" else default_cmap(mode)
+    colormap = _colormap(cmap if cmap is not None else default)
     scaled = apply_scale(_resize_map(arr, pixels.shape[:2]), scale)
     valid = ~np.isnan(scaled)  # areas the model did not see (map_to_original): the image shows through
     scaled = np.where(valid, scaled, 0.0)
@@ -295,8 +360,11 @@ def overlay_with_scale(
     weight = np.full(scaled.shape, float(alpha))
     if mode == "signed":  # opacity grows with |h| (full colour at ±max for alpha 0.5): 0 leaves the image as it is
         weight = min(1.0, 2.0 * float(alpha)) * np.abs(2.0 * scaled - 1.0)
+    elif style != "overlay":  # magnitude on grey: opacity grows with the value, 0 shows the grey image
+        weight = min(1.0, 2.0 * float(alpha)) * scaled
     weight = np.where(valid, weight, 0.0)[..., None]
-    blended = (1.0 - weight) * pixels.astype(np.float64) + weight * colours
+    background = pixels.astype(np.float64) if style == "overlay" else _greyscale_background(pixels)
+    blended = (1.0 - weight) * background + weight * colours
     return np.clip(np.rint(blended), 0, 255).astype(np.uint8), scale, colormap
 
 
@@ -308,6 +376,7 @@ def overlay(
     normalize: MapNormalization = "auto",
     clip: float | None = None,
     scale: Scale | None = None,
+    style: MapStyle = "overlay",
 ) -> np.ndarray:
     """Blend a colour-mapped heatmap over an image.
 
@@ -322,13 +391,15 @@ def overlay(
         clip: percentile clipping of the scale (see :func:`scale_map`).
         scale: a fixed colour range (from :func:`map_scale`) instead of one computed from this map; ``normalize``
             and ``clip`` are then unused.
+        style: ``'overlay'``, ``'blend'`` (greyscale image, signed colours) or ``'abs'`` (greyscale image, ``|h|``
+            on ``'inferno'``); see :data:`MapStyle`.
 
     Returns:
         ``(H, W, 3)`` uint8 RGB: ``round((1 - a) * image + a * 255 * cmap(map))`` with ``a = alpha``; for signed
         scaling ``a = min(1, 2 alpha) * |h| / max|h|``, so zero relevance leaves the image as it is and the strongest
         evidence of either sign is drawn in full colour.
     """
-    return overlay_with_scale(image, heatmap, alpha, cmap, normalize, clip, scale)[0]
+    return overlay_with_scale(image, heatmap, alpha, cmap, normalize, clip, scale, style)[0]
 
 
 def map_to_original(heatmap: MapLike, original_hw: tuple[int, int], config: Any) -> np.ndarray:
