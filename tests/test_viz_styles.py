@@ -100,3 +100,16 @@ def test_explain_records_the_style(tmp_path: Path) -> None:
     assert main(["explain", str(photo), *tiny, "--style", "abs", "--out", str(tmp_path / "a"), "--quiet"]) == 0
     assert json.loads(next((tmp_path / "a").glob("*.json")).read_text())["colour"]["scale"]["mode"] == "abs"
     assert main(["explain", str(photo), *tiny, "--smooth", "-1", "--out", str(tmp_path / "b")]) != 0
+
+
+def test_display_names_come_from_the_methods() -> None:
+    import vitlens  # noqa: F401  (registers the methods)
+    from vitlens.explainers import display_label, display_parts
+
+    assert display_label("gradcam") == "Grad-CAM"
+    assert display_label("integrated_gradients") == "Integrated Gradients"
+    assert display_label("inputxgradient") == "Input × Gradient"
+    assert display_label("aha[refine_steps=0]") == "AHA (T = 0)"
+    assert display_parts("gradskip[alpha=0,skip=fixed]") == ("GradSkip", "alpha = 0, skip = fixed")
+    assert display_label("my_method[x=1]") == "my_method (x = 1)"  # unknown: the code name is kept
+    assert display_label("image") == "image"

@@ -190,6 +190,7 @@ def _write_image(path: Path, base: Path, view: Any, results: dict[str, Any], j: 
     from PIL import ImageOps
 
     from vitlens import viz
+    from vitlens.explainers import display_label
     from vitlens.images import open_image_file
 
     original = np.asarray(ImageOps.exif_transpose(open_image_file(path, str(path))).convert("RGB"))
@@ -209,10 +210,11 @@ def _write_image(path: Path, base: Path, view: Any, results: dict[str, Any], j: 
         # one colour range, from the model's view, for both figures of this map
         scale = viz.map_scale(drawn, viz.style_normalize(kind, style["normalize"]), style["clip"])
         looks = {"scale": scale, "style": kind}
-        viz.save_figure(base.parent / f"{stem}.png", original, on_original, title=label,
+        shown = display_label(label)
+        viz.save_figure(base.parent / f"{stem}.png", original, on_original, title=shown,
                         caption=f"{caption} — on the original image (uncoloured: cropped away before the model)",
                         metadata=meta, **looks)
-        viz.save_figure(base.parent / f"{stem}.view.png", view, drawn, title=label,
+        viz.save_figure(base.parent / f"{stem}.view.png", view, drawn, title=shown,
                         caption=f"{caption} — on the model's input view", metadata=meta, **looks)
         arrays = {"map": exp.maps[j].cpu().numpy()}
         if exp.token_maps is not None:
@@ -234,7 +236,7 @@ def _write_image(path: Path, base: Path, view: Any, results: dict[str, Any], j: 
                                     "forward_passes": exp.cost.forward_passes,
                                     "backward_passes": exp.cost.backward_passes,
                                     "seconds": seconds / len(exp), "figure": str(base.parent / f"{stem}.png")}
-        grid_maps[label] = [exp.maps[j].cpu()]
+        grid_maps[label] = [exp.maps[j].cpu()]  # keyed by code label (styles); titled by display name below
     if len(results) > 1:
         first = next(iter(record["methods"].values()))
         grid = base.parent / f"{base.name}.grid.png"

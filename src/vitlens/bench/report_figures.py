@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 
+from ..explainers.registry import display_label
 from .naming import column_info
 from .store import read_rows
 
@@ -76,7 +77,7 @@ def plot_curves(run_dir: Path, order: list[str]) -> Path | None:
         for method in [m for m in order if m in groups[key]] + [m for m in groups[key] if m not in order]:
             arr = np.asarray(groups[key][method], dtype=float)
             mean = arr.mean(0)
-            label = f"{method} (AUC {curve_auc(x, mean):.3f})"
+            label = f"{display_label(method)} (AUC {curve_auc(x, mean):.3f})"
             line = ax.plot(x, mean, label=label, color=colours.get(method), lw=1.6)[0]
             if arr.shape[0] > 1:
                 half = t95(arr.shape[0]) * arr.std(0, ddof=1) / math.sqrt(arr.shape[0])

@@ -45,6 +45,8 @@ class AHA(Explainer):
     """
 
     name = "aha"
+    display_name = "AHA"
+    option_symbols = {"refine_steps": "T"}
     level = "pixel"
     requires = None
     defaults: dict[str, Any] = {"explainer": None, "refine_steps": 3, "lr": 0.05, "grid": None, "tau": 0.03, "m": 16,

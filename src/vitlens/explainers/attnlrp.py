@@ -110,6 +110,7 @@ class AttnLRP(_GradientInputLRP):
     """
 
     name = "attnlrp"
+    display_name = "AttnLRP"
     mode = "attnlrp"
 
 
@@ -125,4 +126,5 @@ class CPLRP(_GradientInputLRP):
     """
 
     name = "cplrp"
+    display_name = "CP-LRP"
     mode = "cplrp"

@@ -151,6 +151,7 @@ class TransformerAttribution(Explainer):
     """
 
     name = "transformer_attribution"
+    display_name = "Transformer Attribution"
     requires = "attention"
     level = "token"
     defaults: dict[str, Any] = {"alpha": 1.0}

@@ -28,6 +28,7 @@ class GAE(Explainer):
     """
 
     name = "gae"
+    display_name = "GAE"
     requires = "attention"
     level = "token"
     defaults: dict[str, Any] = {}

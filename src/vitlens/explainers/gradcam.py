@@ -81,6 +81,7 @@ class GradCAM(_OneLayer):
     """
 
     name = "gradcam"
+    display_name = "Grad-CAM"
     requires = "features"
     defaults: dict[str, Any] = {"layer": -1}
 
@@ -200,6 +201,7 @@ class FinerCAM(_OneLayer):
     """
 
     name = "finercam"
+    display_name = "Finer-CAM"
     requires = "features"
     defaults: dict[str, Any] = {"references": 3, "gamma": 1.0, "weighting": "mean", "layer": -1}
 
@@ -252,6 +254,7 @@ class AttentionGradCAM(_OneLayer):
     """
 
     name = "attn_gradcam"
+    display_name = "Attention Grad-CAM"
     requires = "attention"
     defaults: dict[str, Any] = {"layer": -1}
 

@@ -24,6 +24,7 @@ class InputXGradient(Explainer):
     readout_logit_only = True  # logits only: the readout fast path applies (base.Explainer)
 
     name = "inputxgradient"
+    display_name = "Input × Gradient"
     level = "pixel"
     defaults: dict[str, Any] = {}
 
@@ -39,6 +40,7 @@ class RandomMap(Explainer):
     so maps are deterministic and a batch equals one-by-one calls."""
 
     name = "random"
+    display_name = "Random"
     level = "token"
     defaults: dict[str, Any] = {"seed": 0}
 

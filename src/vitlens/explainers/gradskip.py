@@ -54,6 +54,7 @@ class GradSkip(Explainer):
     """
 
     name = "gradskip"
+    display_name = "GradSkip"
     requires = "attention"
     level = "token"
     defaults: dict[str, Any] = {

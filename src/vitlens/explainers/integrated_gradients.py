@@ -105,6 +105,7 @@ class IntegratedGradients(Explainer):
     readout_logit_only = True  # logits only: the readout fast path applies (base.Explainer)
 
     name = "integrated_gradients"
+    display_name = "Integrated Gradients"
     level = "pixel"
     defaults: dict[str, Any] = {
         "n_steps": 50,

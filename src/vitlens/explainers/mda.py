@@ -118,6 +118,7 @@ class MDA(Explainer):
     """
 
     name = "mda"
+    display_name = "MDA"
     level = "pixel"
     requires = None
     defaults: dict[str, Any] = {

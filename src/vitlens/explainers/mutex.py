@@ -136,6 +136,7 @@ class MUTEX(Explainer):
     """
 
     name = "mutex"
+    display_name = "MUTEX"
     level = "token"
     requires = "tokens"
     defaults: dict[str, Any] = {

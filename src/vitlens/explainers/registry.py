@@ -10,7 +10,8 @@ from ..errors import InputError
 if TYPE_CHECKING:
     from .base import Explainer
 
-__all__ = ["Method", "register", "get_method", "methods", "method_classes", "requirements"]
+__all__ = ["Method", "register", "get_method", "methods", "method_classes", "requirements", "display_label",
+           "display_parts"]
 
 
 class Method:
@@ -19,6 +20,11 @@ class Method:
     from a method name."""
 
     name: ClassVar[str] = ""
+    #: the name people write in papers (``"Grad-CAM"``); figures, reports and tables show it, files and JSON keep
+    #: ``name``. Empty: ``name`` is shown.
+    display_name: ClassVar[str] = ""
+    #: option name → the symbol a paper uses for it in a display label (AHA: ``{"refine_steps": "T"}``).
+    option_symbols: ClassVar[dict[str, str]] = {}
 
 
 _METHODS: dict[str, type["Explainer"]] = {}
@@ -60,3 +66,29 @@ def requirements() -> dict[str, str | None]:
     """Method name → the adapter capability it requires (``None``: model-agnostic), for every registered method."""
     # every method file is registered once vitlens is imported (its package imports them all)
     return {name: cls.requires for name, cls in _METHODS.items()}
+
+
+def display_parts(label: str) -> tuple[str, str]:
+    """A method label (``'aha[refine_steps=0]'``, as :func:`vitlens.bench.specs.spec_label` writes it) → its display
+    name and settings in words: ``('AHA', 'T = 0')``. Unknown methods keep their code name; labels that are not
+    ``name[k=v,...]`` are returned whole with no settings."""
+    name, sep, rest = str(label).partition("[")
+    cls = _METHODS.get(name)
+    shown = (cls.display_name or name) if cls is not None else name
+    if not sep:
+        return shown, ""
+    if not rest.endswith("]"):
+        return str(label), ""
+    symbols = cls.option_symbols if cls is not None else {}
+    pairs = []
+    for part in rest[:-1].split(","):
+        key, eq, value = part.partition("=")
+        pairs.append(f"{symbols.get(key, key)} = {value}" if eq else part)
+    return shown, ", ".join(pairs)
+
+
+def display_label(label: str) -> str:
+    """A method label as a paper writes it, on one line: ``'aha[refine_steps=0]'`` → ``'AHA (T = 0)'``,
+    ``'gradcam'`` → ``'Grad-CAM'`` (see :func:`display_parts`)."""
+    shown, settings = display_parts(label)
+    return f"{shown} ({settings})" if settings else shown

@@ -64,6 +64,7 @@ class RISE(Explainer):
     readout_logit_only = True  # logits only: the readout fast path applies (base.Explainer)
 
     name = "rise"
+    display_name = "RISE"
     level = "pixel"
     requires = None
     defaults: dict[str, Any] = {

@@ -76,6 +76,7 @@ class AttentionRollout(Explainer):
     """
 
     name = "rollout"
+    display_name = "Attention Rollout"
     requires = "attention"
     level = "token"
     defaults: dict[str, Any] = {"head_fusion": "mean", "discard_ratio": 0.0, "discard_per": "matrix"}

@@ -55,6 +55,7 @@ class Gradient(Explainer):
     readout_logit_only = True  # logits only: the readout fast path applies (base.Explainer)
 
     name = "gradient"
+    display_name = "Gradient"
     level = "pixel"
     defaults: dict[str, Any] = {"reduce": "max_abs"}
 
@@ -87,6 +88,7 @@ class SmoothGrad(Explainer):
     readout_logit_only = True  # logits only: the readout fast path applies (base.Explainer)
 
     name = "smoothgrad"
+    display_name = "SmoothGrad"
     level = "pixel"
     defaults: dict[str, Any] = {"n": 50, "noise": 0.15, "seed": 0, "reduce": "max_abs", "internal_batch_size": 64}
     fast_options: dict[str, Any] = {"n": 4}

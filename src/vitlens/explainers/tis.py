@@ -83,6 +83,7 @@ class TIS(Explainer):
     """
 
     name = "tis"
+    display_name = "TIS"
     level = "token"
     requires = "tokens"
     defaults: dict[str, Any] = {

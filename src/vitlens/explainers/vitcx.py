@@ -93,6 +93,7 @@ class ViTCX(Explainer):
     """
 
     name = "vitcx"
+    display_name = "ViT-CX"
     level = "pixel"
     requires = "attention"  # an adapter that captures the residual stream (the attention-capable ones)
     defaults: dict[str, Any] = {

@@ -208,7 +208,9 @@ def _check_grid(rows: int, columns: Mapping[str, list], titles: Sequence[str] | 
 
 
 def _column_title(title: str, width_chars: int) -> str:
-    name, settings = split_label(title)
+    from vitlens.explainers.registry import display_parts  # the registry imports no method
+
+    name, settings = display_parts(title)
     text = textwrap.fill(name, width_chars)
     return text + ("\n" + textwrap.fill(settings, width_chars + 4) if settings else "")
 
@@ -239,7 +241,8 @@ def save_grid(
         path: output file (``.png``; matplotlib picks the format from the suffix). Parent folders are created.
         images: ``(B, 3, H, W)`` tensor, ``(B, H, W, 3)`` array, or a list of B images (see :data:`ImageLike`).
         heatmaps: method label → its B maps, as a ``(B, h, w)`` tensor/array or a list; column order is dict order.
-            A label with settings (``'gradskip[alpha=0]'``) is titled by name with its settings underneath.
+            A label with settings (``'gradskip[alpha=0]'``) is titled by its display name with its settings
+            underneath (``GradSkip`` / ``alpha = 0``; see :func:`vitlens.explainers.display_parts`).
         titles: column titles, ``1 + len(heatmaps)`` of them; default ``['image', *heatmaps]``.
         row_labels: one label per image, drawn left of each row (wrapped, never cut); default none.
         captions: one caption per image, drawn under the image (e.g. class, probability, true label).
