@@ -107,3 +107,12 @@ def test_import_vitlens_gives_viz_and_metrics_and_a_compact_repr() -> None:
     text = repr(exp)
     assert "\n" not in text and len(text) < 240
     assert "method='gradskip'" in text and "alpha=0.0" in text and "maps=(9, 32, 32)" in text and "…" in text
+
+
+def test_explain_without_model_is_a_usage_error(tmp_path: Path, photos: list[Path], capsys) -> None:
+    with pytest.raises(SystemExit) as stop:
+        main(["explain", str(photos[0]), "--out", str(tmp_path / "o")])
+    assert stop.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].endswith("error: the following arguments are required: --model")
+    assert not (tmp_path / "o").exists()  # nothing was explained with a model the user did not choose

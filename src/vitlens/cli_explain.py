@@ -28,8 +28,9 @@ def add_explain_parser(sub: Any, formatter: type[argparse.HelpFormatter]) -> arg
                        help="explain images with one or more methods; figures, maps and provenance per image",
                        description=__doc__.split("\n\n")[1].replace("\n", " "))
     e.add_argument("images", nargs="+", help="image files, or folders (every image under them)")
-    e.add_argument("--model", default="shapes-vit",
-                   help="bundled name (vitlens models), efficientnet_lite0, timm:<arch> or hf:<dir>")
+    e.add_argument("--model", required=True,
+                   help="the model to explain (required): bundled name (vitlens models), efficientnet_lite0, "
+                        "timm:<arch> or hf:<dir>")
     e.add_argument("--model-option", action="append", default=[], metavar="KEY=VALUE",
                    help="argument for load_model, repeatable (e.g. pretrained=False, num_classes=10)")
     e.add_argument("--methods", "--method", dest="methods", default="gradskip",
