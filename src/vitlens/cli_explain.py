@@ -51,6 +51,10 @@ def add_explain_parser(sub: Any, formatter: type[argparse.HelpFormatter]) -> arg
                         "in .npz are never smoothed)")
     e.add_argument("--clip", type=float, default=99.5,
                    help="percentile where the colour scale ends (100 = the maximum)")
+    e.add_argument("--format", default="png", choices=["png", "pdf", "svg"],
+                   help="file format of the figures and grids (provenance: PNG text chunks, PDF subject, SVG "
+                        "description, and always the JSON)")
+    e.add_argument("--dpi", type=positive_int, default=100, help="resolution of the figures in dots per inch")
     e.add_argument("--out", default="vitlens-out", help="output folder")
     e.add_argument("--json", action="store_true", help="print one JSON record per image instead of a summary line")
     e.add_argument("--quiet", action="store_true", help="print nothing but errors")
@@ -195,6 +199,8 @@ def _write_image(path: Path, base: Path, view: Any, results: dict[str, Any], j: 
     from vitlens.images import open_image_file
 
     original = np.asarray(ImageOps.exif_transpose(open_image_file(path, str(path))).convert("RGB"))
+    # a huge photo is drawn at 2048 px on its longer side (the crop's geometry is kept up to one display pixel)
+    original = viz.display_image(original, 1, _MAX_SIDE)
     base.parent.mkdir(parents=True, exist_ok=True)
     record: dict[str, Any] = {"image": str(path), "model": args.model, "methods": {}}
     grid_maps: dict[str, Any] = {}
@@ -212,11 +218,12 @@ def _write_image(path: Path, base: Path, view: Any, results: dict[str, Any], j: 
         scale = viz.map_scale(drawn, viz.style_normalize(kind, style["normalize"]), style["clip"])
         looks = {"scale": scale, "style": kind}
         shown = display_label(label)
-        viz.save_figure(base.parent / f"{stem}.png", original, on_original, title=shown,
+        ext = args.format
+        viz.save_figure(base.parent / f"{stem}.{ext}", original, on_original, title=shown,
                         caption=f"{caption} — on the original image (uncoloured: cropped away before the model)",
-                        metadata=meta, **looks)
-        viz.save_figure(base.parent / f"{stem}.view.png", view, drawn, title=shown,
-                        caption=f"{caption} — on the model's input view", metadata=meta, **looks)
+                        metadata=meta, dpi=args.dpi, **looks)
+        viz.save_figure(base.parent / f"{stem}.view.{ext}", view, drawn, title=shown,
+                        caption=f"{caption} — on the model's input view", metadata=meta, dpi=args.dpi, **looks)
         arrays = {"map": exp.maps[j].cpu().numpy()}
         if exp.token_maps is not None:
             arrays["token_map"] = exp.token_maps[j].cpu().numpy()
@@ -231,21 +238,25 @@ def _write_image(path: Path, base: Path, view: Any, results: dict[str, Any], j: 
                      "colour": {"style": kind, "normalize": style["normalize"], "clip": style["clip"],
                                 "smooth_sigma": style["smooth"], "cmap": "inferno" if kind == "abs" else viz.default_cmap(scale.mode),
                                 "scale": {"mode": scale.mode, "vmin": scale.vmin, "vmax": scale.vmax}},
-                     "files": {"figure": f"{stem}.png", "view": f"{stem}.view.png", "maps": f"{stem}.npz"}})
+                     "files": {"figure": f"{stem}.{ext}", "view": f"{stem}.view.{ext}", "maps": f"{stem}.npz"}})
         write_text(base.parent / f"{stem}.json", json.dumps(info, indent=2))
         record["methods"][label] = {"class": cls, "name": info["target_name"], "probability": prob,
                                     "forward_passes": exp.cost.forward_passes,
                                     "backward_passes": exp.cost.backward_passes,
-                                    "seconds": seconds / len(exp), "figure": str(base.parent / f"{stem}.png")}
+                                    "seconds": seconds / len(exp), "figure": str(base.parent / f"{stem}.{ext}")}
         grid_maps[label] = [exp.maps[j].cpu()]  # keyed by code label (styles); titled by display name below
     if len(results) > 1:
         first = next(iter(record["methods"].values()))
-        grid = base.parent / f"{base.name}.grid.png"
+        grid = base.parent / f"{base.name}.grid.{args.format}"
         viz.save_grid(grid, [view], grid_maps, captions=[_caption(first["class"], first["probability"], names)],
                       row_labels=[path.name], col_size=2.2, metadata={"model": args.model, "image": str(path)},
-                      normalize=style["normalize"], clip=style["clip"], styles=style["styles"], smooth=style["smooth"])
+                      normalize=style["normalize"], clip=style["clip"], styles=style["styles"], smooth=style["smooth"],
+                      dpi=args.dpi)
         record["grid"] = str(grid)
     return record
+
+
+_MAX_SIDE = 2048  # longest side of the original drawn in a figure
 
 
 def _safe(label: str) -> str:

@@ -34,8 +34,8 @@ from .pixels import (
     prepare_path,
     smooth_map,
     style_normalize,
+    display_image,
     to_uint8,
-    upsample_image,
 )
 
 from ..atomic import atomic_path
@@ -115,6 +115,7 @@ def save_figure(
     smooth: float = 0.0,
     units: str = "relevance",
     min_side: int = 320,
+    max_side: int = 2048,
     panel_size: float = 3.6,
     dpi: int = 100,
     metadata: Mapping[str, str] | None = None,
@@ -123,7 +124,7 @@ def save_figure(
     caption (e.g. ``"tiger cat, p = 0.93 (true: tiger cat)"``).
 
     Args:
-        path: output file (``.png``); parent folders are created.
+        path: output file; the format follows the suffix (``.png``, ``.pdf``, ``.svg``); parent folders are created.
         image: the picture (see :data:`vitlens.viz.ImageLike`) at any resolution, e.g. the original photo with
             :func:`vitlens.viz.map_to_original` applied to the map.
         heatmap: ``(h, w)`` map, resized to the image; NaN where the model saw nothing (left uncoloured).
@@ -140,21 +141,26 @@ def save_figure(
         smooth: Gaussian smoothing of the map before drawing, standard deviation in map pixels (0: none).
         units: what the map's values are, for the colour bar's label.
         min_side: images whose shorter side is smaller are enlarged (integer factor, nearest) before blending.
-        panel_size: width of each panel in inches (height follows the aspect ratio).
+        max_side: the longest side drawn, in pixels: larger images (and their maps) are shrunk to it, smaller ones
+            are never enlarged beyond it (see :func:`vitlens.viz.display_image`).
+        panel_size: width of each panel in inches; the height follows the aspect ratio, bounded to between a
+            quarter of and four times the width (very thin images are drawn in a panel of that size).
         dpi: resolution of the written raster.
-        metadata: provenance stored in the file (PNG text chunks).
+        metadata: provenance stored in the file (PNG text chunks; for PDF and SVG as JSON in the document's
+            subject/description).
 
     Returns:
         The path written.
     """
-    pixels = upsample_image(image, min_side)
+    pixels = display_image(image, min_side, max_side)
     arr = map_array(heatmap, allow_nan=True)
     arr = smooth_map(np.abs(arr) if style == "abs" else arr, smooth)  # |h| is smoothed: signs never cancel
     blended, scale, colormap = overlay_with_scale(pixels, arr, alpha, cmap, normalize, clip, scale, style)
     h, w = blended.shape[:2]
     panels = [("image", pixels), (title or "explanation", blended)] if show_image else [(title or "", blended)]
     width = panel_size * len(panels) + 1.1
-    height = panel_size * h / w + (0.5 if caption else 0.15) + (0.35 if title else 0.0)
+    aspect = min(4.0, max(0.25, h / w))  # a 1 x 500 strip must not make a figure a hundred metres tall
+    height = panel_size * aspect + (0.5 if caption else 0.15) + (0.35 if title else 0.0)
     fig = Figure(figsize=(width, height), dpi=dpi, layout="constrained")
     FigureCanvasAgg(fig)
     axes = fig.subplots(1, len(panels), squeeze=False)[0]
@@ -168,8 +174,26 @@ def save_figure(
         fig.supxlabel(textwrap.fill(caption, int(12 * width)), fontsize=10)
     path = prepare_path(path)
     with atomic_path(path) as tmp:  # no half-written picture survives an error or a kill
-        fig.savefig(tmp, dpi=dpi, metadata=dict(metadata) if metadata else None)
+        fig.savefig(tmp, dpi=dpi, format=path.suffix.lstrip(".").lower() or None,
+                    metadata=_file_metadata(path, metadata))
     return path
+
+
+def _file_metadata(path: Path, metadata: Mapping[str, str] | None) -> dict[str, str] | None:
+    """Provenance in the form each format takes: PNG text chunks; PDF ``Subject`` and SVG ``Description`` (JSON)."""
+    if not metadata:
+        return None
+    kind = path.suffix.lower()
+    if kind == ".png":
+        return {str(k): str(v) for k, v in metadata.items()}
+    import json
+
+    text = json.dumps({str(k): str(v) for k, v in metadata.items()})
+    if kind == ".pdf":
+        return {"Subject": text}
+    if kind == ".svg":
+        return {"Description": text}
+    return None
 
 
 def _image_list(images: ImageLike | Sequence[ImageLike]) -> list[ImageLike]:
@@ -282,7 +306,7 @@ def save_grid(
     cell_px = max(1, int(col_size * dpi))
     scales: dict[str, tuple[Scale, Colormap]] = {}
     for r, image in enumerate(image_list):
-        pixels = upsample_image(to_uint8(image), cell_px)
+        pixels = display_image(image, cell_px, max(cell_px, 1024))
         cells = [pixels]
         for name, maps in columns.items():
             style = (styles or {}).get(name, "overlay")
@@ -310,5 +334,6 @@ def save_grid(
                           location="bottom", fontsize=7.5)
     path = prepare_path(path)
     with atomic_path(path) as tmp:  # no half-written picture survives an error or a kill
-        fig.savefig(tmp, dpi=dpi, metadata=dict(metadata) if metadata else None)
+        fig.savefig(tmp, dpi=dpi, format=path.suffix.lstrip(".").lower() or None,
+                    metadata=_file_metadata(path, metadata))
     return path

@@ -44,6 +44,7 @@ __all__ = [
     "normalize_map",
     "default_cmap",
     "upsample_image",
+    "display_image",
     "overlay",
     "overlay_with_scale",
     "map_to_original",
@@ -315,6 +316,21 @@ def smooth_map(heatmap: MapLike, sigma: float) -> np.ndarray:
     weight = blur((~missing).astype(np.float64))
     total = blur(np.where(missing, 0.0, arr))
     return np.where(missing, np.nan, total / np.maximum(weight, 1e-12))
+
+
+def display_image(image: ImageLike, min_side: int, max_side: int = 2048) -> np.ndarray:
+    """``(H', W', 3)`` uint8 for display: small images enlarged by an integer factor (nearest) towards a shorter side
+    ``>= min_side``, but never beyond a longer side of ``max_side``; images whose longer side exceeds ``max_side``
+    shrunk to it (antialiased), so a figure never holds a huge photo at full size and any aspect ratio stays bounded.
+    """
+    pixels = to_uint8(image)
+    h, w = pixels.shape[:2]
+    longest = max(h, w)
+    if longest > max_side:
+        size = (max(1, round(w * max_side / longest)), max(1, round(h * max_side / longest)))
+        return np.asarray(Image.fromarray(pixels).resize(size, Image.Resampling.LANCZOS))
+    factor = max(1, min(math.ceil(int(min_side) / min(h, w)), max_side // longest))
+    return pixels if factor == 1 else np.repeat(np.repeat(pixels, factor, axis=0), factor, axis=1)
 
 
 def upsample_image(image: ImageLike, min_side: int) -> np.ndarray:
