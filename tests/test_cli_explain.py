@@ -116,3 +116,11 @@ def test_explain_without_model_is_a_usage_error(tmp_path: Path, photos: list[Pat
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].endswith("error: the following arguments are required: --model")
     assert not (tmp_path / "o").exists()  # nothing was explained with a model the user did not choose
+
+
+def test_unsupported_model_error_is_one_short_line(tmp_path: Path, photos: list[Path], capsys) -> None:
+    assert main(["explain", str(photos[0]), "--model", "timm:resnet18", "--model-option", "pretrained=False",
+                 "--methods", "gradskip", "--out", str(tmp_path / "o")]) != 0
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and len(err) < 300, err
+    assert "vitlens models" in err and "gradcam" in err  # where to look, and what works on this model

@@ -137,11 +137,9 @@ def get_adapter(model: nn.Module | Adapter, require: str | None = None, method: 
                 f"{type(adapter.model).__name__} is not supported by this method (it needs '{require}'): {refused}; "
                 f"methods that work on this model: {', '.join(adapter.working_methods())}"
             )
-        supported = ", ".join(f"{a.family} ({a.__doc__.strip().splitlines()[0]})" for a in _ADAPTERS)
-        raise UnsupportedModelError(
-            f"{type(adapter.model).__name__} is not supported by this method (it needs '{require}'); "
-            f"supported families: {supported}; methods that work on this model: "
-            f"{', '.join(adapter.working_methods())}. To add a family, register an Adapter (docs/architecture.md)"
+        raise UnsupportedModelError(  # one short line: the families are listed by `vitlens models`
+            f"{type(adapter.model).__name__} is not supported by this method (it needs '{require}'; supported "
+            f"families: see 'vitlens models'); methods that work on this model: {', '.join(adapter.working_methods())}"
         )
     if method is not None:
         adapter.check_method(method)
