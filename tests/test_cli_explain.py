@@ -124,3 +124,13 @@ def test_unsupported_model_error_is_one_short_line(tmp_path: Path, photos: list[
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and len(err) < 300, err
     assert "vitlens models" in err and "gradcam" in err  # where to look, and what works on this model
+
+
+def test_progress_per_image_on_stderr(tmp_path: Path, photos: list[Path], capsys) -> None:
+    assert main(["explain", *map(str, photos[:2]), *TINY, "--methods", "rollout", "--json",
+                 "--out", str(tmp_path / "p")]) == 0
+    captured = capsys.readouterr()
+    lines = [line for line in captured.err.splitlines() if line.startswith("[")]
+    assert lines[0].startswith("[1/2] images explained") and "ETA" in lines[0]
+    assert lines[-1].startswith("[2/2]") and lines[-1].endswith("done")
+    assert all(line.startswith("{") for line in captured.out.splitlines())  # stdout: only the JSON records
