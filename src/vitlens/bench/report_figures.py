@@ -73,6 +73,8 @@ def plot_curves(run_dir: Path, order: list[str]) -> Path | None:
     colours = {m: f"C{k % 10}" for k, m in enumerate(order)}
     for k, key in enumerate(keys):
         ax = fig.add_subplot(nrows, ncols, k + 1)
+        # a probability lies in [0, 1]: the band of a mean near an end is cut there, not drawn beyond it
+        lo, hi = (0.0, 1.0) if _score_label(run_dir, key[0]) == "class probability" else (-np.inf, np.inf)
         x = np.asarray(xs[key], float)
         for method in [m for m in order if m in groups[key]] + [m for m in groups[key] if m not in order]:
             arr = np.asarray(groups[key][method], dtype=float)
@@ -81,7 +83,8 @@ def plot_curves(run_dir: Path, order: list[str]) -> Path | None:
             line = ax.plot(x, mean, label=label, color=colours.get(method), lw=1.6)[0]
             if arr.shape[0] > 1:
                 half = t95(arr.shape[0]) * arr.std(0, ddof=1) / math.sqrt(arr.shape[0])
-                ax.fill_between(x, mean - half, mean + half, color=line.get_color(), alpha=0.15, lw=0)
+                ax.fill_between(x, np.clip(mean - half, lo, hi), np.clip(mean + half, lo, hi), color=line.get_color(),
+                                alpha=0.15, lw=0)
         title, xlabel, better = _CURVE_TEXT[key[1]]
         settings = column_info(f"{key[0]}/{key[1]}", True).settings
         ax.set_title(f"{title}\n({better}{'; ' + settings if settings else ''})", fontsize=10)

@@ -41,6 +41,7 @@ class RandomMap(Explainer):
 
     name = "random"
     display_name = "Random"
+    baseline = True
     level = "token"
     defaults: dict[str, Any] = {"seed": 0}
 

@@ -11,7 +11,7 @@ if TYPE_CHECKING:
     from .base import Explainer
 
 __all__ = ["Method", "register", "get_method", "methods", "method_classes", "requirements", "display_label",
-           "display_parts"]
+           "display_parts", "is_baseline"]
 
 
 class Method:
@@ -25,6 +25,8 @@ class Method:
     display_name: ClassVar[str] = ""
     #: option name → the symbol a paper uses for it in a display label (AHA: ``{"refine_steps": "T"}``).
     option_symbols: ClassVar[dict[str, str]] = {}
+    #: a reference point rather than a method (the random map): never marked best, e.g. for its cost.
+    baseline: ClassVar[bool] = False
 
 
 _METHODS: dict[str, type["Explainer"]] = {}
@@ -92,3 +94,9 @@ def display_label(label: str) -> str:
     ``'gradcam'`` → ``'Grad-CAM'`` (see :func:`display_parts`)."""
     shown, settings = display_parts(label)
     return f"{shown} ({settings})" if settings else shown
+
+
+def is_baseline(label: str) -> bool:
+    """Whether a method label (``'random[seed=1]'``) names a baseline (:attr:`Method.baseline`)."""
+    cls = _METHODS.get(str(label).partition("[")[0])
+    return bool(cls is not None and cls.baseline)
