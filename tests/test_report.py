@@ -150,5 +150,8 @@ def test_baseline_cost_is_never_marked_best_and_methods_show_display_names(run: 
             assert best[key] == min(float(r[key]["mean"] if isinstance(r[key], dict) else r[key]) for r in others
                                     if r.get(key) is not None), key
     assert random_row["method"] == "random"  # the code name stays in the JSON
+    random_html = (run / "report.html").read_text().split("<b>Random</b>")[1].split("</tr>")[0]
+    cost_cells = re.findall(r"<td class='([^']*)'", random_html)[-3:]
+    assert "num best" not in cost_cells, cost_cells
     page = (run / "report.html").read_text()
     assert "<b>GradSkip</b>" in page and "<b>Random</b>" in page and "alpha = 0.0" in page

@@ -134,6 +134,11 @@ def plot_examples(run_dir: Path, methods: list[str], class_names: list[str] | No
     preds = {int(r[0]): r for r in read_rows(run_dir / "results.sqlite", "SELECT * FROM predictions")}
     captions = [_caption(preds.get(i), target, class_names) for i in idx]
     path = run_dir / "examples.png"
+    from ..explainers.registry import method_classes
+    from ..viz import default_style
+
+    classes = method_classes()
+    styles = {m: default_style(classes[m.partition("[")[0]].level) for m in maps if m.partition("[")[0] in classes}
     save_grid(str(path), pix, maps, row_labels=[f"image {i}" for i in idx],
-              captions=captions if any(captions) else None, col_size=1.9)
+              captions=captions if any(captions) else None, col_size=1.9, styles=styles)
     return path

@@ -13,7 +13,7 @@ import math
 from pathlib import Path
 from typing import Any, Sequence
 
-from ..explainers.registry import display_label
+from ..explainers.registry import display_label, is_baseline
 from .naming import Column
 
 __all__ = ["render_page"]
@@ -128,7 +128,9 @@ def _table(rows: list[dict[str, Any]], cols: list[Column], best: dict[str, float
             if group == "Cost":
                 for key, _ in cost_keys:
                     digits = ".1f" if key == "ms_per_image" else "g"
-                    cells.append(_num_cell(row.get(key), best.get(key), digits))
+                    # a baseline's cost is never marked, even where it ties with the best
+                    mark = None if is_baseline(str(row["method"])) else best.get(key)
+                    cells.append(_num_cell(row.get(key), mark, digits))
                 continue
             cells += [_num_cell(row.get(c.key), best.get(c.key)) for c in cols if c.group == group]
         body.append("<tr>" + "".join(cells) + "</tr>")
