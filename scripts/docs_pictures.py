@@ -38,8 +38,10 @@ def grid() -> Path:
         prob, pred = model(x).softmax(-1).max(-1)
     captions = [f"predicted {names[int(c)]}, p = {float(p):.2f}; true {names[int(t)]}"
                 for c, p, t in zip(pred, prob, scenes.labels)]
+    classes = vitlens.explainers.registry.method_classes()
+    styles = {m: viz.default_style(classes[m].level) for m in METHODS}  # as vitlens explain draws them
     return viz.save_grid(OUT / "grid.png", denormalize(x, model), maps, captions=captions,
-                         row_labels=[f"scene {i}" for i in range(4)], col_size=1.8,
+                         row_labels=[f"scene {i}" for i in range(4)], col_size=1.8, styles=styles,
                          metadata={"command": "python scripts/docs_pictures.py", "model": "shapes-vit"})
 
 

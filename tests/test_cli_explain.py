@@ -107,3 +107,30 @@ def test_import_vitlens_gives_viz_and_metrics_and_a_compact_repr() -> None:
     text = repr(exp)
     assert "\n" not in text and len(text) < 240
     assert "method='gradskip'" in text and "alpha=0.0" in text and "maps=(9, 32, 32)" in text and "…" in text
+
+
+def test_explain_without_model_is_a_usage_error(tmp_path: Path, photos: list[Path], capsys) -> None:
+    with pytest.raises(SystemExit) as stop:
+        main(["explain", str(photos[0]), "--out", str(tmp_path / "o")])
+    assert stop.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].endswith("error: the following arguments are required: --model")
+    assert not (tmp_path / "o").exists()  # nothing was explained with a model the user did not choose
+
+
+def test_unsupported_model_error_is_one_short_line(tmp_path: Path, photos: list[Path], capsys) -> None:
+    assert main(["explain", str(photos[0]), "--model", "timm:resnet18", "--model-option", "pretrained=False",
+                 "--methods", "gradskip", "--out", str(tmp_path / "o")]) != 0
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and len(err) < 300, err
+    assert "vitlens models" in err and "gradcam" in err  # where to look, and what works on this model
+
+
+def test_progress_per_image_on_stderr(tmp_path: Path, photos: list[Path], capsys) -> None:
+    assert main(["explain", *map(str, photos[:2]), *TINY, "--methods", "rollout", "--json",
+                 "--out", str(tmp_path / "p")]) == 0
+    captured = capsys.readouterr()
+    lines = [line for line in captured.err.splitlines() if line.startswith("[")]
+    assert lines[0].startswith("[1/2] images explained") and "ETA" in lines[0]
+    assert lines[-1].startswith("[2/2]") and lines[-1].endswith("done")
+    assert all(line.startswith("{") for line in captured.out.splitlines())  # stdout: only the JSON records

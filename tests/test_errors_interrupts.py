@@ -201,7 +201,7 @@ def test_train_aha_killed_at_several_points_equals_uninterrupted(tmp_path, train
      "vitlens: interrupted; finished results are kept in runs/b; resume with: "),
     ("train-aha", ["train-aha", "--model", "m", "--out", "runs/a", "--overwrite"],
      "vitlens: interrupted; finished results are kept in runs/a; resume with: "),
-    ("explain", ["explain", "x.png", "--out", "o"], "vitlens: interrupted; the files written so far are in o"),
+    ("explain", ["explain", "x.png", "--model", "shapes-vit", "--out", "o"], "vitlens: interrupted; the files written so far are in o"),
     ("methods", ["methods"], "vitlens: interrupted"),
 ])
 def test_ctrl_c_message_and_resume_command(monkeypatch, capsys, command, argv, expect):

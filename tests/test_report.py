@@ -136,3 +136,22 @@ def test_report_in_headless_chromium(run: Path, tmp_path: Path) -> None:
     assert out["ranks"] == [str(k) for k in range(1, 5)]
     clicked = [float(v) for v in out["after_click"]]
     assert out["after_click_sort"] == "descending" and clicked == sorted(clicked, reverse=True)
+
+
+def test_baseline_cost_is_never_marked_best_and_methods_show_display_names(run: Path) -> None:
+    from vitlens.bench.report import COST_KEYS, best_values
+
+    table = json.loads((run / "summary.json").read_text())
+    best = best_values(table, columns_of(table))
+    random_row = next(r for r in table if r["method"] == "random")
+    others = [r for r in table if r["method"] != "random"]
+    for key, _ in COST_KEYS:
+        if key in best:
+            assert best[key] == min(float(r[key]["mean"] if isinstance(r[key], dict) else r[key]) for r in others
+                                    if r.get(key) is not None), key
+    assert random_row["method"] == "random"  # the code name stays in the JSON
+    random_html = (run / "report.html").read_text().split("<b>Random</b>")[1].split("</tr>")[0]
+    cost_cells = re.findall(r"<td class='([^']*)'", random_html)[-3:]
+    assert "num best" not in cost_cells, cost_cells
+    page = (run / "report.html").read_text()
+    assert "<b>GradSkip</b>" in page and "<b>Random</b>" in page and "alpha = 0.0" in page

@@ -28,8 +28,9 @@ def add_explain_parser(sub: Any, formatter: type[argparse.HelpFormatter]) -> arg
                        help="explain images with one or more methods; figures, maps and provenance per image",
                        description=__doc__.split("\n\n")[1].replace("\n", " "))
     e.add_argument("images", nargs="+", help="image files, or folders (every image under them)")
-    e.add_argument("--model", default="shapes-vit",
-                   help="bundled name (vitlens models), efficientnet_lite0, timm:<arch> or hf:<dir>")
+    e.add_argument("--model", required=True,
+                   help="the model to explain (required): bundled name (vitlens models), efficientnet_lite0, "
+                        "timm:<arch> or hf:<dir>")
     e.add_argument("--model-option", action="append", default=[], metavar="KEY=VALUE",
                    help="argument for load_model, repeatable (e.g. pretrained=False, num_classes=10)")
     e.add_argument("--methods", "--method", dest="methods", default="gradskip",
@@ -41,8 +42,19 @@ def add_explain_parser(sub: Any, formatter: type[argparse.HelpFormatter]) -> arg
     e.add_argument("--batch", type=positive_int, default=16, help="images per batch (>= 1)")
     e.add_argument("--normalize", default="auto", choices=["auto", "signed", "abs", "minmax"],
                    help="colour scaling: auto = signed maps on a diverging scale centred at 0, others min to max")
+    e.add_argument("--style", default="auto", choices=["auto", "overlay", "blend", "abs"],
+                   help="how maps are drawn: overlay = colours over the photo; blend = signed colours over the image in "
+                        "grey; abs = |relevance| over the image in grey; auto = blend for pixel-level methods "
+                        "(input x gradient, IG, ...), overlay for token-level ones")
+    e.add_argument("--smooth", type=float, default=0.0, metavar="SIGMA",
+                   help="Gaussian smoothing of the drawn maps, in pixels of the model's view (0 = none; maps saved "
+                        "in .npz are never smoothed)")
     e.add_argument("--clip", type=float, default=99.5,
                    help="percentile where the colour scale ends (100 = the maximum)")
+    e.add_argument("--format", default="png", choices=["png", "pdf", "svg"],
+                   help="file format of the figures and grids (provenance: PNG text chunks, PDF subject, SVG "
+                        "description, and always the JSON)")
+    e.add_argument("--dpi", type=positive_int, default=100, help="resolution of the figures in dots per inch")
     e.add_argument("--out", default="vitlens-out", help="output folder")
     e.add_argument("--overwrite", action="store_true",
                    help="replace outputs an earlier run left in --out (default: refuse to replace any file)")
@@ -149,6 +161,7 @@ def _caption(cls: int, prob: float | None, names: list[str] | None) -> str:
 def cmd_explain(args: argparse.Namespace) -> int:
     import vitlens
     from vitlens import images as vimages
+    from vitlens import viz
     from vitlens.data.classes import model_class_names
     from vitlens.errors import InputError
 
@@ -164,8 +177,13 @@ def cmd_explain(args: argparse.Namespace) -> int:
     model = load_model_with_options(args.model, model_kwargs).to(device)
     cfg = vimages.data_config(model)
     names = model_class_names(model)
-    style = {"normalize": args.normalize, "clip": None if args.clip >= 100 else args.clip}
-    _refuse_replacing(out, planned_files(bases, [label for label, _ in methods]), args.overwrite)
+    if not 0.0 <= args.smooth < float("inf"):
+        raise InputError(f"--smooth must be a number >= 0 (pixels of the model's view), got {args.smooth}")
+    style: dict[str, Any] = {"normalize": args.normalize, "clip": None if args.clip >= 100 else args.clip,
+                             "smooth": args.smooth,
+                             "styles": {label: viz.default_style(method.level) if args.style == "auto" else args.style
+                                        for label, method in methods}}
+    _refuse_replacing(out, planned_files(bases, [label for label, _ in methods], args.format), args.overwrite)
     from vitlens.run_folders import folder_lock
 
     with folder_lock(out, "explain"):
@@ -173,16 +191,16 @@ def cmd_explain(args: argparse.Namespace) -> int:
     return 0
 
 
-def planned_files(bases: Sequence[str], labels: Sequence[str]) -> list[str]:
+def planned_files(bases: Sequence[str], labels: Sequence[str], ext: str = "png") -> list[str]:
     """Every file (relative to ``--out``) a run writes, in order; unique by construction (distinct input bases and
-    distinct label stems, both checked before anything is written)."""
+    distinct label stems, both checked before anything is written). ``ext``: the figures' format."""
     files = []
     for base in bases:
         for label in labels:
             stem = f"{base}.{_safe(label)}"
-            files += [f"{stem}.png", f"{stem}.view.png", f"{stem}.npz", f"{stem}.json"]
+            files += [f"{stem}.{ext}", f"{stem}.view.{ext}", f"{stem}.npz", f"{stem}.json"]
         if len(labels) > 1:
-            files.append(f"{base}.grid.png")
+            files.append(f"{base}.grid.{ext}")
     return files
 
 
@@ -203,9 +221,9 @@ def _refuse_replacing(out: Path, files: Sequence[str], overwrite: bool) -> None:
 
 def _explain_all(args: argparse.Namespace, out: Path, paths: list[Path], bases: list[str], methods: list,
                  model: Any, cfg: Any, names: list[str] | None, style: dict[str, Any], device: Any) -> None:
-    import vitlens
     from vitlens import images as vimages
 
+    began = time.perf_counter()
     for start in range(0, len(paths), args.batch):
         chunk = list(range(start, min(start + args.batch, len(paths))))
         x = _load_chunk([paths[i] for i in chunk], cfg, start, len(paths)).to(device)
@@ -218,6 +236,7 @@ def _explain_all(args: argparse.Namespace, out: Path, paths: list[Path], bases: 
         for j, i in enumerate(chunk):
             record = _write_image(paths[i], out / bases[i], pixels[j], results, j, probs, names, cfg, style, args)
             _report_line(record, args)
+            _progress(i + 1, len(paths), time.perf_counter() - began, args)
 
 
 def _load_chunk(paths: list[Path], cfg: Any, start: int, total: int) -> Any:
@@ -237,15 +256,27 @@ def _load_chunk(paths: list[Path], cfg: Any, start: int, total: int) -> Any:
         raise type(e)(f"image {start + int(m.group(1)) + 1} of {total}{str(e)[m.end():]}") from None
 
 
+def _progress(done: int, total: int, elapsed: float, args: argparse.Namespace) -> None:
+    """``[3/5] images explained, 41 s, ETA 27 s`` on stderr (stdout stays one record per image); nothing when quiet
+    or for a single image."""
+    if args.quiet or total < 2:
+        return
+    eta = f", ETA {elapsed / done * (total - done):.0f} s" if done < total else ", done"
+    print(f"[{done}/{total}] images explained, {elapsed:.0f} s{eta}", file=sys.stderr, flush=True)
+
+
 def _write_image(path: Path, base: Path, view: Any, results: dict[str, Any], j: int, probs: Any,
                  names: list[str] | None, cfg: Any, style: dict[str, Any], args: argparse.Namespace) -> dict:
     import numpy as np
     from PIL import ImageOps
 
     from vitlens import viz
+    from vitlens.explainers import display_label
     from vitlens.images import open_image_file
 
     original = np.asarray(ImageOps.exif_transpose(open_image_file(path, str(path))).convert("RGB"))
+    # a huge photo is drawn at 2048 px on its longer side (the crop's geometry is kept up to one display pixel)
+    original = viz.display_image(original, 1, _MAX_SIDE)
     base.parent.mkdir(parents=True, exist_ok=True)
     record: dict[str, Any] = {"image": str(path), "model": args.model, "methods": {}}
     grid_maps: dict[str, Any] = {}
@@ -255,12 +286,20 @@ def _write_image(path: Path, base: Path, view: Any, results: dict[str, Any], j: 
         caption = _caption(cls, prob, names)
         stem = f"{base.name}.{_safe(label)}"
         meta = {"method": label, "model": args.model, "image": str(path), "target_class": str(cls)}
-        on_original = viz.map_to_original(exp.maps[j].cpu().numpy(), original.shape[:2], cfg)
-        viz.save_figure(base.parent / f"{stem}.png", original, on_original, title=label,
+        kind = style["styles"][label]
+        raw = exp.maps[j].cpu().numpy()
+        drawn = viz.smooth_map(abs(raw) if kind == "abs" else raw, style["smooth"])
+        on_original = viz.map_to_original(drawn, original.shape[:2], cfg)
+        # one colour range, from the model's view, for both figures of this map
+        scale = viz.map_scale(drawn, viz.style_normalize(kind, style["normalize"]), style["clip"])
+        looks = {"scale": scale, "style": kind}
+        shown = display_label(label)
+        ext = args.format
+        viz.save_figure(base.parent / f"{stem}.{ext}", original, on_original, title=shown,
                         caption=f"{caption} — on the original image (uncoloured: cropped away before the model)",
-                        metadata=meta, **style)
-        viz.save_figure(base.parent / f"{stem}.view.png", view, exp.maps[j].cpu(), title=label,
-                        caption=f"{caption} — on the model's input view", metadata=meta, **style)
+                        metadata=meta, dpi=args.dpi, **looks)
+        viz.save_figure(base.parent / f"{stem}.view.{ext}", view, drawn, title=shown,
+                        caption=f"{caption} — on the model's input view", metadata=meta, dpi=args.dpi, **looks)
         arrays = {"map": exp.maps[j].cpu().numpy()}
         if exp.token_maps is not None:
             arrays["token_map"] = exp.token_maps[j].cpu().numpy()
@@ -272,21 +311,28 @@ def _write_image(path: Path, base: Path, view: Any, results: dict[str, Any], j: 
                      "score": float(exp.scores[j]), "targets": [cls], "scores": [float(exp.scores[j])],
                      "remainder": None if exp.remainder is None else float(exp.remainder[j]),
                      "seconds_per_image": seconds / len(exp),
-                     "files": {"figure": f"{stem}.png", "view": f"{stem}.view.png", "maps": f"{stem}.npz"}})
+                     "colour": {"style": kind, "normalize": style["normalize"], "clip": style["clip"],
+                                "smooth_sigma": style["smooth"], "cmap": "inferno" if kind == "abs" else viz.default_cmap(scale.mode),
+                                "scale": {"mode": scale.mode, "vmin": scale.vmin, "vmax": scale.vmax}},
+                     "files": {"figure": f"{stem}.{ext}", "view": f"{stem}.view.{ext}", "maps": f"{stem}.npz"}})
         write_text(base.parent / f"{stem}.json", json.dumps(info, indent=2))
         record["methods"][label] = {"class": cls, "name": info["target_name"], "probability": prob,
                                     "forward_passes": exp.cost.forward_passes,
                                     "backward_passes": exp.cost.backward_passes,
-                                    "seconds": seconds / len(exp), "figure": str(base.parent / f"{stem}.png")}
-        grid_maps[label] = [exp.maps[j].cpu()]
+                                    "seconds": seconds / len(exp), "figure": str(base.parent / f"{stem}.{ext}")}
+        grid_maps[label] = [exp.maps[j].cpu()]  # keyed by code label (styles); titled by display name below
     if len(results) > 1:
         first = next(iter(record["methods"].values()))
-        grid = base.parent / f"{base.name}.grid.png"
+        grid = base.parent / f"{base.name}.grid.{args.format}"
         viz.save_grid(grid, [view], grid_maps, captions=[_caption(first["class"], first["probability"], names)],
                       row_labels=[path.name], col_size=2.2, metadata={"model": args.model, "image": str(path)},
-                      **style)
+                      normalize=style["normalize"], clip=style["clip"], styles=style["styles"], smooth=style["smooth"],
+                      dpi=args.dpi)
         record["grid"] = str(grid)
     return record
+
+
+_MAX_SIDE = 2048  # longest side of the original drawn in a figure
 
 
 def _safe(label: str) -> str:

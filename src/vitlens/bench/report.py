@@ -111,14 +111,18 @@ def ranked(table: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], Column | 
 
 
 def best_values(table: list[dict[str, Any]], cols: list[Column]) -> dict[str, float]:
-    """Column key → its best mean (highest or lowest by the column's direction; cost: lowest)."""
+    """Column key → its best mean (highest or lowest by the column's direction; cost: lowest among the methods
+    that are not baselines: the random map is cheapest by construction and earns no mark)."""
+    from ..explainers.registry import is_baseline
+
     best: dict[str, float] = {}
     for c in cols:
         vals = [v for v in (_mean(r, c.key) for r in table) if not math.isnan(v)]
         if vals:
             best[c.key] = max(vals) if c.higher_is_better else min(vals)
     for key, _ in COST_KEYS:
-        vals = [v for v in (_mean(r, key) for r in table) if not math.isnan(v)]
+        vals = [v for v in (_mean(r, key) for r in table if not is_baseline(str(r.get("method", ""))))
+                if not math.isnan(v)]
         if vals and min(vals) < max(vals):  # a tie across all methods marks nothing
             best[key] = min(vals)
     return best

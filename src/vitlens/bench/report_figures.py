@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 
+from ..explainers.registry import display_label
 from .naming import column_info
 from .store import read_rows
 
@@ -72,15 +73,18 @@ def plot_curves(run_dir: Path, order: list[str]) -> Path | None:
     colours = {m: f"C{k % 10}" for k, m in enumerate(order)}
     for k, key in enumerate(keys):
         ax = fig.add_subplot(nrows, ncols, k + 1)
+        # a probability lies in [0, 1]: the band of a mean near an end is cut there, not drawn beyond it
+        lo, hi = (0.0, 1.0) if _score_label(run_dir, key[0]) == "class probability" else (-np.inf, np.inf)
         x = np.asarray(xs[key], float)
         for method in [m for m in order if m in groups[key]] + [m for m in groups[key] if m not in order]:
             arr = np.asarray(groups[key][method], dtype=float)
             mean = arr.mean(0)
-            label = f"{method} (AUC {curve_auc(x, mean):.3f})"
+            label = f"{display_label(method)} (AUC {curve_auc(x, mean):.3f})"
             line = ax.plot(x, mean, label=label, color=colours.get(method), lw=1.6)[0]
             if arr.shape[0] > 1:
                 half = t95(arr.shape[0]) * arr.std(0, ddof=1) / math.sqrt(arr.shape[0])
-                ax.fill_between(x, mean - half, mean + half, color=line.get_color(), alpha=0.15, lw=0)
+                ax.fill_between(x, np.clip(mean - half, lo, hi), np.clip(mean + half, lo, hi), color=line.get_color(),
+                                alpha=0.15, lw=0)
         title, xlabel, better = _CURVE_TEXT[key[1]]
         settings = column_info(f"{key[0]}/{key[1]}", True).settings
         ax.set_title(f"{title}\n({better}{'; ' + settings if settings else ''})", fontsize=10)
@@ -130,6 +134,11 @@ def plot_examples(run_dir: Path, methods: list[str], class_names: list[str] | No
     preds = {int(r[0]): r for r in read_rows(run_dir / "results.sqlite", "SELECT * FROM predictions")}
     captions = [_caption(preds.get(i), target, class_names) for i in idx]
     path = run_dir / "examples.png"
+    from ..explainers.registry import method_classes
+    from ..viz import default_style
+
+    classes = method_classes()
+    styles = {m: default_style(classes[m.partition("[")[0]].level) for m in maps if m.partition("[")[0] in classes}
     save_grid(str(path), pix, maps, row_labels=[f"image {i}" for i in idx],
-              captions=captions if any(captions) else None, col_size=1.9)
+              captions=captions if any(captions) else None, col_size=1.9, styles=styles)
     return path

@@ -13,6 +13,7 @@ import math
 from pathlib import Path
 from typing import Any, Sequence
 
+from ..explainers.registry import display_label, is_baseline
 from .naming import Column
 
 __all__ = ["render_page"]
@@ -91,7 +92,7 @@ def _num_cell(v: Any, best: float | None, digits: str = ".3f") -> str:
 
 def _table(rows: list[dict[str, Any]], cols: list[Column], best: dict[str, float],
            cost_keys: Sequence[tuple[str, str]], groups: tuple[Sequence[str], dict[str, str]]) -> str:
-    from ..viz import split_label
+    from ..explainers.registry import display_parts
 
     order, question = groups
     top = ["<th rowspan='2' class='sortable rank' data-col='0' data-higher='0'>rank</th>",
@@ -119,7 +120,7 @@ def _table(rows: list[dict[str, Any]], cols: list[Column], best: dict[str, float
             col_index += 1
     body = []
     for rank, row in enumerate(rows, start=1):
-        name, settings = split_label(row["method"])
+        name, settings = display_parts(row["method"])
         cells = [f"<td class='num' data-v='{rank}'>{rank}</td>",
                  f"<td class='method' data-v='{_e(row['method'])}'><b>{_e(name)}</b>"
                  + (f"<span class='settings'>{_e(settings)}</span>" if settings else "") + "</td>"]
@@ -127,7 +128,9 @@ def _table(rows: list[dict[str, Any]], cols: list[Column], best: dict[str, float
             if group == "Cost":
                 for key, _ in cost_keys:
                     digits = ".1f" if key == "ms_per_image" else "g"
-                    cells.append(_num_cell(row.get(key), best.get(key), digits))
+                    # a baseline's cost is never marked, even where it ties with the best
+                    mark = None if is_baseline(str(row["method"])) else best.get(key)
+                    cells.append(_num_cell(row.get(key), mark, digits))
                 continue
             cells += [_num_cell(row.get(c.key), best.get(c.key)) for c in cols if c.group == group]
         body.append("<tr>" + "".join(cells) + "</tr>")
@@ -163,7 +166,7 @@ def render_page(*, rows: list[dict[str, Any]], cols: list[Column], headline: Col
                     for m, sentence, words in metric_notes)
     winner = ""
     if headline and rows and isinstance(rows[0].get(headline.key), dict):
-        winner = (f"<p><b>{_e(rows[0]['method'])}</b> is best by {_e(headline.title)} "
+        winner = (f"<p><b>{_e(display_label(rows[0]['method']))}</b> is best by {_e(headline.title)} "
                   f"({rows[0][headline.key]['mean']:.3f}).</p>")
     return f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width,initial-scale=1">

@@ -8,10 +8,10 @@ import importlib
 import pkgutil
 
 from .base import Attribution, Cost, CostMeter, Explainer, Explanation
-from .registry import get_method, methods, register
+from .registry import display_label, display_parts, get_method, methods, register
 
 for _info in pkgutil.iter_modules(__path__):
     if _info.name not in ("base", "registry"):
         importlib.import_module(f"{__name__}.{_info.name}")
 
-__all__ = ["Attribution", "Cost", "CostMeter", "Explainer", "Explanation", "get_method", "methods", "register"]
+__all__ = ["Attribution", "Cost", "CostMeter", "Explainer", "Explanation", "display_label", "display_parts", "get_method", "methods", "register"]

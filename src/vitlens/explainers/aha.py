@@ -52,6 +52,8 @@ class AHA(Explainer):
     name = "aha"
     description = "learned explainer trained on deletion/insertion, optional refinement (needs trained explainer weights)"
     needs = (CLASS_LOGITS, (TOKEN_SEQUENCE, FEATURE_MAPS))
+    display_name = "AHA"
+    option_symbols = {"refine_steps": "T"}
     level = "pixel"
     defaults: dict[str, Any] = {"explainer": None, "refine_steps": 3, "lr": 0.05, "grid": None, "tau": 0.03, "m": 16,
                                 "n_iters": 30, "reference": "mean", "w_peak": 0.0025}

@@ -113,6 +113,7 @@ class AttnLRP(_GradientInputLRP):
 
     name = "attnlrp"
     description = "AttnLRP relevance as gradient x input"
+    display_name = "AttnLRP"
     mode = "attnlrp"
 
 
@@ -129,4 +130,5 @@ class CPLRP(_GradientInputLRP):
 
     name = "cplrp"
     description = "CP-LRP relevance as gradient x input"
+    display_name = "CP-LRP"
     mode = "cplrp"

@@ -31,6 +31,7 @@ class GAE(Explainer):
     name = "gae"
     description = "gradient-weighted attention rollout (Chefer et al. 2021b)"
     needs = (ATTENTION, (TOKEN_SEQUENCE, WINDOWS, CLASS_ATTENTION))
+    display_name = "GAE"
     level = "token"
     defaults: dict[str, Any] = {}
 

@@ -84,6 +84,7 @@ class GradCAM(_OneLayer):
     name = "gradcam"
     description = "Grad-CAM on the ViT's tokens (or a CNN's last feature map)"
     needs = (FEATURES,)
+    display_name = "Grad-CAM"
     defaults: dict[str, Any] = {"layer": -1}
 
     def attribute(self, adapter: Adapter, x: Tensor, target: Target) -> tuple[Attribution, Tensor, Target]:
@@ -204,6 +205,7 @@ class FinerCAM(_OneLayer):
     name = "finercam"
     description = "Grad-CAM of the target class against its closest competitor"
     needs = (FEATURES,)
+    display_name = "Finer-CAM"
     defaults: dict[str, Any] = {"references": 3, "gamma": 1.0, "weighting": "mean", "layer": -1}
 
     def check_options(self) -> None:
@@ -257,6 +259,7 @@ class AttentionGradCAM(_OneLayer):
     name = "attn_gradcam"
     description = "Grad-CAM on the last block's attention"
     needs = (ATTENTION, TOKEN_SEQUENCE)
+    display_name = "Attention Grad-CAM"
     defaults: dict[str, Any] = {"layer": -1}
 
     def attribute(self, adapter: Adapter, x: Tensor, target: Target) -> tuple[Attribution, Tensor, Target]:

@@ -25,6 +25,7 @@ class InputXGradient(Explainer):
 
     name = "inputxgradient"
     description = "input x gradient, signed"
+    display_name = "Input × Gradient"
     level = "pixel"
     defaults: dict[str, Any] = {}
 
@@ -41,6 +42,8 @@ class RandomMap(Explainer):
 
     name = "random"
     description = "uniform random map: the floor every method should beat"
+    display_name = "Random"
+    baseline = True
     level = "token"
     defaults: dict[str, Any] = {"seed": 0}
 

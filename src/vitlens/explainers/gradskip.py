@@ -56,6 +56,7 @@ class GradSkip(Explainer):
     name = "gradskip"
     description = "relevance propagation with adaptive head weights and skip-aware gates; conserves relevance"
     needs = (ATTENTION, (TOKEN_SEQUENCE, WINDOWS, CLASS_ATTENTION, STAGES))
+    display_name = "GradSkip"
     level = "token"
     defaults: dict[str, Any] = {
         "head_weighting": "adaptive",

@@ -119,6 +119,7 @@ class MDA(Explainer):
 
     name = "mda"
     description = "greedy insertion/deletion orderings of superpixels"
+    display_name = "MDA"
     level = "pixel"
     defaults: dict[str, Any] = {
         "n_regions": None,

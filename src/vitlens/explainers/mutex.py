@@ -139,6 +139,7 @@ class MUTEX(Explainer):
     name = "mutex"
     description = "token masks from attention-graph centralities"
     needs = (TOKENS, ATTENTION, TOKEN_SEQUENCE)
+    display_name = "MUTEX"
     level = "token"
     defaults: dict[str, Any] = {
         "aggregations": AGGREGATIONS,

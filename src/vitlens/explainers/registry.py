@@ -7,7 +7,8 @@ from typing import Any, ClassVar, Mapping
 
 from ..errors import InputError
 
-__all__ = ["Method", "register", "unregister", "get_method", "methods", "method_classes", "requirements"]
+__all__ = ["Method", "register", "unregister", "get_method", "methods", "method_classes", "requirements",
+           "display_label", "display_parts", "is_baseline"]
 
 
 class Method:
@@ -25,6 +26,8 @@ class Method:
     name: ClassVar[str] = ""
     needs: ClassVar[tuple[str | tuple[str, ...], ...]] = ()
     description: ClassVar[str] = ""
+    #: ``"token"`` or ``"pixel"``: what the map is made of (pixel maps are drawn in the blend style by default)
+    level: ClassVar[str] = "token"
     #: option name → default value (``Explainer`` validates options against it)
     defaults: dict[str, Any] = {}
 
@@ -40,6 +43,13 @@ class Method:
         """What this instance needs with its options (default: :attr:`needs`); a method whose needs depend on an
         option (e.g. a softmax score needs class logits) overrides it."""
         return self.needs
+    #: the name people write in papers (``"Grad-CAM"``); figures, reports and tables show it, files and JSON keep
+    #: ``name``. Empty: ``name`` is shown.
+    display_name: ClassVar[str] = ""
+    #: option name → the symbol a paper uses for it in a display label (AHA: ``{"refine_steps": "T"}``).
+    option_symbols: ClassVar[dict[str, str]] = {}
+    #: a reference point rather than a method (the random map): never marked best, e.g. for its cost.
+    baseline: ClassVar[bool] = False
 
 
 _METHODS: dict[str, type[Method]] = {}
@@ -86,3 +96,30 @@ def requirements() -> dict[str, tuple[str | tuple[str, ...], ...]]:
     """Method name → the capabilities it needs (``Method.needs``), for every registered method."""
     # every method file is registered once vitlens is imported (its package imports them all)
     return {name: cls.needs for name, cls in _METHODS.items()}
+    return {name: cls.requires for name, cls in _METHODS.items()}
+def display_parts(label: str) -> tuple[str, str]:
+    """A method label (``'aha[refine_steps=0]'``, as :func:`vitlens.bench.specs.spec_label` writes it) → its display
+    name and settings in words: ``('AHA', 'T = 0')``. Unknown methods keep their code name; labels that are not
+    ``name[k=v,...]`` are returned whole with no settings."""
+    name, sep, rest = str(label).partition("[")
+    cls = _METHODS.get(name)
+    shown = (cls.display_name or name) if cls is not None else name
+    if not sep:
+        return shown, ""
+    if not rest.endswith("]"):
+        return str(label), ""
+    symbols = cls.option_symbols if cls is not None else {}
+    pairs = []
+    for part in rest[:-1].split(","):
+        key, eq, value = part.partition("=")
+        pairs.append(f"{symbols.get(key, key)} = {value}" if eq else part)
+    return shown, ", ".join(pairs)
+def display_label(label: str) -> str:
+    """A method label as a paper writes it, on one line: ``'aha[refine_steps=0]'`` → ``'AHA (T = 0)'``,
+    ``'gradcam'`` → ``'Grad-CAM'`` (see :func:`display_parts`)."""
+    shown, settings = display_parts(label)
+    return f"{shown} ({settings})" if settings else shown
+def is_baseline(label: str) -> bool:
+    """Whether a method label (``'random[seed=1]'``) names a baseline (:attr:`Method.baseline`)."""
+    cls = _METHODS.get(str(label).partition("[")[0])
+    return bool(cls is not None and cls.baseline)

@@ -65,6 +65,7 @@ class RISE(Explainer):
 
     name = "rise"
     description = "mean class score over random smooth masks"
+    display_name = "RISE"
     level = "pixel"
     defaults: dict[str, Any] = {
         "n_masks": 4000,

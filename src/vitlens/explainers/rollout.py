@@ -40,6 +40,7 @@ class AttentionRollout(Explainer):
     name = "rollout"
     description = "attention rollout: attention maps multiplied through the blocks"
     needs = (ATTENTION, (TOKEN_SEQUENCE, WINDOWS, CLASS_ATTENTION))
+    display_name = "Attention Rollout"
     level = "token"
     defaults: dict[str, Any] = {"head_fusion": "mean", "discard_ratio": 0.0, "discard_per": "matrix"}
 

@@ -56,6 +56,7 @@ class Gradient(Explainer):
 
     name = "gradient"
     description = "vanilla gradient of the class score (magnitude)"
+    display_name = "Gradient"
     level = "pixel"
     defaults: dict[str, Any] = {"reduce": "max_abs"}
 
@@ -89,6 +90,7 @@ class SmoothGrad(Explainer):
 
     name = "smoothgrad"
     description = "gradient averaged over noisy copies of the input"
+    display_name = "SmoothGrad"
     level = "pixel"
     defaults: dict[str, Any] = {"n": 50, "noise": 0.15, "seed": 0, "reduce": "max_abs", "internal_batch_size": 64}
     fast_options: dict[str, Any] = {"n": 4}

@@ -86,6 +86,7 @@ class TIS(Explainer):
     name = "tis"
     description = "token masks from clustered activations, scored on the kept tokens"
     needs = (TOKENS, BLOCK_IO, TOKEN_SEQUENCE)
+    display_name = "TIS"
     level = "token"
     defaults: dict[str, Any] = {
         "n_masks": 2048,

@@ -96,6 +96,7 @@ class ViTCX(Explainer):
     name = "vitcx"
     description = "masks from clustered patch embeddings and their causal impact"
     needs = (BLOCK_IO, TOKEN_SEQUENCE)
+    display_name = "ViT-CX"
     level = "pixel"
     defaults: dict[str, Any] = {
         "layer": -1,

@@ -26,13 +26,16 @@ from .pixels import (
     ImageLike,
     MapLike,
     MapNormalization,
+    MapStyle,
     Scale,
     is_signed,
     map_array,
     overlay_with_scale,
     prepare_path,
+    smooth_map,
+    style_normalize,
+    display_image,
     to_uint8,
-    upsample_image,
 )
 
 from ..atomic import atomic_path
@@ -115,8 +118,12 @@ def save_figure(
     cmap: str | Colormap | None = None,
     normalize: MapNormalization = "auto",
     clip: float | None = 99.5,
+    scale: Scale | None = None,
+    style: MapStyle = "overlay",
+    smooth: float = 0.0,
     units: str = "relevance",
     min_side: int = 320,
+    max_side: int = 2048,
     panel_size: float = 3.6,
     dpi: int = 100,
     metadata: Mapping[str, str] | None = None,
@@ -125,7 +132,7 @@ def save_figure(
     caption (e.g. ``"tiger cat, p = 0.93 (true: tiger cat)"``).
 
     Args:
-        path: output file (``.png``); parent folders are created.
+        path: output file; the format follows the suffix (``.png``, ``.pdf``, ``.svg``); parent folders are created.
         image: the picture (see :data:`vitlens.viz.ImageLike`) at any resolution, e.g. the original photo with
             :func:`vitlens.viz.map_to_original` applied to the map.
         heatmap: ``(h, w)`` map, resized to the image; NaN where the model saw nothing (left uncoloured).
@@ -134,24 +141,35 @@ def save_figure(
         show_image: also show the plain image left of the overlay.
         alpha, cmap, normalize, clip: as in :func:`vitlens.viz.overlay`; by default the colour scale ends at the
             99.5th percentile (a few extreme pixels, common in gradient maps, would wash out the rest; ``None``:
-            the maximum).
+            the maximum). The scale is computed over the pixels that have a value (NaN is left out).
+        scale: a fixed colour range (:func:`vitlens.viz.map_scale`), e.g. to draw a map on the original image and
+            on the model's view with the same colours; ``normalize`` and ``clip`` are then unused.
+        style: ``'overlay'``, ``'blend'`` or ``'abs'`` (see :data:`vitlens.viz.MapStyle`); the plain image panel is
+            shown in colour in every style.
+        smooth: Gaussian smoothing of the map before drawing, standard deviation in map pixels (0: none).
         units: what the map's values are, for the colour bar's label.
         min_side: images whose shorter side is smaller are enlarged (integer factor, nearest) before blending.
-        panel_size: width of each panel in inches (height follows the aspect ratio).
+        max_side: the longest side drawn, in pixels: larger images (and their maps) are shrunk to it, smaller ones
+            are never enlarged beyond it (see :func:`vitlens.viz.display_image`).
+        panel_size: width of each panel in inches; the height follows the aspect ratio, bounded to between a
+            quarter of and four times the width (very thin images are drawn in a panel of that size).
         dpi: resolution of the written raster.
-        metadata: provenance stored in the file (PNG text chunks).
+        metadata: provenance stored in the file (PNG text chunks; for PDF and SVG as JSON in the document's
+            subject/description).
 
     Returns:
         The path written.
     """
     _check_suffix(path)
-    pixels = upsample_image(image, min_side)
+    pixels = display_image(image, min_side, max_side)
     arr = map_array(heatmap, allow_nan=True)
-    blended, scale, colormap = overlay_with_scale(pixels, arr, alpha, cmap, normalize, clip)
+    arr = smooth_map(np.abs(arr) if style == "abs" else arr, smooth)  # |h| is smoothed: signs never cancel
+    blended, scale, colormap = overlay_with_scale(pixels, arr, alpha, cmap, normalize, clip, scale, style)
     h, w = blended.shape[:2]
     panels = [("image", pixels), (title or "explanation", blended)] if show_image else [(title or "", blended)]
     width = panel_size * len(panels) + 1.1
-    height = panel_size * h / w + (0.5 if caption else 0.15) + (0.35 if title else 0.0)
+    aspect = min(4.0, max(0.25, h / w))  # a 1 x 500 strip must not make a figure a hundred metres tall
+    height = panel_size * aspect + (0.5 if caption else 0.15) + (0.35 if title else 0.0)
     fig = Figure(figsize=(width, height), dpi=dpi, layout="constrained")
     FigureCanvasAgg(fig)
     axes = fig.subplots(1, len(panels), squeeze=False)[0]
@@ -165,8 +183,26 @@ def save_figure(
         fig.supxlabel(textwrap.fill(caption, int(12 * width)), fontsize=10)
     path = prepare_path(path)
     with atomic_path(path) as tmp:  # no half-written picture survives an error or a kill
-        fig.savefig(tmp, dpi=dpi, metadata=dict(metadata) if metadata else None)
+        fig.savefig(tmp, dpi=dpi, format=path.suffix.lstrip(".").lower() or None,
+                    metadata=_file_metadata(path, metadata))
     return path
+
+
+def _file_metadata(path: Path, metadata: Mapping[str, str] | None) -> dict[str, str] | None:
+    """Provenance in the form each format takes: PNG text chunks; PDF ``Subject`` and SVG ``Description`` (JSON)."""
+    if not metadata:
+        return None
+    kind = path.suffix.lower()
+    if kind == ".png":
+        return {str(k): str(v) for k, v in metadata.items()}
+    import json
+
+    text = json.dumps({str(k): str(v) for k, v in metadata.items()})
+    if kind == ".pdf":
+        return {"Subject": text}
+    if kind == ".svg":
+        return {"Description": text}
+    return None
 
 
 def _image_list(images: ImageLike | Sequence[ImageLike]) -> list[ImageLike]:
@@ -205,7 +241,9 @@ def _check_grid(rows: int, columns: Mapping[str, list], titles: Sequence[str] | 
 
 
 def _column_title(title: str, width_chars: int) -> str:
-    name, settings = split_label(title)
+    from vitlens.explainers.registry import display_parts  # the registry imports no method
+
+    name, settings = display_parts(title)
     text = textwrap.fill(name, width_chars)
     return text + ("\n" + textwrap.fill(settings, width_chars + 4) if settings else "")
 
@@ -224,6 +262,8 @@ def save_grid(
     cmap: str | Colormap | None = None,
     normalize: MapNormalization = "auto",
     clip: float | None = 99.5,
+    styles: Mapping[str, MapStyle] | None = None,
+    smooth: float = 0.0,
     units: str = "relevance",
     dpi: int = 100,
     metadata: Mapping[str, str] | None = None,
@@ -234,7 +274,8 @@ def save_grid(
         path: output file (``.png``; matplotlib picks the format from the suffix). Parent folders are created.
         images: ``(B, 3, H, W)`` tensor, ``(B, H, W, 3)`` array, or a list of B images (see :data:`ImageLike`).
         heatmaps: method label → its B maps, as a ``(B, h, w)`` tensor/array or a list; column order is dict order.
-            A label with settings (``'gradskip[alpha=0]'``) is titled by name with its settings underneath.
+            A label with settings (``'gradskip[alpha=0]'``) is titled by its display name with its settings
+            underneath (``GradSkip`` / ``alpha = 0``; see :func:`vitlens.explainers.display_parts`).
         titles: column titles, ``1 + len(heatmaps)`` of them; default ``['image', *heatmaps]``.
         row_labels: one label per image, drawn left of each row (wrapped, never cut); default none.
         captions: one caption per image, drawn under the image (e.g. class, probability, true label).
@@ -242,6 +283,8 @@ def save_grid(
         colorbar: draw one colour bar under each method column saying what its colours mean. Each map is scaled on
             its own; ``normalize='auto'`` scales a whole column as signed when any of its maps is signed.
         alpha, cmap, normalize, clip: passed to :func:`vitlens.viz.overlay` (``clip``: see :func:`save_figure`).
+        styles: method label → its style (see :data:`vitlens.viz.MapStyle`); default ``'overlay'``.
+        smooth: Gaussian smoothing of every map, standard deviation in map pixels (0: none).
         units: what the maps' values are, for the colour bars.
         dpi: resolution of the written raster.
         metadata: provenance stored in the file (PNG text chunks).
@@ -273,10 +316,14 @@ def save_grid(
     cell_px = max(1, int(col_size * dpi))
     scales: dict[str, tuple[Scale, Colormap]] = {}
     for r, image in enumerate(image_list):
-        pixels = upsample_image(to_uint8(image), cell_px)
+        pixels = display_image(image, cell_px, max(cell_px, 1024))
         cells = [pixels]
         for name, maps in columns.items():
-            blended, scale, colormap = overlay_with_scale(pixels, maps[r], alpha, cmap, modes[name], clip)
+            style = (styles or {}).get(name, "overlay")
+            mode = style_normalize(style, normalize) if style != "overlay" else modes[name]
+            blended, scale, colormap = overlay_with_scale(pixels, smooth_map(np.abs(map_array(maps[r])) if style == "abs"
+                                                                     else maps[r], smooth), alpha, cmap, mode,
+                                                          clip, style=style)
             scales.setdefault(name, (scale, colormap))
             cells.append(blended)
         for c, cell in enumerate(cells):
@@ -297,5 +344,6 @@ def save_grid(
                           location="bottom", fontsize=7.5)
     path = prepare_path(path)
     with atomic_path(path) as tmp:  # no half-written picture survives an error or a kill
-        fig.savefig(tmp, dpi=dpi, metadata=dict(metadata) if metadata else None)
+        fig.savefig(tmp, dpi=dpi, format=path.suffix.lstrip(".").lower() or None,
+                    metadata=_file_metadata(path, metadata))
     return path

@@ -30,13 +30,21 @@ __all__ = [
     "ImageLike",
     "MapLike",
     "MapNormalization",
+    "MapStyle",
+    "STYLES",
     "Scale",
+    "smooth_map",
+    "default_style",
+    "style_normalize",
     "to_uint8",
     "is_signed",
     "scale_map",
+    "map_scale",
+    "apply_scale",
     "normalize_map",
     "default_cmap",
     "upsample_image",
+    "display_image",
     "overlay",
     "overlay_with_scale",
     "map_to_original",
@@ -53,6 +61,14 @@ MapLike = torch.Tensor | np.ndarray
 """A heatmap ``(H, W)`` of any real values (leading singleton dimensions such as ``(1, H, W)`` are dropped)."""
 
 MapNormalization = Literal["auto", "signed", "minmax", "abs", "none"]
+
+MapStyle = Literal["overlay", "blend", "abs"]
+"""How a map is drawn over its image: ``'overlay'`` — colours over the colour image (token-level maps);
+``'blend'`` — signed colours (blue < 0 < red) over a dimmed greyscale image, opacity growing with ``|h|``;
+``'abs'`` — ``|h|`` on a sequential colour map over the greyscale image, opacity growing with ``|h|``. The last two
+keep pixel-level maps (input × gradient, Integrated Gradients) readable on colour photos."""
+
+STYLES: tuple[str, ...] = ("overlay", "blend", "abs")
 
 # Float images may overshoot [0, 1] by interpolation round-off; beyond this they are taken to be normalised input.
 _RANGE_TOLERANCE = 1e-3
@@ -133,9 +149,18 @@ def map_array(heatmap: MapLike, allow_nan: bool = False) -> np.ndarray:
 
 
 def _resize_map(heatmap: np.ndarray, size_hw: tuple[int, int]) -> np.ndarray:
-    """Bilinear resize (half-pixel centres; antialiased when shrinking) of an ``(h, w)`` map to ``size_hw``."""
+    """Bilinear resize (half-pixel centres; antialiased when shrinking) of an ``(h, w)`` map to ``size_hw``.
+
+    NaN pixels (no value) are left out: the result is the weighted mean of the neighbours that have a value, and NaN
+    where less than half of the weight had one."""
     if heatmap.shape == size_hw:
         return heatmap
+    missing = np.isnan(heatmap)
+    if missing.any():
+        weight = _resize_map((~missing).astype(np.float64), size_hw)
+        total = _resize_map(np.where(missing, 0.0, heatmap), size_hw)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return np.where(weight >= 0.5, total / np.maximum(weight, 1e-12), np.nan)
     shrinking = size_hw[0] < heatmap.shape[0] or size_hw[1] < heatmap.shape[1]
     t = torch.from_numpy(np.ascontiguousarray(heatmap))[None, None]
     out = F.interpolate(t, size=size_hw, mode="bilinear", align_corners=False, antialias=shrinking)
@@ -153,8 +178,10 @@ class Scale:
 
 
 def is_signed(heatmap: MapLike, share: float = 0.05) -> bool:
-    """Whether a map carries real evidence of both signs: its negative part holds at least ``share`` of ``Σ|h|``."""
-    arr = map_array(heatmap)
+    """Whether a map carries real evidence of both signs: its negative part holds at least ``share`` of ``Σ|h|``
+    (NaN pixels, without a value, are ignored)."""
+    arr = map_array(heatmap, allow_nan=True)
+    arr = arr[np.isfinite(arr)]
     total = float(np.abs(arr).sum())
     return total > 0 and float(-arr[arr < 0].sum()) >= share * total
 
@@ -167,6 +194,47 @@ def _resolve_mode(arr: np.ndarray, normalize: str) -> MapNormalization:
     return normalize  # type: ignore[return-value]  # checked against the literals just above
 
 
+def map_scale(heatmap: MapLike, normalize: MapNormalization = "auto", clip: float | None = None) -> Scale:
+    """The :class:`Scale` :func:`scale_map` uses for a heatmap ``(H, W)``, computed over the pixels that have a value.
+
+    NaN (the uncovered area of a map placed on the original image by :func:`map_to_original`) takes no part in the
+    range or the percentile clip, so a map and the same map placed on the original get the same scale (up to the
+    resampling of :func:`map_to_original`). Pass the result to :func:`overlay` (``scale=``) to draw several figures
+    of one map on exactly the same colour range.
+    """
+    arr = map_array(heatmap, allow_nan=True)
+    values = arr[np.isfinite(arr)]
+    mode = _resolve_mode(values[None, :], normalize)
+    if clip is not None and not 0.0 < float(clip) <= 100.0:
+        raise InputError(f"clip must be a percentile in (0, 100], got {clip!r}")
+    q = 100.0 if clip is None else float(clip)
+    if mode in ("signed", "abs"):
+        top = float(np.percentile(np.abs(values), q))
+        return Scale("signed", -top, top) if mode == "signed" else Scale("abs", 0.0, top)
+    if mode == "minmax":
+        lo, hi = float(np.percentile(values, 100.0 - q)), float(np.percentile(values, q))
+        if hi - lo <= 1e-9 * max(abs(lo), abs(hi)):  # constant up to resampling round-off: not stretched to noise
+            lo = hi = float(np.median(values))
+        return Scale("minmax", lo, hi)
+    return Scale("none", 0.0, 1.0)
+
+
+def apply_scale(heatmap: MapLike, scale: Scale) -> np.ndarray:
+    """Map values ``(H, W)`` to ``[0, 1]`` on a given :class:`Scale` (values beyond saturate; NaN stays NaN).
+    A scale of zero width gives a constant result (0.5 for ``'signed'``, else 0), never NaN."""
+    arr = map_array(heatmap, allow_nan=True)
+    if scale.mode == "signed":
+        top = scale.vmax
+        return 0.5 + 0.5 * np.clip(arr / top, -1.0, 1.0) if top > 0 else np.where(np.isnan(arr), np.nan, 0.5)
+    if scale.mode == "abs":
+        top = scale.vmax
+        return np.clip(np.abs(arr) / top, 0.0, 1.0) if top > 0 else np.where(np.isnan(arr), np.nan, 0.0)
+    if scale.mode == "minmax":
+        lo, hi = scale.vmin, scale.vmax
+        return np.clip((arr - lo) / (hi - lo), 0.0, 1.0) if hi > lo else np.where(np.isnan(arr), np.nan, 0.0)
+    return np.clip(arr, 0.0, 1.0)
+
+
 def scale_map(heatmap: MapLike, normalize: MapNormalization = "auto", clip: float | None = None
               ) -> tuple[np.ndarray, Scale]:
     """Scale a heatmap ``(H, W)`` to ``[0, 1]`` for a colour map; returns ``(values, scale)``.
@@ -176,25 +244,11 @@ def scale_map(heatmap: MapLike, normalize: MapNormalization = "auto", clip: floa
     ``[0, 1]``; ``'auto'``: ``'signed'`` when :func:`is_signed`, else ``'minmax'``.
     ``clip`` (a percentile in ``(0, 100]``, e.g. 99) replaces the maximum (and, for ``'minmax'``, the minimum by the
     ``100 - clip`` percentile) so that a few extreme pixels do not wash out the rest; values beyond saturate.
-    A constant map gives a constant result, never NaN.
+    A constant map gives a constant result, never NaN. NaN pixels (no value) are left out of the range and the
+    percentiles (see :func:`map_scale`) and stay NaN in the result.
     """
-    arr = map_array(heatmap)
-    mode = _resolve_mode(arr, normalize)
-    if clip is not None and not 0.0 < float(clip) <= 100.0:
-        raise InputError(f"clip must be a percentile in (0, 100], got {clip!r}")
-    q = 100.0 if clip is None else float(clip)
-    if mode in ("signed", "abs"):
-        top = float(np.percentile(np.abs(arr), q))
-        if mode == "signed":
-            values = 0.5 + 0.5 * np.clip(arr / top, -1.0, 1.0) if top > 0 else np.full_like(arr, 0.5)
-            return values, Scale("signed", -top, top)
-        values = np.clip(np.abs(arr) / top, 0.0, 1.0) if top > 0 else np.zeros_like(arr)
-        return values, Scale("abs", 0.0, top)
-    if mode == "minmax":
-        lo, hi = float(np.percentile(arr, 100.0 - q)), float(np.percentile(arr, q))
-        values = np.clip((arr - lo) / (hi - lo), 0.0, 1.0) if hi > lo else np.zeros_like(arr)
-        return values, Scale("minmax", lo, hi)
-    return np.clip(arr, 0.0, 1.0), Scale("none", 0.0, 1.0)
+    scale = map_scale(heatmap, normalize, clip)
+    return apply_scale(heatmap, scale), scale
 
 
 def normalize_map(heatmap: MapLike, normalize: MapNormalization = "minmax", clip: float | None = None) -> np.ndarray:
@@ -222,12 +276,75 @@ def _colormap(cmap: str | Colormap) -> Colormap:
         raise InputError(f"unknown matplotlib colormap {cmap!r}") from None
 
 
+def default_style(level: str) -> MapStyle:
+    """The style a method's maps are drawn in by default: ``'blend'`` for pixel-level methods (``level='pixel'``),
+    ``'overlay'`` for token-level ones."""
+    return "blend" if level == "pixel" else "overlay"
+
+
+def style_normalize(style: str, normalize: MapNormalization) -> MapNormalization:
+    """The scaling a style implies: ``'abs'`` always scales ``|h|``; ``'blend'`` turns ``'auto'`` into ``'signed'``."""
+    if style == "abs":
+        return "abs"
+    return "signed" if style == "blend" and normalize == "auto" else normalize
+
+
+def smooth_map(heatmap: MapLike, sigma: float) -> np.ndarray:
+    """Gaussian smoothing of a heatmap ``(H, W)`` with standard deviation ``sigma`` in map pixels (0: unchanged).
+
+    For display only (speckled pixel-level maps); NaN pixels take no part and stay NaN. Edges are handled by
+    normalising with the kernel weight that fell inside the map, so a constant map stays constant.
+    Returns ``(H, W)`` float64.
+    """
+    arr = map_array(heatmap, allow_nan=True)
+    if not (math.isfinite(float(sigma)) and float(sigma) >= 0.0):
+        raise InputError(f"smoothing sigma must be a number >= 0 (map pixels), got {sigma!r}")
+    if float(sigma) == 0.0:
+        return arr
+    radius = max(1, int(math.ceil(3.0 * float(sigma))))
+    taps = torch.arange(-radius, radius + 1, dtype=torch.float64)
+    kernel = torch.exp(-0.5 * (taps / float(sigma)) ** 2)
+    kernel = kernel / kernel.sum()
+    missing = np.isnan(arr)
+
+    def blur(values: np.ndarray) -> np.ndarray:
+        t = torch.from_numpy(np.ascontiguousarray(values))[None, None]
+        t = F.conv2d(F.pad(t, (radius, radius, 0, 0)), kernel.view(1, 1, 1, -1))
+        t = F.conv2d(F.pad(t, (0, 0, radius, radius)), kernel.view(1, 1, -1, 1))
+        return t[0, 0].numpy()
+
+    weight = blur((~missing).astype(np.float64))
+    total = blur(np.where(missing, 0.0, arr))
+    return np.where(missing, np.nan, total / np.maximum(weight, 1e-12))
+
+
+def display_image(image: ImageLike, min_side: int, max_side: int = 2048) -> np.ndarray:
+    """``(H', W', 3)`` uint8 for display: small images enlarged by an integer factor (nearest) towards a shorter side
+    ``>= min_side``, but never beyond a longer side of ``max_side``; images whose longer side exceeds ``max_side``
+    shrunk to it (antialiased), so a figure never holds a huge photo at full size and any aspect ratio stays bounded.
+    """
+    pixels = to_uint8(image)
+    h, w = pixels.shape[:2]
+    longest = max(h, w)
+    if longest > max_side:
+        size = (max(1, round(w * max_side / longest)), max(1, round(h * max_side / longest)))
+        return np.asarray(Image.fromarray(pixels).resize(size, Image.Resampling.LANCZOS))
+    factor = max(1, min(math.ceil(int(min_side) / min(h, w)), max_side // longest))
+    return pixels if factor == 1 else np.repeat(np.repeat(pixels, factor, axis=0), factor, axis=1)
+
+
 def upsample_image(image: ImageLike, min_side: int) -> np.ndarray:
     """``(H, W, 3)`` uint8, enlarged by the smallest integer factor that makes its shorter side ``>= min_side``
     (nearest neighbour: every input pixel stays a visible square, nothing is invented)."""
     pixels = to_uint8(image)
     factor = max(1, math.ceil(int(min_side) / min(pixels.shape[:2])))
     return pixels if factor == 1 else np.repeat(np.repeat(pixels, factor, axis=0), factor, axis=1)
+
+
+def _greyscale_background(pixels: np.ndarray) -> np.ndarray:
+    """``(H, W, 3)`` float: the image in grey (Rec. 601 luma), its contrast reduced so colours stand out on it."""
+    grey = pixels.astype(np.float64) @ np.array([0.299, 0.587, 0.114])
+    return np.repeat((64.0 + 0.5 * grey)[..., None], 3, axis=-1)
 
 
 def overlay_with_scale(
@@ -237,27 +354,33 @@ def overlay_with_scale(
     cmap: str | Colormap | None = None,
     normalize: MapNormalization = "auto",
     clip: float | None = None,
+    scale: Scale | None = None,
+    style: MapStyle = "overlay",
 ) -> tuple[np.ndarray, Scale, Colormap]:
     """:func:`overlay` that also returns the :class:`Scale` and colour map it used (for a colour bar)."""
     if not 0.0 <= float(alpha) <= 1.0:
         raise InputError(f"alpha must lie in [0, 1], got {alpha!r}")
+    if style not in STYLES:
+        raise InputError(f"style must be one of {', '.join(STYLES)}, got {style!r}")
     pixels = to_uint8(image)
     arr = map_array(heatmap, allow_nan=True)
-    valid = None
-    if np.isnan(arr).any():  # areas the model did not see (map_to_original): the image shows through
-        valid = ~np.isnan(_resize_map(np.where(np.isnan(arr), np.nan, 0.0), pixels.shape[:2]))
-        arr = np.nan_to_num(arr, nan=0.0)
-    mode = _resolve_mode(arr, normalize)
-    colormap = _colormap(cmap if cmap is not None else default_cmap(mode))
-    scaled, scale = scale_map(_resize_map(arr, pixels.shape[:2]), mode, clip)
+    if scale is None:  # over the map's own pixels that have a value, before any resampling to the image
+        scale = map_scale(arr, style_normalize(style, normalize), clip)
+    mode = scale.mode
+    default = "inferno" if style == "abs" and mode == "abs" else default_cmap(mode)
+    colormap = _colormap(cmap if cmap is not None else default)
+    scaled = apply_scale(_resize_map(arr, pixels.shape[:2]), scale)
+    valid = ~np.isnan(scaled)  # areas the model did not see (map_to_original): the image shows through
+    scaled = np.where(valid, scaled, 0.0)
     colours = colormap(scaled)[..., :3] * 255.0
     weight = np.full(scaled.shape, float(alpha))
     if mode == "signed":  # opacity grows with |h| (full colour at ±max for alpha 0.5): 0 leaves the image as it is
         weight = min(1.0, 2.0 * float(alpha)) * np.abs(2.0 * scaled - 1.0)
-    if valid is not None:
-        weight = np.where(valid, weight, 0.0)
-    weight = weight[..., None]
-    blended = (1.0 - weight) * pixels.astype(np.float64) + weight * colours
+    elif style != "overlay":  # magnitude on grey: opacity grows with the value, 0 shows the grey image
+        weight = min(1.0, 2.0 * float(alpha)) * scaled
+    weight = np.where(valid, weight, 0.0)[..., None]
+    background = pixels.astype(np.float64) if style == "overlay" else _greyscale_background(pixels)
+    blended = (1.0 - weight) * background + weight * colours
     return np.clip(np.rint(blended), 0, 255).astype(np.uint8), scale, colormap
 
 
@@ -268,6 +391,8 @@ def overlay(
     cmap: str | Colormap | None = None,
     normalize: MapNormalization = "auto",
     clip: float | None = None,
+    scale: Scale | None = None,
+    style: MapStyle = "overlay",
 ) -> np.ndarray:
     """Blend a colour-mapped heatmap over an image.
 
@@ -280,13 +405,17 @@ def overlay(
         normalize: how the map is scaled to ``[0, 1]`` (see :func:`scale_map`); ``'auto'`` picks ``'signed'`` for
             maps with real negative evidence, else ``'minmax'``.
         clip: percentile clipping of the scale (see :func:`scale_map`).
+        scale: a fixed colour range (from :func:`map_scale`) instead of one computed from this map; ``normalize``
+            and ``clip`` are then unused.
+        style: ``'overlay'``, ``'blend'`` (greyscale image, signed colours) or ``'abs'`` (greyscale image, ``|h|``
+            on ``'inferno'``); see :data:`MapStyle`.
 
     Returns:
         ``(H, W, 3)`` uint8 RGB: ``round((1 - a) * image + a * 255 * cmap(map))`` with ``a = alpha``; for signed
         scaling ``a = min(1, 2 alpha) * |h| / max|h|``, so zero relevance leaves the image as it is and the strongest
         evidence of either sign is drawn in full colour.
     """
-    return overlay_with_scale(image, heatmap, alpha, cmap, normalize, clip)[0]
+    return overlay_with_scale(image, heatmap, alpha, cmap, normalize, clip, scale, style)[0]
 
 
 def map_to_original(heatmap: MapLike, original_hw: tuple[int, int], config: Any) -> np.ndarray:
