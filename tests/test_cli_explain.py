@@ -122,7 +122,7 @@ def test_unsupported_model_error_is_one_short_line(tmp_path: Path, photos: list[
     assert main(["explain", str(photos[0]), "--model", "timm:resnet18", "--model-option", "pretrained=False",
                  "--methods", "gradskip", "--out", str(tmp_path / "o")]) != 0
     err = capsys.readouterr().err.strip()
-    assert "\n" not in err and len(err) < 300, err
+    assert "\n" not in err and len(err) < 400, err  # one line (it was 1,550 characters of cut docstrings)
     assert "vitlens models" in err and "gradcam" in err  # where to look, and what works on this model
 
 

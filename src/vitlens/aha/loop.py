@@ -17,7 +17,7 @@ import random
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator, Protocol, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 import torch
@@ -32,10 +32,11 @@ from ..runtime import DistributedRun, init_distributed
 from .card import model_card, model_name, versions
 from .config import RESUMABLE_CHANGES, AHATrainConfig, TrainResult
 from .data import datasets, mean_image, mean_std
-from .evaluation import PROTOCOL, deletion_insertion
+from .evaluation import PROTOCOL
 from .network import OUTPUT_POOLS, AHANet, model_digest, save_explainer
 from .plan import StepPlan, choose_classes, image_noise, lr_factor, plan_step, temperature
 from .soft_metrics import RegionGrid, aha_loss, curve_fractions, default_grid_range, reference, soft_curves
+from .validation import LabelledImages, all_reduce_sum, best_pool, validate
 
 __all__ = ["soft_validate", "target_probs", "train_aha", "training_loss", "validate"]
 
@@ -52,23 +53,6 @@ def _init_distributed(device: torch.device | None) -> DistributedRun:
         return DistributedRun()
     int(os.environ["RANK"])
     return init_distributed(device)
-
-
-def _all_reduce_sum(t: Tensor, dist_info: DistributedRun) -> Tensor:
-    if dist_info.active:
-        import torch.distributed as dist
-
-        dist.all_reduce(t, op=dist.ReduceOp.SUM)
-    return t
-
-
-class LabelledImages(Protocol):
-    """What training and validation read: ``len(data)`` and ``data[i] → (image (C, H, W), label)`` (the datasets of
-    :mod:`vitlens.aha.data`, a ``torch.utils.data.Dataset`` with a length)."""
-
-    def __len__(self) -> int: ...
-
-    def __getitem__(self, index: int) -> tuple[Tensor, int]: ...
 
 
 @contextlib.contextmanager
@@ -99,62 +83,6 @@ def _set_rng_state(state: dict[str, Any]) -> None:
     random.setstate(state["python"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
-
-
-def validate(net: AHANet, data: LabelledImages, dist_info: DistributedRun, batch: int = 50,
-             chunk: int = 512, pools: Sequence[str] | None = None, references: Sequence[str] | None = None,
-             mean_std: tuple[Sequence[float], Sequence[float]] | None = None,
-             mean_img: Tensor | None = None) -> dict[str, float]:
-    """Hard deletion/insertion (:func:`~vitlens.aha.evaluation.deletion_insertion`) of the explainer's maps for the
-    predicted class on ``data`` (sharded over processes), averaged over images.
-
-    ``pools``: the output poolings to measure (default: the net's own); the first gives ``deletion``/``insertion``/
-    ``difference``, every other ``P`` gives ``deletion_P`` etc. (e.g. ``difference_tokens``).
-    ``references``: the deletion references (:data:`~vitlens.aha.soft_metrics.REFERENCES`; default ``("mean",)``);
-    with several, each headline number is the mean over the references and ``difference@R`` (``difference_P@R``)
-    is reference ``R`` alone: a validation *matrix*, so that the explainer is not chosen on one protocol.
-    ``mean_std``: the target's normalisation (for ``black``); ``mean_img``: the dataset's mean image (``meanimage``).
-    """
-    pools = list(pools or [net.output_pool])
-    refs = list(references or ["mean"])
-    ms = mean_std or ((0.0, 0.0, 0.0), (1.0, 1.0, 1.0))
-    idx = list(range(dist_info.rank, len(data), dist_info.world))
-    device = next(net.decoder.parameters()).device
-    sums = torch.zeros(len(pools), len(refs), 4, dtype=torch.float64)
-    for s in range(0, len(idx), batch):
-        items = [data[i] for i in idx[s:s + batch]]
-        x = torch.stack([it[0] for it in items]).to(device)
-        with torch.no_grad():
-            feats, logits = net.features(x)
-            cls = logits.argmax(-1)
-            raw = net.decoder(feats, cls, tuple(x.shape[-2:]))
-        for j, kind in enumerate(refs):
-            ref = reference(x, kind, ms[0], ms[1], mean_image=mean_img)
-            for k, pool in enumerate(pools):
-                r = deletion_insertion(net.target, x, net.finish(raw, pool), cls, chunk=chunk, ref=ref)
-                sums[k, j] += torch.tensor([float(r["deletion"].sum()), float(r["insertion"].sum()),
-                                            float(r["difference"].sum()), len(items)], dtype=torch.float64)
-    sums = _all_reduce_sum(sums.to(device), dist_info).cpu()
-    out: dict[str, Any] = {}
-    for k, pool in enumerate(pools):
-        n = max(1.0, float(sums[k, 0, 3]))
-        sfx = "" if k == 0 else f"_{pool}"
-        mean = sums[k, :, :3].mean(0) / n
-        out.update({f"deletion{sfx}": float(mean[0]), f"insertion{sfx}": float(mean[1]),
-                    f"difference{sfx}": float(mean[2])})
-        if len(refs) > 1:
-            for j, kind in enumerate(refs):
-                out[f"difference{sfx}@{kind}"] = float(sums[k, j, 2] / n)
-    out["n"] = int(sums[0, 0, 3])
-    if len(refs) > 1:
-        out["references"] = refs
-    return out
-
-
-def _best_pool(v: dict[str, Any], pools: Sequence[str]) -> str:
-    """The output pooling with the highest held-out insertion − deletion in validation record ``v``."""
-    scores = {p: v["difference" if k == 0 else f"difference_{p}"] for k, p in enumerate(pools)}
-    return max(scores, key=lambda p: scores[p])
 
 
 def soft_validate(net: AHANet, data: LabelledImages, cfg: AHATrainConfig, tau: float, n: int = 50,
@@ -441,7 +369,7 @@ def _run_validation(run: _Run) -> dict[str, Any]:
     v["seconds"] = round(run.seconds(), 1)
     run.val_history.append(v)
     if cfg.select == "best" and run.step > 0:
-        pool = _best_pool(v, run.pools)
+        pool = best_pool(v, run.pools)
         score = v["difference" if pool == run.pools[0] else f"difference_{pool}"]
         if run.best is None or score > run.best["score"]:  # every process sees the same reduced numbers
             run.best = {"step": run.step, "score": score, "pool": pool,
@@ -468,7 +396,7 @@ def _train_step(run: _Run, decoder: nn.Module, idx: list[int],
     stats = torch.stack([loss.detach(), parts["del_auc"].detach().mean(),
                          parts["ins_auc"].detach().mean(), parts["peak"].detach().mean()])
     stats = stats.to(dev, torch.float64)
-    stats = (_all_reduce_sum(stats, run.dist_info) / run.dist_info.world).cpu()
+    stats = (all_reduce_sum(stats, run.dist_info) / run.dist_info.world).cpu()
     rec = {"step": run.step, "loss": float(stats[0]), "soft_del": float(stats[1]),
            "soft_ins": float(stats[2]), "peak": float(stats[3]), "tau": tau,
            "lr": float(run.sched.get_last_lr()[0]), "grid": plan.grid, "reference": plan.reference,
@@ -515,7 +443,7 @@ def _steps(run: _Run, decoder: nn.Module, sampler: torch.utils.data.DistributedS
     finished = run.step >= cfg.steps
     if finished and len(run.val_set):
         run.validation = _run_validation(run)
-        run.net.output_pool = _best_pool(run.validation, run.pools)
+        run.net.output_pool = best_pool(run.validation, run.pools)
         if run.best is not None and run.best["step"] != run.step:  # an earlier validation was better: ship that
             run.net.decoder.load_state_dict(run.best["decoder"])
             run.net.output_pool = run.best["pool"]

@@ -62,7 +62,7 @@ def check(adapter: Adapter, method: str | Method | type[Method]) -> None:
     lacking = missing(adapter, method)
     if lacking:
         raise UnsupportedModelError(f"{refusal(adapter, lacking[0], f'method {name!r}')}; methods that work on this "
-                                    f"model: {', '.join(working_methods(adapter))}")
+                                    f"model: {', '.join(working_methods(adapter))} (families: 'vitlens models')")
 
 
 def why_not(model: nn.Module | Adapter, method: str) -> str | None:
