@@ -270,6 +270,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--work", type=Path, default=Path("runs/aha-protocols"))
     p.add_argument("--resume", action="store_true", help="keep the models already in --work")
     p.add_argument("--out", type=Path, default=None)
+    p.add_argument("--note", action="append", default=[], metavar="MODEL=TEXT",
+                   help="a sentence printed under the model's heading (e.g. which explainer file the rows scored)")
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
@@ -296,8 +298,11 @@ def main(argv: list[str] | None = None) -> int:
     summary = ["| model | cells | T=0 ≥ GradSkip | T=0 wins / losses | T=3 ≥ GradSkip | T=3 wins / losses | "
                "T=0 ≥ best other | T=3 ≥ best other |", "|---|---|---|---|---|---|---|---|"]
     body: list[str] = []
+    notes = dict(n.split("=", 1) for n in args.note)
     for res in results:
         sec, c = model_section(res)
+        if res["model"] in notes:
+            sec[1:1] = ["", notes[res["model"]]]
         body += sec
         summary.append(f"| {res['model']} | {c['cells']} | {c['t0_ge']} | {c['t0_win']} / {c['t0_loss']} | "
                        f"{c['t3_ge']} | {c['t3_win']} / {c['t3_loss']} | {c['o_t0_ge']} | {c['o_t3_ge']} |")
