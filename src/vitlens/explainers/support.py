@@ -61,8 +61,8 @@ def check(adapter: Adapter, method: str | Method | type[Method]) -> None:
     name, _ = _needs(method)
     lacking = missing(adapter, method)
     if lacking:
-        raise UnsupportedModelError(f"{refusal(adapter, lacking[0], f'method {name!r}')}; methods that work on this "
-                                    f"model: {', '.join(working_methods(adapter))} (families: 'vitlens models')")
+        raise UnsupportedModelError(f"{refusal(adapter, lacking[0], f'method {name!r}')} (families: 'vitlens models'); "
+                                    f"methods that work on this model: {', '.join(working_methods(adapter))}")
 
 
 def why_not(model: nn.Module | Adapter, method: str) -> str | None:
