@@ -25,6 +25,7 @@ def test_parse_model_spec():
         "vit_tiny_patch16_224", {"img_size": 64, "depth": 2, "global_pool": "avg"})
 
 
+@pytest.mark.slow
 def test_quick_benchmark_table_and_flops(tmp_path):
     bench = load_benchmark("gradskip_cost")
     threads = torch.get_num_threads()

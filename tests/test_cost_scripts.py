@@ -41,6 +41,7 @@ LXT = os.environ.get("VITLENS_LXT_PYTHON") or (
 
 
 @pytest.mark.skipif(not LXT, reason="set VITLENS_LXT_PYTHON to a python with lxt and transformers<5")
+@pytest.mark.slow
 def test_lxt_side_by_side_agrees_with_lxt(tmp_path, monkeypatch):
     monkeypatch.setenv("VITLENS_LXT_PYTHON", LXT)
     script = load_benchmark("lxt_side_by_side")

@@ -195,6 +195,7 @@ def test_verify_evidence_finds_the_evidence_a_model_uses(planted):
     assert torch.equal(v2["object_verified"], planted.cue_labels < 0)
 
 
+@pytest.mark.slow
 def test_evidence_source_serves_only_verified_images():
     from vitlens.bench.sources import open_source
 
@@ -235,6 +236,7 @@ def test_the_bundled_planted_model_uses_the_cue_and_bench_scores_it():
     assert "What the model uses" in meta
 
 
+@pytest.mark.slow
 def test_bench_cli_runs_on_verified_evidence(tmp_path):
     import subprocess
     import sys
