@@ -513,7 +513,6 @@ def train_aha(model: nn.Module, data: Any = "scenes", out_dir: str | os.PathLike
     run = _setup(model, data, out_dir, cfg, name, resume, overwrite, device, threads)
     _resume(run, resume)
     decoder, sampler, per_epoch = _distribute(run)
-    target_mean_std = mean_std(model)
     pbar = None
     if progress and run.dist_info.rank == 0:
         from tqdm.auto import tqdm
@@ -525,7 +524,7 @@ def train_aha(model: nn.Module, data: Any = "scenes", out_dir: str | os.PathLike
                               if cfg.choose_pool and run.adapter.patch_size is not None else [])
     try:
         with run.adapter.session(capture=False), _grad_checkpointing(model, run.ckpting):
-            finished = _steps(run, decoder, sampler, per_epoch, target_mean_std, stop_after, on_step, pbar)
+            finished = _steps(run, decoder, sampler, per_epoch, run.mean_std, stop_after, on_step, pbar)
     except KeyboardInterrupt:  # keep the whole steps done: a checkpoint if the state is between two steps
         from ..run_folders import optimizer_at_step
 
