@@ -335,7 +335,7 @@ class Adapter:
             yield
             return
         saved = getattr(self, "_caller_amp", None)
-        self._caller_amp = (device_type, torch.get_autocast_dtype(device_type))
+        self._caller_amp: tuple[str, torch.dtype] | None = (device_type, torch.get_autocast_dtype(device_type))
         try:
             with torch.autocast(device_type, enabled=False):
                 yield
