@@ -82,3 +82,9 @@ def test_score_and_select_of_an_unresolved_target_name_the_missing_step(target):
         target.select(slice(0, 1))
     resolved = target.resolve(logits)
     assert torch.equal(resolved.select(slice(0, 1)).score(logits[:1]), resolved.score(logits)[:1])
+
+
+def test_resolved_classes_are_the_resolved_targets_classes():
+    with pytest.raises(vitlens.TargetError, match="ClassLogit is not resolved"):
+        ClassLogit(1).resolved_classes()
+    assert ClassLogit(None).resolve(LOGITS).resolved_classes().tolist() == [1, 0]

@@ -99,6 +99,10 @@ class Target:
         """Target score per image, ``(B,)``, differentiable w.r.t. the logits."""
         raise NotImplementedError
 
+    def resolved_classes(self) -> Tensor:
+        """``classes`` of this resolved target, ``(B,)``; a :class:`TargetError` if it has not been resolved."""
+        return _resolved(self.classes, self)
+
     def check_logits(self, logits: Tensor) -> None:
         """Raise :class:`TargetError` unless ``logits`` have the shape this kind of target scores (``(B, K)``)."""
         if logits.ndim != 2:
