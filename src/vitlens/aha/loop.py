@@ -456,6 +456,8 @@ def _steps(run: _Run, decoder: nn.Module, sampler: torch.utils.data.DistributedS
 def _write_outputs(run: _Run, name: str, command: str | None, card: bool, seconds: float) -> Path:
     """``<name>.safetensors`` + ``<name>.json`` (metadata) and, with ``card``, ``<name>.md``; returns the weights."""
     cfg, net, model = run.cfg, run.net, run.model
+    out = run.out
+    assert out is not None  # train_aha writes its outputs only into an output folder
     meta = {
         "name": name,
         "target": {"name": model_name(model), "sha": model_digest(model), "num_classes": net.num_classes},
@@ -474,9 +476,9 @@ def _write_outputs(run: _Run, name: str, command: str | None, card: bool, second
         "written": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "versions": versions(),
     }
-    weights, _ = save_explainer(net, run.out / f"{name}.safetensors", meta)
+    weights, _ = save_explainer(net, out / f"{name}.safetensors", meta)
     if card:
-        write_text(run.out / f"{name}.md", model_card(meta, net))
+        write_text(out / f"{name}.md", model_card(meta, net))
     return weights
 
 

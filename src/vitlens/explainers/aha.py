@@ -135,7 +135,7 @@ class AHA(Explainer):
         with adapter.session(capture=False):
             feats, logits = net.features(x)
             tgt = self.resolve_target(target, logits)
-            classes = tgt.classes.to(x.device).long()
+            classes = tgt.resolved_classes().to(x.device).long()
             with torch.no_grad():
                 maps = net(x, classes, feats)
             steps = int(o["refine_steps"])

@@ -383,14 +383,14 @@ class Explainer(Method):
                 sl = slice(start, min(start + chunk, b))
                 parts.append(self.attribute(adapter, x[sl], tgt.chunk(sl, b)))
         values = torch.cat([p[0].values.detach() for p in parts])
-        remainder = None
-        if parts[0][0].remainder is not None:
-            remainder = torch.cat([p[0].remainder.detach() for p in parts])
+        rems = [p[0].remainder for p in parts]  # the same method on every chunk: all or none have one
+        remainder = torch.cat([r.detach() for r in rems if r is not None]) if rems[0] is not None else None
         extras = {k: torch.cat([p[0].extras[k].detach() for p in parts]) for k in parts[0][0].extras}
-        targets = torch.cat([p[2].classes for p in parts])
+        targets = torch.cat([p[2].resolved_classes() for p in parts])
         scores = torch.cat([p[2](p[1]).detach() for p in parts])
         hw = image_size(x)
         has_grid = adapter.patch_size is not None  # a token grid (not only families that can drop tokens)
+        token_maps: Tensor | None
         if self.level == "token":
             token_maps = values
             maps = upsample_tokens(values, hw)

@@ -153,6 +153,7 @@ def get_adapter(model: nn.Module | Adapter, require: str | None = None) -> Adapt
     it does not know) gets the :class:`GenericAdapter`, with the adapter's reason recorded as its
     :attr:`~Adapter.fallback_reason`, so model-agnostic methods work on any ``nn.Module``.
     """
+    adapter: Adapter | None
     if isinstance(model, Adapter):
         adapter = model
     elif not isinstance(model, nn.Module):
@@ -296,8 +297,8 @@ def _cached_timm_weights(arch: str) -> str | None:
         try:
             from huggingface_hub import try_to_load_from_cache
         except ImportError:  # pragma: no cover
-            try_to_load_from_cache = None
-        if try_to_load_from_cache is not None:
+            pass
+        else:
             names = [cfg.hf_hub_filename] if cfg.hf_hub_filename else ["model.safetensors", "pytorch_model.bin"]
             for fname in names:
                 found = try_to_load_from_cache(cfg.hf_hub_id, fname)

@@ -131,7 +131,7 @@ class HFSequenceAdapter(SequenceAdapter):
         for i, layer in enumerate(layers):
             att, norm2 = getattr(layer, lay.attention, None), getattr(layer, lay.norm2, None)
             v = getattr(att, "v_proj", None)
-            if not isinstance(v, nn.Linear) or not isinstance(norm2, nn.Module):
+            if att is None or not isinstance(v, nn.Linear) or not isinstance(norm2, nn.Module):
                 raise UnsupportedModelError(
                     f"{type(model).__name__} layer {i} ({type(layer).__name__}) is not a pre-norm layer with a "
                     f"v_proj value projection (transformers 5.x layout)"

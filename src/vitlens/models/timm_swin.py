@@ -103,6 +103,7 @@ class SwinAdapter(Adapter):
     recording type; each family fills in where its parts are."""
 
     model: Any  # a Swin classifier: its parts are read by attribute after __init__ checked the layout
+    patch_size: tuple[int, int]  # set by each family's __init__ from its patch embedding: never None
     capabilities = frozenset({CLASS_LOGITS, ATTENTION, BLOCK_IO, WINDOWS, STAGES, FEATURES, TOKEN_GRID})
     capability_notes = {**SWIN_CAPABILITY_NOTES, FEATURE_MAPS: "the model has no timm feature_info to read "
                         "multi-depth feature maps from"}
