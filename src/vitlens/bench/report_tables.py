@@ -131,7 +131,7 @@ def headline_sentence(rows: list[dict[str, Any]], headline: Column | None) -> st
     tied = [r for r in scored if r[headline.key].get("tied_with_best")]
     if not tied:
         return f"{first}; every other method scores lower ({PAIRED_TEST})."
-    names = ", ".join(f"{display_label(str(r['method']))} (p = {float(r[headline.key]['p_vs_best']):.2g})"
+    names = "; ".join(f"{display_label(str(r['method']))}, p = {float(r[headline.key]['p_vs_best']):.2g}"
                       for r in tied)
-    verb = "is" if len(tied) == 1 else "are"
-    return f"{first}, but {names} {verb} statistically tied with it ({PAIRED_TEST}): no single best."
+    return (f"{first}, but it is not significantly better than {len(tied)} other method"
+            f"{'s' if len(tied) > 1 else ''} ({names}; {PAIRED_TEST}): these are tied with it.")
