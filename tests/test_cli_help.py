@@ -50,3 +50,12 @@ def test_unsupported_model_error_is_one_short_line_pointing_to_models(capsys: py
     err = capsys.readouterr().err.strip()
     assert code == 2 and "\n" not in err and len(err) < 300, err
     assert "vitlens models" in err
+
+
+def test_bench_device_is_checked_like_explains(capsys: pytest.CaptureFixture, tmp_path) -> None:
+    from vitlens.cli import main
+
+    code = main(["bench", "--device", "cuda:7", "--num-images", "1", "--out", str(tmp_path / "r")])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and err.startswith("vitlens: error: --device:") and "\n" not in err, err
+    assert not (tmp_path / "r").exists()  # refused before anything is loaded or written

@@ -83,13 +83,16 @@ def test_explain_records_provenance_and_the_docs_five_lines_redraw(tmp_path: Pat
     assert (drawn.vmin, drawn.vmax) == pytest.approx((colour["scale"]["vmin"], colour["scale"]["vmax"]))
 
 
-def test_bench_run_writes_provenance(tmp_path: Path) -> None:
+def test_bench_run_writes_provenance_and_counts_progress_in_images(tmp_path: Path,
+                                                                   capsys: pytest.CaptureFixture) -> None:
     from vitlens.bench import BenchConfig, run_benchmark
 
     model = vitlens.load_model("shapes-vit")
-    config = BenchConfig(model="shapes-vit", data="scenes:seed=3", methods=[("random", {})],
-                         metrics=[("pointing_game", {"tolerance": 4})], n=2, batch_size=2, show=0)
-    run = run_benchmark(config, tmp_path / "run", model=model, progress=False, device="cpu")
+    config = BenchConfig(model="shapes-vit", data="scenes:seed=3", methods=[("random", {}), ("rollout", {})],
+                         metrics=[("pointing_game", {"tolerance": 4})], n=4, batch_size=2, show=0)
+    run = run_benchmark(config, tmp_path / "run", model=model, progress=True, device="cpu")
+    err = capsys.readouterr().err
+    assert "4/4" in err and "image" in err and "unit" not in err  # 4 images (2 batches x 2 methods of work)
     prov = json.loads((run / "provenance.json").read_text())
     assert prov["device"] == "cpu" and prov["model"]["spec"] == "shapes-vit"
     assert prov["model"]["weights_sha256"] == weights_sha256(model) and prov["torch"] == torch.__version__
