@@ -121,9 +121,10 @@ def _caption(pred: tuple | None, target: str, names: list[str] | None) -> str:
     def name(c: int) -> str:
         return names[c] if names and 0 <= c < len(names) else f"class {c}"
 
-    text = f"predicted: {name(int(predicted))}, p = {float(prob):.2f}"
+    nb = "\u00a0"  # no-break spaces: a wrapped caption never splits "p = 0.91" or a mark from its class
+    text = f"predicted: {name(int(predicted))}, p{nb}={nb}{float(prob):.2f}"
     if label is not None:
-        text += f"; true: {name(int(label))}" + (" ✓" if int(label) == int(predicted) else " ✗")
+        text += f"; true: {name(int(label))}" + (f"{nb}✓" if int(label) == int(predicted) else f"{nb}✗")
     if target == "label" and label is not None:
         text += f"; explained: {name(int(label))}"
     return text

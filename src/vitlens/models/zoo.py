@@ -264,8 +264,8 @@ def bundled_names() -> list[str]:
 
 def _spec(name: str) -> BundledModel:
     if not isinstance(name, str) or name not in BUNDLED:
-        raise UnsupportedModelError(f"unknown model {name!r}: not a bundled model, timm:<arch>, hf:<dir> or "
-                                    "efficientnet_lite0; `vitlens models` lists them")
+        raise UnsupportedModelError(f"unknown model {name!r}; `vitlens models` lists what loads: the bundled "
+                                    f"{', '.join(bundled_names())}, efficientnet_lite0, timm:<arch>, hf:<dir>")
     return BUNDLED[name]
 
 
