@@ -174,6 +174,8 @@ def cmd_explain(args: argparse.Namespace) -> int:
     bases = output_bases(paths)
     device = _device(args.device)
     model_kwargs = parse_key_values(args.model_option, "--model-option")
+    if args.model.startswith(("timm:", "hf:")):
+        model_kwargs.setdefault("seed", 0)  # random weights (pretrained=False, a new head) are the same every run
     model = load_model_with_options(args.model, model_kwargs).to(device)
     cfg = vimages.data_config(model)
     names = model_class_names(model)
@@ -187,6 +189,9 @@ def cmd_explain(args: argparse.Namespace) -> int:
     from vitlens.run_folders import folder_lock
 
     with folder_lock(out, "explain"):
+        from vitlens.api import model_provenance
+
+        style["model_record"] = model_provenance(model, args.model, model_kwargs)  # once: it hashes the weights
         _explain_all(args, out, paths, bases, methods, model, cfg, names, style, device)
     return 0
 
@@ -278,6 +283,9 @@ def _write_image(path: Path, base: Path, view: Any, results: dict[str, Any], j: 
     # a huge photo is drawn at 2048 px on its longer side (the crop's geometry is kept up to one display pixel)
     original = viz.display_image(original, 1, _MAX_SIDE)
     base.parent.mkdir(parents=True, exist_ok=True)
+    from vitlens.api import file_sha256
+
+    digest = file_sha256(path)
     record: dict[str, Any] = {"image": str(path), "model": args.model, "methods": {}}
     grid_maps: dict[str, Any] = {}
     for label, (exp, seconds) in results.items():
@@ -306,7 +314,8 @@ def _write_image(path: Path, base: Path, view: Any, results: dict[str, Any], j: 
         with atomic_path(base.parent / f"{stem}.npz") as tmp:
             np.savez_compressed(tmp, **arrays)
         info = exp.provenance()
-        info.update({"image": str(path), "model": args.model, "target_class": cls,
+        info.update({"image": str(path), "image_sha256": digest, "model": args.model,
+                     "model_provenance": style["model_record"], "target_class": cls,
                      "target_name": names[cls] if names and cls < len(names) else None, "probability": prob,
                      "score": float(exp.scores[j]), "targets": [cls], "scores": [float(exp.scores[j])],
                      "remainder": None if exp.remainder is None else float(exp.remainder[j]),

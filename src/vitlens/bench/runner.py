@@ -90,8 +90,8 @@ class BenchConfig:
 
 
 #: what a benchmark writes in its run directory (``overwrite`` removes these, and nothing else)
-RUN_FILES = ("config.json", "results.sqlite", "results.sqlite.damaged", "summary.md", "summary.csv",
-             "summary.json", "curves.png", "examples.png", "report.html")
+RUN_FILES = ("config.json", "results.sqlite", "results.sqlite.damaged", "summary.md", "summary.tex", "summary.csv",
+             "summary.json", "curves.png", "curves-all.png", "examples.png", "report.html", "provenance.json")
 RUN_DIRS = ("shards", "examples")
 
 
@@ -167,8 +167,13 @@ def _check_data_needs(metrics: Sequence[tuple[str, Any]], source: Any) -> None:
 
 
 def run_benchmark(config: BenchConfig, out: str | Path, model: nn.Module | None = None,
-                  progress: bool = True, stop_after_units: int | None = None, overwrite: bool = False) -> Path:
+                  progress: bool = True, stop_after_units: int | None = None, overwrite: bool = False,
+                  device: str | torch.device | None = None) -> Path:
     """Run (or resume) a benchmark into ``out``. Returns the run directory.
+
+    ``device``: where the model runs (checked by :func:`vitlens.devices.check_device`; ``"cuda"`` under torchrun is
+    this process's GPU, ``LOCAL_RANK``); ``None``: CUDA when there is a GPU, else the CPU. Progress counts images
+    (every method on a batch, then the next batch), so its ETA holds however different the methods' costs are.
 
     ``model`` may be passed directly (otherwise ``config.model`` is loaded with :func:`vitlens.load_model`).
     ``stop_after_units`` stops early after that many new units (tests use it to simulate a crash).
@@ -180,11 +185,9 @@ def run_benchmark(config: BenchConfig, out: str | Path, model: nn.Module | None 
     config.check()
     run_dir = Path(out)
     _check_out_dir(run_dir)
-    dist = init_distributed()
+    device = _run_device(device)
+    dist = init_distributed(device)
     rank, world = dist.rank, dist.world
-    device = torch.device("cpu")
-    if torch.cuda.is_available():
-        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
     _check_config(run_dir, config, overwrite, write=False)  # refuse early, before any work
     torch.manual_seed(config.seed)
     if model is None:
@@ -198,6 +201,9 @@ def run_benchmark(config: BenchConfig, out: str | Path, model: nn.Module | None 
     _check_data_needs(metrics, source)
     if rank == 0:  # everything is valid: only now the run directory is written
         _check_config(run_dir, config, overwrite)
+        from ..api import run_provenance
+
+        write_text(run_dir / "provenance.json", json.dumps(run_provenance(net, device), indent=2))
     if dist.active:
         dist.barrier()
         if rank != 0:
@@ -206,20 +212,21 @@ def run_benchmark(config: BenchConfig, out: str | Path, model: nn.Module | None 
     done = store.done_units()
     mine = [i for i in range(len(source)) if i % world == rank]
     batches = [mine[s:s + config.batch_size] for s in range(0, len(mine), config.batch_size)]
-    units = [(label, method, b) for label, method in methods for b in batches
+    units = [(label, method, b) for b in batches for label, method in methods
              if any((label, i) not in done for i in b)]
     from tqdm.auto import tqdm
 
-    bar = tqdm(total=len(units), desc=f"bench (rank {rank})" if world > 1 else "bench", unit="unit",
-               disable=not progress or (rank != 0 and world > 1))
+    bar = tqdm(total=len({i for _, _, b in units for i in b}), desc=f"bench (rank {rank})" if world > 1 else "bench",
+               unit="image", disable=not progress or (rank != 0 and world > 1))
     written = 0
     stored_before = len(methods) * len(batches) - len(units)
     try:
-        for label, method, idx in units:
+        for k, (label, method, idx) in enumerate(units):
             _run_unit(store, source, net, label, method, metrics, idx, config, run_dir, device,
                       predict=label == methods[0][0])
             written += 1
-            bar.update(1)
+            if k + 1 == len(units) or units[k + 1][2] is not idx:  # every method done on this batch
+                bar.update(len(idx))
             pause_point(f"bench.unit.{stored_before + written}")
             if stop_after_units is not None and written >= stop_after_units:
                 return run_dir
@@ -232,6 +239,17 @@ def run_benchmark(config: BenchConfig, out: str | Path, model: nn.Module | None 
         write_report(run_dir, config)
     dist.barrier()
     return run_dir
+
+
+def _run_device(device: str | torch.device | None) -> torch.device:
+    from ..devices import check_device
+
+    if device is None:
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    dev = torch.device(check_device(device))
+    if dev.type == "cuda" and dev.index is None:
+        dev = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+    return dev
 
 
 def _run_unit(store: ResultStore, source: Any, model: nn.Module, label: str, method: Any,

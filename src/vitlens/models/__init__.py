@@ -188,7 +188,7 @@ def refusal(adapter: Adapter, need: str | tuple[str, ...], who: str = "this") ->
 
 
 def load_model(name: str | nn.Module, pretrained: bool = True, weights: str | os.PathLike | None = None,
-               device: str | torch.device | None = None, **kwargs: Any) -> nn.Module:
+               device: str | torch.device | None = None, seed: int | None = None, **kwargs: Any) -> nn.Module:
     """Load a model by name, in eval mode. Never touches the network.
 
     Names:
@@ -203,8 +203,39 @@ def load_model(name: str | nn.Module, pretrained: bool = True, weights: str | os
     Extra ``kwargs`` go to ``timm.create_model`` / ``from_pretrained``. An argument a name does not use (options,
     ``weights=`` or ``pretrained=False`` for a bundled model, anything but ``device`` for a module) is refused, never
     ignored; so is a device this machine does not have.
+
+    ``seed``: the random initialisation of ``timm:``, ``hf:`` and ``efficientnet_lite0`` models (all weights with
+    ``pretrained=False``, a new head otherwise) is drawn from ``torch.manual_seed(seed)``, so the same call gives
+    the same weights in any process; the global random state is left as it was. ``None``: the global random state.
+
+    The loaded model carries ``model.vitlens_source``: the name, ``pretrained``, ``weights``, ``seed`` and options it
+    was loaded with (what provenance records write next to every map).
     """
     _check_load_arguments(name, pretrained, weights, device, kwargs)
+    if seed is not None:
+        if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+            raise InputError(f"load_model: seed must be an integer >= 0; got {seed!r}")
+        if not (isinstance(name, str) and (name.startswith(("timm:", "hf:")) or name == "efficientnet_lite0")):
+            what = "an nn.Module" if isinstance(name, nn.Module) else f"{name!r}"
+            raise InputError(f"load_model({what}) takes no seed: its weights are not drawn at random (seed applies "
+                             "to timm:<arch>, hf:<dir> and efficientnet_lite0)")
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            model = _load_named(name, pretrained, weights, kwargs)
+    else:
+        model = _load_named(name, pretrained, weights, kwargs)
+    model.eval()
+    if device is not None:
+        model.to(device)
+    source = {"name": name if isinstance(name, str) else type(name).__name__, "pretrained": pretrained,
+              "weights": None if weights is None else str(weights), "seed": seed, "options": dict(kwargs)}
+    if isinstance(name, str):  # a module passed in is the caller's object: left as it is
+        model.__dict__["vitlens_source"] = source  # plain instance data: not a parameter, buffer or submodule
+    return model
+
+
+def _load_named(name: str | nn.Module, pretrained: bool, weights: str | os.PathLike | None,
+                kwargs: dict[str, Any]) -> nn.Module:
     if isinstance(name, nn.Module):
         model = name
     elif not isinstance(name, str):
@@ -221,9 +252,6 @@ def load_model(name: str | nn.Module, pretrained: bool = True, weights: str | os
         from . import zoo
 
         model = zoo.load_bundled(name)
-    model.eval()
-    if device is not None:
-        model.to(device)
     return model
 
 
