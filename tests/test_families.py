@@ -84,9 +84,13 @@ def test_refused_methods_name_the_methods_that_work(family):
         assert "gradient" in listed and "rise" in listed, name
 
 
+@pytest.mark.parametrize("trained", [False, True], ids=["init", "trained-like"])
 @pytest.mark.parametrize("family", SUPPORTED)
-def test_gradskip_completeness_and_per_layer_conservation(family):
-    exp = vitlens.explain(_model(family), _x(), method="gradskip")
+def test_gradskip_completeness_and_per_layer_conservation(family, trained):
+    """As initialised and with trained-like parameters (``families.trained_like``: non-zero biases, position and
+    relative-bias tables, tokens, layer scales ≈ 0.1, norm weights ≠ 1)."""
+    model = build(family, trained=True) if trained else _model(family)
+    exp = vitlens.explain(model, _x(), method="gradskip")
     y = exp.scores.double()
     total = exp.token_maps.sum((1, 2)).double() + exp.remainder.double()
     torch.testing.assert_close(total, y, rtol=1e-5, atol=1e-6)
