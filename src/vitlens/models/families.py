@@ -81,7 +81,8 @@ def _sharpen(model: nn.Module, gain: float = 3.0) -> nn.Module:
                 p.normal_(0.0, 1.0)
             elif name.endswith("qkv.weight") and p.shape[0] % 3 == 0:
                 p[: 2 * (p.shape[0] // 3)].mul_(gain)
-            elif name.endswith(("q_proj.weight", "k_proj.weight")):
+            elif name.endswith(("q_proj.weight", "k_proj.weight", "attention.attention.query.weight",
+                                "attention.attention.key.weight")):
                 p.mul_(gain)
             elif name.endswith(("attn.proj_l.weight", "attn.proj_w.weight")):  # CaiT talking heads: near identity,
                 p.add_(torch.eye(p.shape[0], dtype=p.dtype))  # as trained ones are (random init makes A' ≈ 0)
@@ -106,6 +107,12 @@ FAMILIES: list[Family] = [
            _hf("Dinov2WithRegistersForImageClassification", "Dinov2WithRegistersConfig", num_register_tokens=2)),
     Family("HF BEiT", "transformers BeitForImageClassification (relative position bias)",
            _hf("BeitForImageClassification", "BeitConfig", use_relative_position_bias=True)),
+    Family("HF ViTMSN", "transformers ViTMSNForImageClassification", _hf("ViTMSNForImageClassification", "ViTMSNConfig")),
+    Family("HF I-JEPA", "transformers IJepaForImageClassification (no CLS token, token-mean readout)",
+           _hf("IJepaForImageClassification", "IJepaConfig")),
+    Family("HF Data2VecVision", "transformers Data2VecVisionForImageClassification (relative position bias, layer "
+           "scale)", _hf("Data2VecVisionForImageClassification", "Data2VecVisionConfig",
+                         use_relative_position_bias=True)),
     Family("HF CLIP", "transformers CLIPForImageClassification",
            _hf("CLIPForImageClassification", "CLIPConfig", vision=True)),
     Family("HF SigLIP", "transformers SiglipForImageClassification",
