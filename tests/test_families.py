@@ -293,9 +293,11 @@ def test_explicit_attention_context_is_restored(family):
         if getattr(m, "fused_attn", None) is False:
             m.fused_attn = True
     before = _fingerprint(model)
+    # SwinV2's window attention has no fused path: nothing to switch there, only to leave as it was
+    switchable = bool(before["configs"]) or any(hasattr(m, "fused_attn") for m in model.modules())
     with pytest.raises(KeyError):
         with adapter.explicit_attention():
-            assert _fingerprint(model) != before  # something was switched
+            assert _fingerprint(model) != before or not switchable  # something was switched
             raise KeyError("inside")
     assert _fingerprint(model) == before
 

@@ -26,6 +26,7 @@ from .timm_cait import TimmCaitAdapter
 from .timm_cnn import TimmCNNAdapter
 from .timm_families import REFUSED, TimmBeitAdapter, TimmEvaAdapter, TimmRelPosAdapter
 from .timm_swin import TimmSwinAdapter
+from .timm_swinv2 import TimmSwinV2Adapter
 from .timm_vit import TimmViTAdapter
 
 __all__ = [
@@ -41,6 +42,7 @@ __all__ = [
     "TimmBeitAdapter",
     "TimmRelPosAdapter",
     "TimmSwinAdapter",
+    "TimmSwinV2Adapter",
     "TimmCaitAdapter",
     "HFSequenceAdapter",
     "HFSwinAdapter",
@@ -120,7 +122,7 @@ def _refused_note(model: nn.Module) -> str | None:
 
 
 _ADAPTERS: list[type[Adapter]] = [TimmViTAdapter, TimmEvaAdapter, TimmBeitAdapter, TimmRelPosAdapter, TimmSwinAdapter,
-                                  TimmCaitAdapter, HFViTAdapter, HFSequenceAdapter, HFSwinAdapter, SegformerAdapter,
+                                  TimmSwinV2Adapter, TimmCaitAdapter, HFViTAdapter, HFSequenceAdapter, HFSwinAdapter, SegformerAdapter,
                                   TimmCNNAdapter]
 
 

@@ -126,6 +126,9 @@ FAMILIES: list[Family] = [
     Family("timm Swin", "timm SwinTransformer (shifted windows, patch merging)",
            _timm("swin_tiny_patch4_window7_224", False, img_size=32, patch_size=4, window_size=4, embed_dim=24,
                  depths=(2, 2), num_heads=(2, 4), num_classes=5)),
+    Family("timm SwinV2", "timm SwinTransformerV2 (scaled-cosine attention, log-spaced continuous position bias, "
+           "residual post-norm)", _timm("swinv2_tiny_window8_256", False, img_size=32, patch_size=4, window_size=4,
+                                        embed_dim=24, depths=(2, 2), num_heads=(2, 4), num_classes=5)),
     Family("HF Swin", "transformers SwinForImageClassification (shifted windows, patch merging)",
            _hf("SwinForImageClassification", "SwinConfig", plain=False, image_size=32, patch_size=4, embed_dim=24,
                depths=[2, 2], num_heads=[2, 4], window_size=4)),
