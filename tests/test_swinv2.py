@@ -14,6 +14,7 @@ import torch.nn.functional as F
 import vitlens
 from vitlens.models import get_adapter
 from vitlens.models.families import trained_like
+from vitlens.models.timm_swin import to_windows
 
 timm = pytest.importorskip("timm")
 
@@ -133,3 +134,90 @@ def test_lrp_and_token_dropping_are_refused_with_the_windowed_reason():
         vitlens.explain(model, _x(1), method="cplrp")
     with pytest.raises(vitlens.UnsupportedModelError, match="tokens cannot be dropped"):
         vitlens.explain(model, _x(1), method="mutex")
+
+
+# -- HuggingFace Swinv2ForImageClassification ------------------------------------------------------------------------
+
+def _hf_swinv2(img: int = 32, trained: bool = True, seed: int = 0):
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(seed)
+    cfg = transformers.Swinv2Config(image_size=img, patch_size=4, embed_dim=24, depths=[2, 2], num_heads=[2, 4],
+                                    window_size=4, num_labels=5)
+    model = transformers.Swinv2ForImageClassification(cfg).eval()
+    return trained_like(model) if trained else model
+
+
+def test_hf_recording_is_what_each_post_norm_layer_computes():
+    """28 px: a padded, shifted first stage (HF pads, then shifts). Every layer's attention input is the recorded
+    partition of u itself (post-norm: no norm before the attention), the recorded probabilities are the
+    scaled-cosine softmax with the continuous bias, and h = u + layernorm_before(attention output)."""
+    model = _hf_swinv2(img=28)
+    adapter = get_adapter(model)
+    assert adapter.family == "hf-swinv2" and adapter.fallback_reason is None
+    x = _x(2, 28, seed=2)
+    seen: dict = {}
+    handles = []
+    for i, blk in enumerate(adapter.blocks()):
+        handles.append(blk.attention.register_forward_pre_hook(lambda m, a, i=i: seen.__setitem__((i, 0), a)))
+        handles.append(blk.layernorm_before.register_forward_hook(lambda m, a, o, i=i: seen.__setitem__((i, 1), o)))
+    try:
+        with torch.no_grad():
+            ref = model(pixel_values=x).logits
+        with adapter.session(capture=True) as rec:
+            logits = adapter.forward(x)
+    finally:
+        for hnd in handles:
+            hnd.remove()
+    torch.testing.assert_close(logits.detach(), ref, rtol=1e-5, atol=1e-6)
+    assert any(any(b.shift) for b in rec.blocks)
+    for i, (blk, b) in enumerate(zip(adapter.blocks(), rec.blocks)):
+        windows, mask = seen[(i, 0)][0].detach(), seen[(i, 0)][1]
+        grid = b.u.detach().reshape(2, *b.grid, -1).permute(3, 0, 1, 2)
+        mine = torch.stack([to_windows(c, b.shift, b.window, b.pad_first)[0] for c in grid], dim=-1)
+        assert b.pad_first and torch.equal(mine, windows), i
+        att = blk.attention.self
+        heads, n = att.num_attention_heads, windows.shape[1]
+        with torch.no_grad():
+            q = att.query(windows).view(windows.shape[0], n, heads, -1).transpose(1, 2)
+            k = att.key(windows).view(windows.shape[0], n, heads, -1).transpose(1, 2)
+            logits_ = F.normalize(q, dim=-1) @ F.normalize(k, dim=-1).transpose(-2, -1)
+            logits_ = logits_ * torch.clamp(att.logit_scale, max=math.log(100.0)).exp()
+            table = att.continuous_position_bias_mlp(att.relative_coords_table).view(-1, heads)
+            rpb = table[att.relative_position_index.view(-1)].view(n, n, heads).permute(2, 0, 1)
+            logits_ = logits_ + 16 * torch.sigmoid(rpb)[None]
+            if mask is not None:  # transformers adds the shift mask twice; -100 or -200 both vanish in the softmax
+                nw = mask.shape[0]
+                logits_ = (logits_.view(-1, nw, heads, n, n) + 2 * mask[None, :, None]).view(-1, heads, n, n)
+            probs = logits_.softmax(-1)
+        torch.testing.assert_close(b.attn.detach(), probs, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(b.h.detach(), b.u.detach() + seen[(i, 1)].detach(), rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("trained", [False, True], ids=["init", "trained-like"])
+@pytest.mark.parametrize("img", [32, 28, 56])
+def test_hf_gradskip_conserves_at_any_multiple_of_the_patch(img, trained):
+    model = _hf_swinv2(trained=trained)  # built for 32 px: other sizes pad to the windows fixed at build time
+    x = _x(2, img)
+    exp = vitlens.explain(model, x, method="gradskip")
+    y = exp.scores.double()
+    torch.testing.assert_close(exp.token_maps.sum((1, 2)).double() + exp.remainder.double(), y, rtol=1e-5, atol=1e-6)
+    totals = exp.extras["layer_totals"].double()
+    torch.testing.assert_close(totals, y[:, None].expand_as(totals), rtol=1e-5, atol=1e-6)
+    assert exp.token_maps.shape == (2, img // 4, img // 4)
+    with pytest.raises(vitlens.InputError, match="not a multiple of the patch size"):
+        vitlens.explain(model, _x(1, 30), method="gradskip")
+
+
+def test_hf_gradcam_reads_the_last_stage_before_the_final_layernorm():
+    model = _hf_swinv2()
+    x = _x(2)
+    exp = vitlens.explain(model, x, method="gradcam", target=torch.tensor([1, 3]))
+    with torch.no_grad():
+        emb, dims = model.swinv2.embeddings(x)
+        out = model.swinv2.encoder(emb, dims).last_hidden_state
+    feats = out.detach().requires_grad_(True)
+    pooled = model.swinv2.pooler(model.swinv2.layernorm(feats).transpose(1, 2)).flatten(1)
+    logits = model.classifier(pooled)
+    g, = torch.autograd.grad(logits[[0, 1], [1, 3]].sum(), feats)
+    cam = (feats * g.mean(1, keepdim=True)).sum(-1).clamp_min(0).reshape(2, 4, 4)
+    torch.testing.assert_close(exp.token_maps, cam.detach(), rtol=1e-4, atol=1e-6)

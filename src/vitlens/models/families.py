@@ -132,6 +132,9 @@ FAMILIES: list[Family] = [
     Family("HF Swin", "transformers SwinForImageClassification (shifted windows, patch merging)",
            _hf("SwinForImageClassification", "SwinConfig", plain=False, image_size=32, patch_size=4, embed_dim=24,
                depths=[2, 2], num_heads=[2, 4], window_size=4)),
+    Family("HF Swinv2", "transformers Swinv2ForImageClassification (scaled-cosine attention, continuous position "
+           "bias, residual post-norm)", _hf("Swinv2ForImageClassification", "Swinv2Config", plain=False, image_size=32,
+                                            patch_size=4, embed_dim=24, depths=[2, 2], num_heads=[2, 4], window_size=4)),
     Family("HF SegFormer", "transformers SegformerForSemanticSegmentation (hierarchical stages, per-pixel logits)",
            _hf("SegformerForSemanticSegmentation", "SegformerConfig", plain=False, num_encoder_blocks=2, depths=[1, 1],
                sr_ratios=[2, 1], hidden_sizes=[16, 32], num_attention_heads=[1, 2], decoder_hidden_size=32,
