@@ -38,7 +38,7 @@ from .plan import StepPlan, choose_classes, image_noise, lr_factor, plan_step, t
 from .soft_metrics import RegionGrid, aha_loss, curve_fractions, default_grid_range, reference, soft_curves
 from .validation import LabelledImages, all_reduce_sum, best_pool, validate
 
-__all__ = ["soft_validate", "target_probs", "train_aha", "training_loss", "validate"]
+__all__ = ["reference_logits", "soft_validate", "target_probs", "train_aha", "training_loss", "validate"]
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -106,7 +106,7 @@ def soft_validate(net: AHANet, data: LabelledImages, cfg: AHATrainConfig, tau: f
             maps = net.finish(net.decoder(feats, cls, hw), cfg.pool)
             ref = torch.zeros_like(x)
             p0 = logits.float().softmax(-1).gather(1, cls[:, None])[:, 0]
-            p1 = target_probs(adapter, ref, cls)
+            p1 = reference_logits(adapter, ref).softmax(-1).gather(1, cls[:, None])[:, 0]
             cur = soft_curves(lambda im, c: target_probs(adapter, im, c, cfg.chunk), x, ref, maps, cls, grid,
                               curve_fractions(16), tau, cfg.n_iters, endpoints=(p0, p1), mask_sigma=cfg.mask_sigma)
         total += float((cur.ins_auc - cur.del_auc).sum())
@@ -123,6 +123,14 @@ def target_probs(adapter: Any, images: Tensor, classes: Tensor, chunk: int = 512
             logits = adapter.forward(images[s:s + chunk])
         parts.append(logits.float().softmax(-1).gather(1, classes[s:s + chunk, None])[:, 0])
     return torch.cat(parts)
+
+
+def reference_logits(adapter: Any, ref: Tensor) -> Tensor:
+    """The target's float logits ``(B, K)`` on the references ``ref`` ``(B, C, H, W)``: one forward of one image when
+    every image has the same reference (the mean colour, black, the mean image), of the batch otherwise (blur)."""
+    if ref.shape[0] > 1 and bool((ref == ref[:1]).all()):
+        return adapter.forward(ref[:1]).float().expand(ref.shape[0], -1)
+    return adapter.forward(ref).float()
 
 
 def training_loss(net: AHANet, decoder: nn.Module, x: Tensor, labels: Tensor, indices: Sequence[int], step: int,
@@ -149,12 +157,12 @@ def training_loss(net: AHANet, decoder: nn.Module, x: Tensor, labels: Tensor, in
     k = classes.shape[1]
     ref = reference(x, plan.reference, mean_std[0], mean_std[1], mean_image=mean_img)
     with torch.no_grad(), torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=amp):
-        ref_logits = adapter.forward(ref).float()
+        ref_logits = reference_logits(adapter, ref)
     p0 = logits.float().softmax(-1).gather(1, classes)  # (b, k): nothing deleted
     p1 = ref_logits.softmax(-1).gather(1, classes)  # everything deleted
 
     def rep(t: Tensor) -> Tensor:  # image-major (b·k, ...)
-        return t.repeat_interleave(k, dim=0)
+        return t if k == 1 else t.repeat_interleave(k, dim=0)
 
     cls = classes.reshape(-1)
     maps = net.finish(decoder([rep(f) for f in feats], cls, hw), cfg.pool)
