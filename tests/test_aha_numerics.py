@@ -21,12 +21,12 @@ import aha_reference
 
 pytestmark = pytest.mark.usefixtures("one_thread_per_module")
 
-#: (recipe, the reference of each step): every reference once with one class per image; the authors' recipe (two
-#: classes per image, Gumbel noise) on the references it draws from
-CASES = [("tracked", ("mean", "black", "blur", "meanimage")), ("authors", ("black", "blur"))]
+#: (recipe, the reference of each step): every reference with one class per image (mean and black twice: the second
+#: time from the logits kept by the first); the authors' recipe (two classes per image, Gumbel noise)
+CASES = [("tracked", ("mean", "black", "blur", "meanimage", "mean", "black")), ("authors", ("black", "blur"))]
 
 #: the losses of the code before issue #26 (computed with it on the same inputs), per case and step
-PINNED = {"tracked": [1.0935892, 0.7422731, 0.6091455, 0.9059185], "authors": [1.0710479, 0.9226714]}
+PINNED = {"tracked": [1.0935892, 0.7422731, 0.6091455, 0.9059185, 0.7315534, 0.8183661], "authors": [1.0710479, 0.9226714]}
 
 
 def _inputs():
@@ -36,10 +36,11 @@ def _inputs():
     return model, x, torch.as_tensor(scenes.labels)
 
 
-def _loss(net: AHANet, x, labels, step: int, cfg: AHATrainConfig, fast: bool):
+def _loss(net: AHANet, x, labels, step: int, cfg: AHATrainConfig, fast: bool, cache: dict):
     norm = mean_std(net.target)
     if fast:
-        return training_loss(net, net.decoder, x, labels, list(range(4)), step, cfg, 0.1, norm, mean_img=x.mean(0))[0]
+        return training_loss(net, net.decoder, x, labels, list(range(4)), step, cfg, 0.1, norm, mean_img=x.mean(0),
+                             ref_cache=cache)[0]
     return aha_reference.training_loss(net, x, labels, list(range(4)), step, cfg, 0.1, norm, mean_img=x.mean(0))[0]
 
 
@@ -50,14 +51,14 @@ def test_training_steps_equal_the_earlier_code(recipe, refs):
     model, x, labels = _inputs()
     net = AHANet(model, width=8, seed=0)
     opt = torch.optim.AdamW(net.decoder.parameters(), lr=1e-3, weight_decay=1e-3)
-    losses = []
+    losses, cache = [], {}
     with net.target_adapter.session(capture=False):
         for step, ref in enumerate(refs):
             cfg = AHATrainConfig.preset(recipe, m=4, references=(ref,), batch_size=4, width=8)
             got = {}
             for fast in (True, False):
                 opt.zero_grad(set_to_none=True)
-                loss = _loss(net, x, labels, step, cfg, fast)
+                loss = _loss(net, x, labels, step, cfg, fast, cache)
                 loss.backward()
                 got[fast] = (float(loss.detach()), {k: p.grad.clone() for k, p in net.decoder.named_parameters()})
             assert got[True][0] == pytest.approx(got[False][0], rel=1e-5, abs=1e-7), (step, ref)
@@ -68,3 +69,4 @@ def test_training_steps_equal_the_earlier_code(recipe, refs):
             opt.step()
             losses.append(got[False][0])
     assert losses == pytest.approx(PINNED[recipe], rel=1e-4)
+    assert sorted(cache) == (["black", "mean", "meanimage"] if recipe == "tracked" else ["black"])
