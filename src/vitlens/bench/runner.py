@@ -54,6 +54,9 @@ class BenchConfig:
     seed: int = 0
     show: int = 6
     extra: dict[str, Any] = field(default_factory=dict)
+    #: share across the methods of one batch what does not depend on the method (a cost knob, not part of the
+    #: stored configuration: the results differ by float rounding only)
+    share: bool = True
 
     def check(self) -> None:
         """Refuse settings that cannot make a valid run (one line naming the setting, the value, what is allowed)."""
@@ -212,6 +215,8 @@ def run_benchmark(config: BenchConfig, out: str | Path, model: nn.Module | None 
     done = store.done_units()
     mine = [i for i in range(len(source)) if i % world == rank]
     batches = [mine[s:s + config.batch_size] for s in range(0, len(mine), config.batch_size)]
+    # batch-major: the methods of one batch run one after another and share what does not depend on the method
+    # (the batch itself, the perturbation metrics' scores of the unperturbed and fully perturbed images)
     units = [(label, method, b) for b in batches for label, method in methods
              if any((label, i) not in done for i in b)]
     from tqdm.auto import tqdm
@@ -220,9 +225,10 @@ def run_benchmark(config: BenchConfig, out: str | Path, model: nn.Module | None 
                unit="image", disable=not progress or (rank != 0 and world > 1))
     written = 0
     stored_before = len(methods) * len(batches) - len(units)
+    shared = _BatchShare(source, device, config.share)
     try:
         for k, (label, method, idx) in enumerate(units):
-            _run_unit(store, source, net, label, method, metrics, idx, config, run_dir, device,
+            _run_unit(store, shared, net, label, method, metrics, idx, config, run_dir, device,
                       predict=label == methods[0][0])
             written += 1
             if k + 1 == len(units) or units[k + 1][2] is not idx:  # every method done on this batch
@@ -252,11 +258,32 @@ def _run_device(device: str | torch.device | None) -> torch.device:
     return dev
 
 
-def _run_unit(store: ResultStore, source: Any, model: nn.Module, label: str, method: Any,
+class _BatchShare:
+    """The batch of the current unit and its :class:`~vitlens.metrics.perturbation.SharedScores`, kept while the
+    next units are on the same images (``share=False``: loaded and computed again for every unit)."""
+
+    def __init__(self, source: Any, device: torch.device, share: bool) -> None:
+        self.source, self.device, self.share = source, device, share
+        self.idx: list[int] | None = None
+        self.batch: dict[str, Any] = {}
+        self.x = torch.empty(0)
+        self.scores: Any = None
+
+    def get(self, idx: list[int]) -> tuple[dict[str, Any], Tensor, Any]:
+        if not self.share or idx != self.idx:
+            from ..metrics.perturbation import SharedScores
+
+            self.batch = self.source.batch(idx)
+            self.x = self.batch["x"].to(self.device)
+            self.scores = SharedScores(self.x) if self.share else None
+            self.idx = list(idx)
+        return self.batch, self.x, self.scores
+
+
+def _run_unit(store: ResultStore, shared: _BatchShare, model: nn.Module, label: str, method: Any,
               metrics: Sequence[tuple[str, Any]], idx: list[int], config: BenchConfig, run_dir: Path,
               device: torch.device, predict: bool = False) -> None:
-    batch = source.batch(idx)
-    x = batch["x"].to(device)
+    batch, x, scores = shared.get(idx)
     target = None if config.target == "predicted" else batch["labels"].to(device)
     t0 = time.perf_counter()
     exp = method.explain(model, x, target=target)
@@ -265,6 +292,8 @@ def _run_unit(store: ResultStore, source: Any, model: nn.Module, label: str, met
     rows, curves = [], []
     for mlabel, metric in metrics:
         kwargs = {"model": model, "x": x, "targets": exp.targets}
+        if scores is not None and getattr(metric, "shares_scores", False):
+            kwargs["shared"] = scores
         for key in ("masks", "boxes"):
             if batch.get(key) is not None:
                 kwargs[key] = batch[key].to(device)
