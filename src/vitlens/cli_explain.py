@@ -268,15 +268,14 @@ def _progress(done: int, total: int, elapsed: float, args: argparse.Namespace) -
 def _write_image(path: Path, base: Path, view: Any, results: dict[str, Any], j: int, probs: Any,
                  names: list[str] | None, cfg: Any, style: dict[str, Any], args: argparse.Namespace) -> dict:
     import numpy as np
-    from PIL import ImageOps
 
     from vitlens import viz
     from vitlens.explainers import display_label
-    from vitlens.images import open_image_file
+    from vitlens.images import display_pixels
 
-    original = np.asarray(ImageOps.exif_transpose(open_image_file(path, str(path))).convert("RGB"))
-    # a huge photo is drawn at 2048 px on its longer side (the crop's geometry is kept up to one display pixel)
-    original = viz.display_image(original, 1, _MAX_SIDE)
+    # a huge photo is decoded and drawn at 2048 px on its longer side, never held at full size (the crop's geometry
+    # is kept up to one display pixel); the figures, maps on the original and grids are bounded by it
+    original = display_pixels(path, str(path), _MAX_SIDE)
     base.parent.mkdir(parents=True, exist_ok=True)
     record: dict[str, Any] = {"image": str(path), "model": args.model, "methods": {}}
     grid_maps: dict[str, Any] = {}

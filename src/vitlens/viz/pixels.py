@@ -106,6 +106,8 @@ def to_uint8(image: ImageLike) -> np.ndarray:
             arr = np.moveaxis(arr, 0, -1)
     if arr.ndim != 3 or arr.shape[-1] not in (1, 3, 4) or arr.size == 0:
         raise InputError(f"image of shape {shape} is not an image; expected (3, H, W), (H, W, 3) or (H, W)")
+    if arr.dtype == np.uint8 and arr.shape[-1] in (1, 3):  # already 8-bit: no float copy (8 bytes per value)
+        return np.ascontiguousarray(np.repeat(arr, 3, axis=-1) if arr.shape[-1] == 1 else arr)
     if arr.dtype == np.uint8:
         pixels = arr.astype(np.float64) / 255.0
     elif np.issubdtype(arr.dtype, np.floating):
