@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 from typing import Any, Sequence
 
-from .options import nonnegative_int, positive_int
+from .options import nonnegative_int, positive_int, seed_int
 
 __all__ = ["main"]
 
@@ -153,7 +153,7 @@ def build_parser() -> argparse.ArgumentParser:
     d = sub.add_parser("demo", help="offline demo: a small benchmark of the bundled model with an HTML report")
     d.add_argument("--model", default="shapes-vit")
     d.add_argument("--n", type=positive_int, default=100, help="number of fresh scenes")
-    d.add_argument("--seed", type=int, default=2026, help="scene seed (the training data used other seeds)")
+    d.add_argument("--seed", type=seed_int, default=2026, help="scene seed (the training data used other seeds)")
     d.add_argument("--methods", default=DEMO_METHODS, help="method specs (see vitlens bench)")
     d.add_argument("--metrics", default=DEMO_METRICS, help="metric specs (see vitlens bench)")
     d.add_argument("--batch", type=positive_int, default=25)
@@ -184,7 +184,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="number of images (default: the whole source); under torchrun write --num-images")
     b.add_argument("--batch", type=positive_int, default=25, help="images per unit of work")
     b.add_argument("--target", choices=["predicted", "label"], default="predicted")
-    b.add_argument("--seed", type=int, default=0)
+    b.add_argument("--seed", type=seed_int, default=0)
     b.add_argument("--show", type=nonnegative_int, default=6, help="images shown as examples in the report")
     b.add_argument("--quiet", action="store_true", help="no progress bar")
     b.add_argument("--out", required=True, help="run directory (rerun the same command to resume)")

@@ -296,7 +296,7 @@ def display_pixels(path: Path, label: str, max_side: int) -> np.ndarray:
         raise ImageLoadError(f"{label}: image file not found")
     try:
         with open(path, "rb") as f:
-            img = Image.open(f)
+            img: Image.Image = Image.open(f)
             w, h = img.size
             longest = max(w, h)
             size = (w, h) if longest <= max_side else (max(1, round(w * max_side / longest)),

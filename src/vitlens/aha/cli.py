@@ -38,7 +38,7 @@ def _name_list(flag: str, text: str | None) -> tuple[str, ...] | None:
 
 
 def _add_arguments(p: argparse.ArgumentParser) -> None:
-    from ..options import nonnegative_float, nonnegative_int, positive_float, positive_int
+    from ..options import nonnegative_float, nonnegative_int, positive_float, positive_int, seed_int
 
     d = AHATrainConfig()
     p.add_argument("--model", required=True, help="bundled name (shapes-vit), timm:<arch> or hf:<dir>")
@@ -92,7 +92,7 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--chunk", type=positive_int, default=d.chunk, help="images per target forward (memory knob)")
     p.add_argument("--amp", choices=["auto", "bf16", "off"], default=d.amp)
     p.add_argument("--grad-checkpointing", choices=["auto", "on", "off"], default=d.grad_checkpointing)
-    p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument("--seed", type=seed_int, default=d.seed)
     p.add_argument("--threads", type=positive_int, default=None,
                    help="torch threads per process (default: cores/processes)")
     p.add_argument("--device", default=None, help="cpu, cuda (default: cuda if available)")

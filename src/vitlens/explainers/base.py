@@ -211,6 +211,8 @@ def validate_batch(x: Any) -> Tensor:
         raise InputError(f"expected a batch of shape (B, C, H, W); got a tensor of shape {tuple(x.shape)}{hint}")
     if x.shape[0] == 0:
         raise InputError("the batch is empty (B = 0)")
+    if x.device.type == "meta":
+        raise InputError("the batch is on the 'meta' device (shapes only, no values): there is nothing to explain")
     if not x.is_floating_point():
         raise InputError(f"expected a floating-point batch, got dtype {x.dtype} (preprocess with vitlens.load_images)")
     if not bool(torch.isfinite(x).all()):
