@@ -256,3 +256,153 @@ def test_to_uint8_keeps_uint8_pixels_without_a_float_copy():
     assert np.array_equal(to_uint8(a), a) and to_uint8(a).dtype == np.uint8
     g = a[..., :1]
     assert np.array_equal(to_uint8(g), np.repeat(g, 3, axis=-1))
+
+
+# --- the hunt: new bad inputs across the commands ------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory) -> Path:
+    """A picture, odd pictures and files that are no pictures."""
+    d = tmp_path_factory.mktemp("pics")
+    rng = np.random.default_rng(0)
+    Image.fromarray(rng.integers(0, 255, (40, 40, 3), dtype=np.uint8)).save(d / "ok.png")
+    Image.fromarray(rng.integers(0, 255, (1, 1, 3), dtype=np.uint8)).save(d / "one.png")
+    Image.fromarray(rng.integers(0, 255, (3, 600, 3), dtype=np.uint8)).save(d / "strip.png")
+    Image.fromarray(rng.integers(0, 65535, (40, 40), dtype=np.uint16)).save(d / "deep.png")
+    Image.fromarray(rng.integers(0, 255, (40, 40, 3), dtype=np.uint8)).convert("CMYK").save(d / "cmyk.jpg")
+    frames = [Image.fromarray(rng.integers(0, 255, (40, 40, 3), dtype=np.uint8)) for _ in range(3)]
+    frames[0].save(d / "anim.gif", save_all=True, append_images=frames[1:])
+    (d / "x.svg").write_text('<svg xmlns="http://www.w3.org/2000/svg" width="10" height="10"></svg>')
+    (d / "map.txt").write_text("a: disk\n")
+    (d / "empty.png").write_bytes(b"")
+    return d
+
+
+EX = ["explain", "OK", *SIX, "--quiet"]
+BE = ["bench", *SIX, "--methods", "random", "--n", "2", "--quiet"]
+ONE_LINE = {  # argv (OK: the picture, FILES: its folder), exit code, what the line says
+    "explain --dpi 100000": ([*EX, "--dpi", "100000"], 2, r"--dpi 100000 is more than 1200"),
+    "explain --smooth 1e9": ([*EX, "--smooth", "1e9"], 2, r"--smooth 1e\+09 is more than the model's view \(32x32"),
+    "explain --out ''": ([*EX, "--out", ""], 2, r"--out is empty"),
+    "explain patch_size=0": ([*EX, "--model-option", "patch_size=0"], 2,
+                             r"--model-option: timm:vit_tiny_patch16_224 cannot be built with .*patch_size=0 "
+                             r"\(ZeroDivisionError"),
+    "explain num_classes=-1": ([*EX, "--model-option", "num_classes=-1"], 2, r"num_classes must be an integer >= 0"),
+    "explain img_size=0": ([*EX, "--model-option", "img_size=0"], 2, r"cannot be built with img_size=0"),
+    "explain alpha=nan": ([*EX, "--methods", "gradskip:alpha=nan"], 2, r"alpha of method 'gradskip' must be a finite"),
+    "explain alpha=1e400": ([*EX, "--methods", "gradskip:alpha=1e400"], 2, r"must be a finite number; got inf"),
+    "explain --option list": ([*EX, "--option", "alpha=[1,2]"], 2, r"must be a finite number; got \[1, 2\]"),
+    "explain --option for two methods": ([*EX, "--methods", "gradskip,rollout", "--option", "alpha=0.5"], 2,
+                                         r"unknown option\(s\) alpha for method 'rollout'"),
+    "explain setting without value": ([*EX, "--methods", "gradskip:alpha"], 2, r"'alpha' is not KEY=VALUE"),
+    "explain method without name": ([*EX, "--methods", ":alpha=1"], 2, r"empty name in ':alpha=1'"),
+    "explain head_subset k=2": ([*EX, "--methods", "gradskip:head_subset=('top', 2.0)"], 2,
+                                r"head_subset must be None, \('top'\|'bottom', k\) with 0 < k <= 1"),
+    "explain --device CPU": ([*EX, "--device", "CPU"], 2, r"unknown device 'CPU'"),
+    "explain --device cuda:abc": ([*EX, "--device", "cuda:abc"], 2, r"unknown device 'cuda:abc'"),
+    "explain model timm:": (["explain", "OK", "--model", "timm:", "--quiet"], 2, r"timm has no architecture named ''"),
+    "explain segformer, class target": (["explain", "OK", "--model", "shapes-segformer", "--quiet"], 2,
+                                        r"per-pixel logits: use vitlens.targets.SegmentationTarget"),
+    "explain aha, no explainer": ([*EX, "--methods", "aha"], 2, r"no shipped AHA explainer for VisionTransformer"),
+    "explain aha, missing file": ([*EX, "--methods", "aha:explainer='/nonexistent/x.safetensors'"], 1,
+                                  r"AHA explainer /nonexistent/x.safetensors .* not found"),
+    "explain svg": (["explain", "FILES/x.svg", *SIX, "--quiet"], 2, r"x.svg': not an image file"),
+    "explain ~ path": (["explain", "~/nonexistent-vitlens.png", *SIX, "--quiet"], 2, r"image file not found"),
+    "bench --seed 10**30": ([*BE, "--seed", str(10 ** 30)], 2, r"--seed: expected an integer in \[0, 2\*\*63 - 1\]"),
+    "bench --seed -1": ([*BE, "--seed", "-1"], 2, r"--seed: expected an integer in \[0"),
+    "bench --target label on photos": ([*BE, "--data", "photos", "--target", "label", "--metrics",
+                                        "insertion_deletion:steps=2"], 2, r"--target label needs labels"),
+    "bench aha without explainer": (["bench", *SIX, "--methods", "aha", "--n", "2", "--quiet"], 2,
+                                    r"no shipped AHA explainer"),
+    "bench --class-map missing": ([*BE, "--data", "folder:root='FILES'", "--class-map", "/nonexistent-map.txt"], 2,
+                                  r"--class-map /nonexistent-map.txt: no such file"),
+    "bench --class-map, no class folders": ([*BE, "--data", "folder:root='FILES'", "--class-map", "FILES/map.txt"], 2,
+                                            r"maps class folders, but '.*' has none"),
+    "bench scenes:size=31": ([*BE, "--data", "scenes:size=31"], 2, r"size must be in \[32, 224\], got 31"),
+    "bench planted:cue_frac=2": ([*BE, "--data", "planted:cue_frac=2"], 2, r"cue_frac .* must be a number >= 0"),
+    "bench --out a file": ([*BE, "--out", "FILES/ok.png"], 2, r"is a file, not a directory"),
+    "train-aha --curve-points 2": ([*TRAIN, "--curve-points", "2"], 2, r"must be >= 3, got 2: with only the two"),
+    "train-aha --seed 10**30": ([*TRAIN, "--seed", str(10 ** 30)], 2, r"--seed: expected an integer in \[0"),
+    "train-aha --name ../x": ([*TRAIN, "--name", "../escape"], 2, r"--name must be a plain file name"),
+    "train-aha folder with a non-image": ([*TRAIN, "--data", "FILES"], 2, r"empty.png': not an image file"),
+    "train-aha --resume --overwrite": ([*TRAIN, "--resume", "--overwrite"], 2, r"pass one of them"),
+    "train-aha --out a file": ([*TRAIN, "--out", "FILES/ok.png"], 2, r"is a file, not a folder"),
+    "demo --model digits-vit": (["demo", "--model", "digits-vit", "--n", "2", "--quiet", "--methods", "random"], 2,
+                                r"'scenes' is labelled in 6 classes .* model's 10 classes"),
+    "demo --seed -5": (["demo", "--seed", "-5", "--n", "2", "--quiet", "--methods", "random"], 2, r"--seed"),
+    "conformance hf: folder without config": (["conformance", "hf:FILES"], 1, r"not available offline"),
+    "conformance option for a bundled model": (["conformance", "shapes-vit", "--model-option", "foo=1"], 2,
+                                               r"model 'shapes-vit' takes no options"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(ONE_LINE))
+def test_hunt_bad_input_is_one_line_and_writes_nothing(tmp_path, files, capsys, case):
+    argv, code, pattern = ONE_LINE[case]
+    argv = [a.replace("FILES", str(files)) if a != "OK" else str(files / "ok.png") for a in argv]
+    out = tmp_path / "out"
+    if argv[0] != "conformance" and "--out" not in argv:
+        argv = [*argv, "--out", str(out)]
+    try:
+        rc = main(argv)
+    except SystemExit as e:  # argparse's own refusal: usage and one error line, exit 2
+        rc = int(e.code or 0)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == code and err and "Traceback" not in "\n".join(err), err
+    one_line(err[-1])
+    assert re.search(pattern, err[-1]), err[-1]
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("name", ["one.png", "strip.png", "deep.png", "cmyk.jpg", "anim.gif"])
+def test_hunt_odd_pictures_are_explained(tmp_path, files, capsys, name):
+    """A 1x1 pixel, a 3x600 strip, 16-bit grey, CMYK and an animated GIF (first frame) are explained, not refused."""
+    rc = main(["explain", "--quiet", str(files / name), *SIX, "--out", str(tmp_path / "o")])
+    assert rc == 0, capsys.readouterr().err
+    assert len(list((tmp_path / "o").glob("*.png"))) == 2
+
+
+API_ONE_LINE = {
+    "meta batch": (lambda m: vitlens.explain(m, torch.zeros(2, 3, 32, 32, device="meta"), method="gradskip"),
+                   r"on the 'meta' device"),
+    "complex batch": (lambda m: vitlens.explain(m, torch.zeros(2, 3, 32, 32, dtype=torch.cfloat), method="gradskip"),
+                      r"expected a floating-point batch, got dtype torch.complex64"),
+    "target 2.5": (lambda m: vitlens.explain(m, _x(), method="gradskip", target=2.5), r"must be an int, got the float"),
+    "target True": (lambda m: vitlens.explain(m, _x(), method="gradskip", target=True), r"got a bool"),
+    "target 3 for 2 images": (lambda m: vitlens.explain(m, _x(), method="gradskip", target=[1, 2, 3]),
+                              r"3 class indices given for a batch of 2 images"),
+    "method None": (lambda m: vitlens.explain(m, _x(), method=None), r"unknown method None"),
+    "load_model patch_size=0": (lambda m: vitlens.load_model("timm:vit_tiny_patch16_224", pretrained=False,
+                                                             patch_size=0),
+                                r"cannot be built with patch_size=0 \(ZeroDivisionError"),
+    "load_model num_classes=2.5": (lambda m: vitlens.load_model("timm:vit_tiny_patch16_224", pretrained=False,
+                                                                num_classes=2.5),
+                                   r"num_classes must be an integer >= 0 .*got 2.5"),
+    "load_model num_classes=-1": (lambda m: vitlens.load_model("timm:vit_tiny_patch16_224", pretrained=False,
+                                                               num_classes=-1), r"got -1"),
+    "load_model foo=1": (lambda m: vitlens.load_model("timm:vit_tiny_patch16_224", pretrained=False, foo=1),
+                         r"timm:vit_tiny_patch16_224 does not take 'foo'"),
+    "load_model dtype for a bundled model": (lambda m: vitlens.load_model("shapes-vit", dtype=torch.float16),
+                                             r"takes no dtype"),
+    "save_figure dpi 0": (lambda m: viz.save_figure("f.png", np.zeros((8, 8, 3)), np.zeros((8, 8)), dpi=0),
+                          r"dpi must be a number in \[1, 1200\], got 0"),
+    "save_grid dpi 10**6": (lambda m: viz.save_grid("g.png", [np.zeros((8, 8, 3))], {"m": [np.zeros((8, 8))]},
+                                                    dpi=10 ** 6), r"dpi must be a number in \[1, 1200\]"),
+    "overlay alpha nan": (lambda m: viz.overlay(np.zeros((8, 8, 3)), np.zeros((8, 8)), alpha=float("nan")),
+                          r"alpha must lie in \[0, 1\], got nan"),
+    "data config std 0": (lambda m: vitlens.load_images(torch.rand(3, 32, 32), {"input_size": (3, 32, 32),
+                                                        "mean": (0.5,) * 3, "std": (0, 1, 1)}),
+                          r"'std' must be > 0"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(API_ONE_LINE))
+def test_hunt_api_bad_input_is_one_line(tmp_path, monkeypatch, case):
+    from vitlens.errors import VitlensError
+
+    monkeypatch.chdir(tmp_path)
+    fn, pattern = API_ONE_LINE[case]
+    with pytest.raises(VitlensError, match=pattern) as err:
+        fn(tiny_vit(num_classes=6))
+    one_line(str(err.value))
+    assert not list(tmp_path.iterdir())  # no figure, no temporary

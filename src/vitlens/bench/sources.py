@@ -238,7 +238,16 @@ def _folder_source(opts: dict[str, Any], model: nn.Module, n: int | None) -> "Lo
         raise InputError(f"data source 'folder' has no setting {', '.join(unknown)}; settings: root, class_map")
     if "root" not in opts:
         raise InputError("data source 'folder' needs the setting root, e.g. folder:root=DIR (settings: root, class_map)")
-    dataset = ImageFolder.for_model(opts["root"], model, class_map=opts.get("class_map"))
+    class_map = opts.get("class_map")
+    if class_map is not None:
+        from pathlib import Path
+
+        if not Path(str(class_map)).is_file():
+            raise InputError(f"--class-map {class_map}: no such file")
+        if Path(str(opts["root"])).is_dir() and not ImageFolder(opts["root"]).class_names:
+            raise InputError(f"--class-map {class_map} maps class folders, but '{opts['root']}' has none (its images "
+                             "are directly in it): drop --class-map, or sort the images into class folders")
+    dataset = ImageFolder.for_model(opts["root"], model, class_map=class_map)
     if dataset.unlabelled:
         print(f"vitlens: note: {len(dataset.unlabelled)} image(s) directly in '{opts['root']}' (e.g. "
               f"{dataset.unlabelled[0]}) are in no class folder: no label (accuracy skips them; --target label "
