@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 from typing import Any, Sequence
 
-from .options import nonnegative_int, positive_int
+from .options import nonnegative_int, positive_int, seed_int
 
 __all__ = ["main"]
 
@@ -224,7 +224,7 @@ def build_parser() -> argparse.ArgumentParser:
                        description=_DESCRIPTIONS["demo"])
     d.add_argument("--model", default="shapes-vit", help="bundled model to benchmark (vitlens models)")
     d.add_argument("--n", type=positive_int, default=100, help="number of fresh scenes")
-    d.add_argument("--seed", type=int, default=2026, help="scene seed (the training data used other seeds)")
+    d.add_argument("--seed", type=seed_int, default=2026, help="scene seed (the training data used other seeds)")
     d.add_argument("--methods", default=DEMO_METHODS, help="method specs (see vitlens bench)")
     d.add_argument("--metrics", default=DEMO_METRICS, help="metric specs (see vitlens bench)")
     d.add_argument("--batch", type=positive_int, default=25, help="images per unit of work")
@@ -261,7 +261,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--device", default="cpu",
                    help="torch device: cpu, cuda (under torchrun: each process's GPU), cuda:1, mps, or auto (cuda "
                         "when there is a GPU)")
-    b.add_argument("--seed", type=int, default=0,
+    b.add_argument("--seed", type=seed_int, default=0,
                    help="torch seed set before the model is built and before the run (random weights with "
                         "pretrained=False, random maps); the scenes' own seed is --data scenes:seed=N")
     b.add_argument("--show", type=nonnegative_int, default=6, help="images shown as examples in the report")

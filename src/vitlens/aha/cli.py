@@ -41,7 +41,7 @@ def _name_list(flag: str, text: str | None) -> tuple[str, ...] | None:
 
 
 def _add_arguments(p: argparse.ArgumentParser) -> None:
-    from ..options import nonnegative_float, nonnegative_int, positive_float, positive_int
+    from ..options import nonnegative_float, nonnegative_int, positive_float, positive_int, seed_int
 
     d = AHATrainConfig()
     p.add_argument("--model", required=True, help="bundled name (shapes-vit), timm:<arch> or hf:<dir>")
@@ -103,7 +103,7 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
                    help="bfloat16 autocast of the target's forward passes (auto: on CUDA)")
     p.add_argument("--grad-checkpointing", choices=["auto", "on", "off"], default=d.grad_checkpointing,
                    help="recompute the target's activations in the backward pass to save memory (auto: on CUDA)")
-    p.add_argument("--seed", type=int, default=d.seed, help="seed of the data order, the decoder's weights and the "
+    p.add_argument("--seed", type=seed_int, default=d.seed, help="seed of the data order, the decoder's weights and the "
                                                                 "training scenes")
     p.add_argument("--threads", type=positive_int, default=None,
                    help="torch threads per process (default: cores/processes)")

@@ -66,7 +66,7 @@ class BenchConfig:
             check_int("n (number of images)", self.n, low=1, owner="the benchmark")
         check_int("batch_size", self.batch_size, low=1, owner="the benchmark")
         check_int("show", self.show, low=0, owner="the benchmark")
-        check_int("seed", self.seed, owner="the benchmark")
+        check_int("seed", self.seed, low=0, high=2 ** 63 - 1, owner="the benchmark")  # torch.manual_seed's range
         if self.target not in ("predicted", "label"):
             raise InputError(f"target must be 'predicted' or 'label'; got {self.target!r}")
         if not self.methods:
@@ -155,11 +155,15 @@ def _check_config(run_dir: Path, config: BenchConfig, overwrite: bool = False, w
         write_text(path, json.dumps(want, indent=2))
 
 
-def _check_data_needs(metrics: Sequence[tuple[str, Any]], source: Any) -> None:
-    """Each metric's ground-truth needs (masks, boxes) against what the source's first image has."""
+def _check_data_needs(metrics: Sequence[tuple[str, Any]], source: Any, target: str = "predicted") -> None:
+    """Each metric's ground-truth needs (masks, boxes), and ``--target label``'s labels, against what the source's
+    first image has."""
     if len(source) == 0:
         raise InputError("the data source has no images")
     probe = source.batch([0])
+    if target == "label" and probe.get("labels") is None:
+        raise InputError("--target label needs labels, which the data source does not provide; use --target "
+                         "predicted")
     have = {k for k in ("masks", "boxes") if probe.get(k) is not None}
     for label, metric in metrics:
         need = set(getattr(metric, "needs", ())) & {"masks", "boxes"}
@@ -201,7 +205,9 @@ def run_benchmark(config: BenchConfig, out: str | Path, model: nn.Module | None 
     source = open_source(config.data, net, n=config.n, seed=config.seed)
     methods = [(spec_label(m, o), get_method(m, **o)) for m, o in config.methods]
     metrics = [(spec_label(m, o), get_metric(m, **o)) for m, o in config.metrics]
-    _check_data_needs(metrics, source)
+    _check_data_needs(metrics, source, config.target)
+    for _, method in methods:  # what a method needs beyond the model (AHA: its explainer weights), before writing
+        getattr(method, "prepare", lambda model: None)(net)
     if rank == 0:  # everything is valid: only now the run directory is written
         _check_config(run_dir, config, overwrite)
         from ..api import run_provenance

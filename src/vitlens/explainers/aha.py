@@ -84,6 +84,11 @@ class AHA(Explainer):
         return {"forward": 1.0 + (n_refs + t * inner if t else 0.0), "backward": float(t * inner)}
 
     # -- the explainer network, built once per model --------------------------------------------------------------
+    def prepare(self, model: nn.Module) -> None:
+        """Build (and cache) the explainer network for ``model`` now, so a missing or mismatched explainer is refused
+        before a benchmark writes anything."""
+        self._network(model)
+
     def _network(self, model: nn.Module) -> Any:
         hit = self._cache.get(id(model))
         if hit is not None and hit[0]() is model:

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..errors import InputError, UnsupportedModelError, WeightsUnavailableError
+from ..errors import InputError, UnsupportedModelError, VitlensError, WeightsUnavailableError
 from .base import Adapter, BlockRecord, Recording, int_pair
 from .capabilities import ATTENTION, CLASS_LOGITS, FEATURE_MAPS, TOKEN_GRID, describe_need
 from .feature_maps import feature_maps_reason
@@ -245,7 +245,12 @@ def _load_named(name: str | nn.Module, pretrained: bool, weights: str | os.PathL
     elif not isinstance(name, str):
         raise UnsupportedModelError(f"load_model expects a name or an nn.Module, got {type(name).__name__}")
     elif name.startswith("timm:"):
-        model = _load_timm(name[5:], pretrained, weights, **kwargs)
+        try:
+            model = _load_timm(name[5:], pretrained, weights, **kwargs)
+        except (TypeError, ValueError, AssertionError, ArithmeticError) as e:
+            if not kwargs or isinstance(e, VitlensError):
+                raise
+            raise _build_error(name, kwargs, e) from None
     elif name.startswith("hf:"):
         model = _load_hf(name[3:], pretrained, **kwargs)
     elif name == "efficientnet_lite0":
@@ -259,6 +264,15 @@ def _load_named(name: str | nn.Module, pretrained: bool, weights: str | os.PathL
     return model
 
 
+def _build_error(name: str, kwargs: dict, e: Exception) -> InputError:
+    """One line for a constructor that cannot take the options given (``patch_size=0``, ``img_size='big'``)."""
+    given = ", ".join(f"{k}={v!r}" for k, v in sorted(kwargs.items()))
+    if "unexpected keyword argument" in str(e):
+        return InputError(f"{name} does not take {str(e).split('argument')[-1].strip()} (given: {given})")
+    why = (str(e).splitlines() or [type(e).__name__])[0][:160]
+    return InputError(f"{name} cannot be built with {given} ({type(e).__name__}: {why})")
+
+
 def _check_load_arguments(name: Any, pretrained: bool, weights: Any, device: Any, kwargs: dict) -> None:
     """Refuse arguments ``load_model`` would otherwise ignore for ``name``, before anything is loaded."""
     from ..devices import check_device
@@ -267,6 +281,10 @@ def _check_load_arguments(name: Any, pretrained: bool, weights: Any, device: Any
     if not isinstance(pretrained, bool):
         raise InputError(f"load_model: pretrained must be True or False; got {pretrained!r}")
     if isinstance(name, str) and (name.startswith("timm:") or name.startswith("hf:")):
+        k = kwargs.get("num_classes", 0)
+        if isinstance(k, bool) or not isinstance(k, int) or k < 0:
+            raise InputError(f"load_model({name!r}): num_classes must be an integer >= 0 (0: no classifier head); "
+                             f"got {k!r}")
         if name.startswith("hf:") and weights is not None:
             raise InputError(f"load_model({name!r}): weights= applies to timm:<arch> and efficientnet_lite0; an hf: "
                              "model reads its weights from its directory")

@@ -98,6 +98,12 @@ def _clean_axes(ax: Any) -> None:
         spine.set_visible(False)
 
 
+def _check_dpi(dpi: Any) -> None:
+    """A figure's resolution: an integer in [1, 1200] (a larger one makes gigapixel rasters of a few-inch figure)."""
+    if isinstance(dpi, bool) or not isinstance(dpi, (int, float)) or not 1 <= dpi <= 1200:
+        raise InputError(f"dpi must be a number in [1, 1200], got {dpi!r}")
+
+
 def _check_suffix(path: str | Path) -> None:
     """A figure's file name must end in a format matplotlib writes (``.png``, ``.pdf``, ``.svg``, ...)."""
     kinds = FigureCanvasAgg(Figure()).get_supported_filetypes()
@@ -161,6 +167,7 @@ def save_figure(
         The path written.
     """
     _check_suffix(path)
+    _check_dpi(dpi)
     pixels = display_image(image, min_side, max_side)
     arr = map_array(heatmap, allow_nan=True)
     arr = smooth_map(np.abs(arr) if style == "abs" else arr, smooth)  # |h| is smoothed: signs never cancel
@@ -298,6 +305,7 @@ def save_grid(
     _check_suffix(path)
     if not 4.0 <= float(text_size) <= 40.0:
         raise InputError(f"save_grid: text_size must be between 4 and 40 points; got {text_size!r}")
+    _check_dpi(dpi)
     image_list = _image_list(images)
     if not image_list:
         raise InputError("save_grid got no images")
