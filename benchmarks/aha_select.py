@@ -115,12 +115,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--n-val", type=int, default=96)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--refine", type=int, default=0, metavar="N", help="also compare refinement references on N images")
+    p.add_argument("--refine-only", action="store_true", help="skip the validation matrix (only --refine)")
     p.add_argument("--refine-references", nargs="+", default=["mean", "mixed"])
     p.add_argument("--json", type=Path, default=None, help="also write the scores here")
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     rows = {}
-    for item in args.candidates:
+    for item in [] if args.refine_only else args.candidates:
         label, _, path = item.partition("=")
         t0 = time.perf_counter()
         rows[label] = score(args.model, Path(path), args.n_val)
@@ -135,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
         cells = [v[f"difference@{r}"] for r in REFS] + [v[f"difference_none@{r}"] for r in REFS]
         print(f"| {label} | {v['difference']:.4f} | {v['difference_none']:.4f} | "
               + " | ".join(f"{c:.4f}" for c in cells) + " |")
-    best = max(rows, key=lambda k: max(rows[k]["difference"], rows[k]["difference_none"]))
+    best = "" if not rows else max(rows, key=lambda k: max(rows[k]["difference"], rows[k]["difference_none"]))
     print(f"\nBest on validation: **{best}**")
     refine = {}
     if args.refine:

@@ -39,12 +39,12 @@ class AHA(Explainer):
         grid: refinement region grid (int or ``(gy, gx)``); ``None``: the model's token grid (pixels // 16 without).
         tau, m, n_iters: sorter temperature (default 0.03, the training's final one: docs/benchmarks/aha.md), curve
             points (incl. endpoints), Sinkhorn iterations of the refinement.
-        reference: ``"mean"`` | ``"black"`` | ``"blur"``, the refinement's deletion reference, or ``"mixed"``: step
-            ``t`` uses mean, black, blur in turn (no single protocol; the same cost).
+        reference: ``"mixed"`` (default): step ``t`` uses mean, black, blur in turn (no single protocol; chosen on
+            validation images, docs/methods/aha.md), or one fixed reference ``"mean"`` | ``"black"`` | ``"blur"``.
         w_peak: weight of the peak penalty in the refinement loss.
 
     Cost per image: one target forward (the backbone is the target: features and logits in one pass) plus, when
-    ``T > 0``, one forward on the reference and ``T·2·(m − 2)`` forward+backward passes (:meth:`declared_cost`).
+    ``T > 0``, one forward on each reference used (3 for the default mixed reference) and ``T·2·(m − 2)`` forward+backward passes (:meth:`declared_cost`).
     The score explained is the softmax probability of the target's class (its class index is what the network is
     conditioned on, whatever the target object's score is).
     """
@@ -56,7 +56,7 @@ class AHA(Explainer):
     option_symbols = {"refine_steps": "T"}
     level = "pixel"
     defaults: dict[str, Any] = {"explainer": None, "refine_steps": 3, "lr": 0.05, "grid": None, "tau": 0.03, "m": 16,
-                                "n_iters": 30, "reference": "mean", "w_peak": 0.0025}
+                                "n_iters": 30, "reference": "mixed", "w_peak": 0.0025}
     fast_options: dict[str, Any] = {"explainer": "untrained", "refine_steps": 1, "m": 4}
 
     def __init__(self, **options: Any) -> None:
