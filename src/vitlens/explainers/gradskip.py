@@ -22,7 +22,8 @@ from ._gradskip_rules import (
     block_backward,
     gini,
     head_weights,
-    head_weights_from_flow,
+    head_weights_from_scores,
+    positive_flow,
     readout_relevance,
     skip_gate,
     weighted_attention,
@@ -250,9 +251,10 @@ class _BlockSteps:
             else:
                 attn, vnorm = wide(cap.pop("attn")), wide(cap.pop("vnorm"))
                 flow_terms = attn * wide(grad) if grad is not None else torch.zeros_like(attn)
-            omega = head_weights_from_flow(attn, flow_terms, o["head_weighting"], float(o["alpha"]),
-                                  float(o["grad_threshold"]), o["head_subset"])
-            self.w[li] = self.explainer._weighted_attention(attn, flow_terms, vnorm, omega)
+            flow = positive_flow(flow_terms)  # flow_terms clamped at 0 in place
+            omega = head_weights_from_scores(attn, flow, o["head_weighting"], float(o["alpha"]),
+                                             float(o["grad_threshold"]), o["head_subset"])
+            self.w[li] = weighted_attention(attn, flow_terms, vnorm, omega, clamped=True)
             self.omega[li] = omega
 
     def _h_step(self, li: int, grad: Tensor | None) -> None:
