@@ -47,7 +47,6 @@ import datetime as _dt
 import json
 import os
 import platform
-import resource
 import shlex
 import statistics
 import subprocess
@@ -58,6 +57,9 @@ from typing import Any, Callable
 
 import torch
 from torch import Tensor, nn
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _cost_helpers import _peak_rss_bytes, _reset_peak_rss, _rss_bytes, attention_path, custom_flops  # noqa: E402
 
 DEFAULT_MODELS = ("vit_tiny_patch16_224", "vit_small_patch16_224", "vit_base_patch16_224")
 QUICK_MODELS = ("vit_tiny_patch16_224",)
@@ -92,8 +94,10 @@ def parse_model_spec(spec: str) -> tuple[str, dict[str, Any]]:
     return name.strip(), kwargs
 
 
-def build_model(spec: str, device: torch.device) -> nn.Module:
-    """A timm model with random weights (seeded), in eval mode, with explicit (non-fused) attention everywhere."""
+def build_model(spec: str, device: torch.device, fused: bool = False) -> nn.Module:
+    """A timm model with random weights (seeded), in eval mode, with explicit (non-fused) attention everywhere, or
+    with ``fused`` timm's fused attention everywhere (what ``timm.create_model`` gives by default). The rows of this
+    script set the path themselves (:func:`attention_path`)."""
     import timm
 
     name, kwargs = parse_model_spec(spec)
@@ -101,7 +105,7 @@ def build_model(spec: str, device: torch.device) -> nn.Module:
     model = timm.create_model(name, pretrained=False, **kwargs).eval().to(device)
     for m in model.modules():
         if hasattr(m, "fused_attn"):
-            m.fused_attn = False  # the same attention path in all rows: FLOPs comparable, attention matrix explicit
+            m.fused_attn = fused
     return model
 
 
@@ -180,20 +184,6 @@ def run_gradskip_reference(model: nn.Module, x: Tensor) -> dict:
     return {"forward_passes": 1.0, "backward_passes": 1.0}
 
 
-@contextlib.contextmanager
-def attention_path(model: nn.Module, fused: bool):
-    """Every attention module of ``model`` on timm's fused (``True``) or explicit path for the duration."""
-    mods = [m for m in model.modules() if hasattr(m, "fused_attn")]
-    saved = [m.fused_attn for m in mods]
-    try:
-        for m in mods:
-            m.fused_attn = fused
-        yield
-    finally:
-        for m, f in zip(mods, saved):
-            m.fused_attn = f
-
-
 def _on_path(run: Callable[[nn.Module, Tensor], dict], fused: bool) -> Callable[[nn.Module, Tensor], dict]:
     def runner(model: nn.Module, x: Tensor) -> dict:
         with attention_path(model, fused):
@@ -219,31 +209,6 @@ def _forward_of(row: str) -> str:
     return "forward" + (FUSED if row.endswith(FUSED) else "")
 
 
-def _sdpa_flops(q: Any, k: Any, v: Any, *args: Any, **kwargs: Any) -> int:
-    """CPU fused attention forward: ``q·kᵀ`` and ``A·v``, 2 FLOPs per multiply-add (as the explicit path's two
-    ``bmm``)."""
-    b, h, tq, d = q
-    return 2 * b * h * tq * k[-2] * (d + v[-1])
-
-
-def _sdpa_backward_flops(g: Any, q: Any, k: Any, v: Any, *args: Any, **kwargs: Any) -> int:
-    """CPU fused attention backward: the explicit path's four ``bmm`` (``∂A``, ``∂v``, ``∂q``, ``∂k``); the kernel's
-    recomputation of ``q·kᵀ`` is not counted."""
-    b, h, tq, d = q
-    return 2 * b * h * tq * k[-2] * (2 * v[-1] + 2 * d)
-
-
-def _custom_flops() -> dict:
-    """FLOP formulas for the CPU fused-attention kernels, which ``FlopCounterMode`` does not count by itself."""
-    aten = torch.ops.aten
-    out = {}
-    for name, fn in (("_scaled_dot_product_flash_attention_for_cpu", _sdpa_flops),
-                     ("_scaled_dot_product_flash_attention_for_cpu_backward", _sdpa_backward_flops)):
-        if hasattr(aten, name):
-            out[getattr(aten, name)] = fn
-    return out
-
-
 # ---------------------------------------------------------------------------------------------------------------------
 # measurements
 # ---------------------------------------------------------------------------------------------------------------------
@@ -251,7 +216,7 @@ def count_flops(model: nn.Module, x: Tensor, row: str) -> tuple[float, dict[str,
     """FLOPs of one call of ``row`` on ``x`` per image, and their split by ATen operator."""
     from torch.utils.flop_counter import FlopCounterMode
 
-    counter = FlopCounterMode(display=False, custom_mapping=_custom_flops())
+    counter = FlopCounterMode(display=False, custom_mapping=custom_flops())
     with counter:
         RUNNERS[row](model, x)
     n = x.shape[0]
@@ -288,39 +253,6 @@ def time_rows(model: nn.Module, x: Tensor, repeats: int, warmup: int = 1, rows: 
             if i >= warmup:
                 times[row].append(now() - t0)
     return times, info
-
-
-def _peak_rss_bytes() -> int:
-    """Peak resident set size of this process.
-
-    Linux: ``VmHWM`` from ``/proc/self/status``, the address space's high-water mark, which ``clear_refs`` can reset.
-    ``getrusage(RUSAGE_SELF).ru_maxrss`` reports the same high-water mark but also keeps the maximum of the address
-    space replaced at ``exec`` -- in a subprocess that is the *parent's* resident size at fork time, which would
-    hide the call's peak. Elsewhere: ``ru_maxrss``.
-    """
-    with contextlib.suppress(OSError):
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) * 1024
-    ru = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return ru if sys.platform == "darwin" else ru * 1024  # kilobytes on Linux
-
-
-def _reset_peak_rss() -> bool:
-    """Reset this process's peak RSS (``VmHWM``) to its current RSS; Linux only (``clear_refs``)."""
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-        return True
-    except OSError:
-        return False
-
-
-def _rss_bytes() -> int:
-    """Current resident set size of this process (Linux ``/proc/self/statm``)."""
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
 def peak_memory_child(spec: str, row: str, batch: int, device_name: str, threads: int | None) -> dict:
