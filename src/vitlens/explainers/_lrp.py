@@ -16,10 +16,26 @@ from ..errors import UnsupportedModelError
 from ..models import Adapter
 from ..models.base import Recording
 
-__all__ = ["BlockLinears", "LinearTaps"]
+__all__ = ["BlockLinears", "LinearTaps", "Rerouted"]
 
 #: query rows on which the q/k/v identification recomputes the attention output
 _CHECK_ROWS = 8
+
+
+class Rerouted(torch.autograd.Function):
+    """Value of ``value`` (no gradient), gradient ``factor · g`` to ``t`` (``factor``: a number or a tensor that
+    broadcasts against ``t``; ``None``: ``g`` itself). One autograd node instead of the detach arithmetic
+    ``d + factor·(t − d)``, which costs three elementwise passes in the forward and three nodes in the backward;
+    the value is the same (``t − d`` is exactly zero) and so is the gradient."""
+
+    @staticmethod
+    def forward(ctx: Any, value: Tensor, t: Tensor, factor: Any) -> Tensor:
+        ctx.factor = factor
+        return value.view_as(value)
+
+    @staticmethod
+    def backward(ctx: Any, g: Tensor) -> tuple[None, Tensor, None]:
+        return None, g if ctx.factor is None else g * ctx.factor, None
 
 
 # -- the hooks that find a block's linear maps ------------------------------------------------------------------
@@ -46,6 +62,7 @@ class BlockLinears:
     fc1_out: Tensor | None = None
     fc2: nn.Linear | None = None
     fc2_in: Tensor | None = None
+    order: tuple[int, int, int] = (0, 1, 2)  # which projected tensor is query, key, value (in projection order)
 
 
 class LinearTaps:
@@ -60,15 +77,24 @@ class LinearTaps:
 
     ``rewrite_ctx(block_linears, ctx) -> ctx'`` and ``rewrite_act(fc1_out, fc2_in) -> fc2_in'`` may replace the
     inputs of the output projection and of the second MLP map (used by :mod:`.attnlrp` to impose LRP rules on the
-    backward pass).
+    backward pass). ``keep=False`` (for methods that need nothing of a block after its rewrites, as :mod:`.attnlrp`)
+    drops a block's recorded tensors as soon as its rewrites are done, so they are not all held to the end of the
+    forward pass (``q``, ``k``, ``v`` are then cleared too; the rewrites' autograd graph keeps what it needs).
+    ``qkv_grad=(f_q, f_k, f_v)`` multiplies the gradient of the projected queries, keys and values by these factors
+    (the model's own attention then carries a rule's gradient, see :mod:`.attnlrp`); the projections are taken in
+    the declared order query, key, value, which the numerical check must confirm (else
+    :class:`UnsupportedModelError`).
     Linear calls outside the blocks that happen after the last block are the classifier head(s): ``heads`` holds
     ``(module, input, output)`` for each, detached.
     """
 
     def __init__(self, adapter: Adapter, rec: Recording,
                  rewrite_ctx: Callable[["BlockLinears", Tensor], Tensor] | None = None,
-                 rewrite_act: Callable[[Tensor, Tensor], Tensor] | None = None) -> None:
+                 rewrite_act: Callable[[Tensor, Tensor], Tensor] | None = None, keep: bool = True,
+                 qkv_grad: tuple[float, float, float] | None = None) -> None:
         self.adapter = adapter
+        self.keep = keep
+        self.qkv_grad = qkv_grad
         self.rec = rec
         self.rewrite_ctx = rewrite_ctx
         self.rewrite_act = rewrite_act
@@ -76,6 +102,7 @@ class LinearTaps:
         self.heads: list[tuple[nn.Linear, Tensor, Tensor]] = []
         self._after_blocks = False
         self._roles: dict[int, str] = {}  # id(linear) → "qkv" | "proj" | "fc1" | "fc2"
+        self._qkv_width: list[int] = []
 
     @contextlib.contextmanager
     def installed(self) -> Iterator["LinearTaps"]:
@@ -84,6 +111,8 @@ class LinearTaps:
         try:
             blocks = list(self.adapter.blocks())
             declared = self.adapter.lrp_linears()
+            # width of one of q, k, v per block (heads · d_head): a third of the declared projections' outputs
+            self._qkv_width = [sum(m.out_features for m in maps.qkv) // 3 for maps in declared]
             self._roles = {id(m): role for maps in declared for role, ms in
                            (("qkv", maps.qkv), ("proj", (maps.proj,)), ("fc1", (maps.fc1,)), ("fc2", (maps.fc2,)))
                            for m in ms}
@@ -141,9 +170,11 @@ class LinearTaps:
             if role == "proj":
                 st.stage, st.proj, st.ctx = "proj", module, x.detach()
                 self._resolve_qkv(index, st)
-                if self.rewrite_ctx is not None:
-                    return (self.rewrite_ctx(st, x), *args[1:])
-                return None
+                self._check_order(index, st)
+                new = None if self.rewrite_ctx is None else self.rewrite_ctx(st, x)
+                if not self.keep:
+                    st.n1, st.group_out, st.ctx, st.q, st.k, st.v = None, [], None, None, None, None
+                return None if new is None else (new, *args[1:])
             if role == "fc1":
                 st.stage, st.fc1, st.fc1_in = "fc1", module, x.detach()
                 return None
@@ -152,9 +183,10 @@ class LinearTaps:
                 raise UnsupportedModelError(
                     f"block {index}: the second MLP map's input is not an elementwise function of the first's "
                     "output (gated MLPs are not supported); vitlens supports pre-norm blocks with a two-layer MLP")
-            if self.rewrite_act is not None:
-                return (self.rewrite_act(st.fc1_out, x), *args[1:])
-            return None
+            new = None if self.rewrite_act is None else self.rewrite_act(st.fc1_out, x)
+            if not self.keep:
+                st.fc1_in, st.fc1_out, st.fc2_in = None, None, None
+            return None if new is None else (new, *args[1:])
 
         return hook
 
@@ -163,6 +195,8 @@ class LinearTaps:
             st = self.blocks[index]
             if st.stage == "qkv":
                 st.group_out.append(output)
+                if self.qkv_grad is not None:
+                    return self._scaled_projection(index, st, output)
             elif st.stage == "fc1" and module is st.fc1:
                 st.fc1_out = output
 
@@ -213,4 +247,27 @@ class LinearTaps:
                 f"block {index}: softmax(q·kᵀ/√d)·v does not reproduce the attention output (max error "
                 f"{err:.2e}); attention variants (q/k norms, gates, biases) are not supported")
         st.q, st.k, st.v = parts[qi][0], parts[ki][0], v
+        st.order = (qi, ki, vi[0])
         st.qkv_weights = (parts[qi][1], parts[ki][1], parts[vi[0]][1])
+
+    def _scaled_projection(self, index: int, st: BlockLinears, out: Tensor) -> Tensor | None:
+        """``out`` (one query/key/value projection's output) with the gradient of each of its parts scaled by
+        ``qkv_grad`` (parts counted over the block's projections in call order; ``None``: left to the check)."""
+        width = self._qkv_width[index] if index < len(self._qkv_width) else 0
+        if self.qkv_grad is None or width <= 0 or out.shape[-1] % width:
+            return None  # _resolve_qkv refuses the block with a clear message
+        first = sum(o.shape[-1] // width for o in st.group_out[:-1])
+        factors = [self.qkv_grad[j] if j < 3 else 1.0 for j in range(first, first + out.shape[-1] // width)]
+        factor: Any = factors[0] if len(factors) == 1 else out.new_tensor(factors).repeat_interleave(width)
+        return Rerouted.apply(out.detach(), out, factor)
+
+    def _check_order(self, index: int, st: BlockLinears) -> None:
+        if self.qkv_grad is None:
+            return
+        qi, ki, vi = st.order
+        fq, fk, _ = self.qkv_grad
+        if vi != 2 or ((qi, ki) != (0, 1) and fq != fk):
+            raise UnsupportedModelError(
+                f"block {index}: the projections are not query, key, value in the declared order (found "
+                f"{st.order}); vitlens cannot scale their gradients for the LRP rule")
+
