@@ -103,6 +103,7 @@ class LinearTaps:
         self._after_blocks = False
         self._roles: dict[int, str] = {}  # id(linear) → "qkv" | "proj" | "fc1" | "fc2"
         self._qkv_width: list[int] = []
+        self._qkv_start: dict[int, int] = {}
 
     @contextlib.contextmanager
     def installed(self) -> Iterator["LinearTaps"]:
@@ -113,6 +114,14 @@ class LinearTaps:
             declared = self.adapter.lrp_linears()
             # width of one of q, k, v per block (heads · d_head): a third of the declared projections' outputs
             self._qkv_width = [sum(m.out_features for m in maps.qkv) // 3 for maps in declared]
+            # where each projection's output starts among (query, key, value) in the declared order (a model may
+            # call them in another order, e.g. key, value, query)
+            self._qkv_start = {}
+            for maps, width in zip(declared, self._qkv_width):
+                start = 0
+                for m in maps.qkv:
+                    self._qkv_start[id(m)] = start
+                    start += m.out_features // max(width, 1)
             self._roles = {id(m): role for maps in declared for role, ms in
                            (("qkv", maps.qkv), ("proj", (maps.proj,)), ("fc1", (maps.fc1,)), ("fc2", (maps.fc2,)))
                            for m in ms}
@@ -250,13 +259,20 @@ class LinearTaps:
         st.order = (qi, ki, vi[0])
         st.qkv_weights = (parts[qi][1], parts[ki][1], parts[vi[0]][1])
 
+    def _declared(self, index: int, st: BlockLinears) -> list[int]:
+        """For each projected tensor in call order (as :meth:`_resolve_qkv` lists them), its place among (query,
+        key, value) in the adapter's declared order."""
+        width = self._qkv_width[index] if index < len(self._qkv_width) else 0
+        return [self._qkv_start.get(id(m), 0) + j for m, o in zip(st.group, st.group_out)
+                for j in range(o.shape[-1] // width if width > 0 else 0)]
+
     def _scaled_projection(self, index: int, st: BlockLinears, out: Tensor) -> Tensor | None:
         """``out`` (one query/key/value projection's output) with the gradient of each of its parts scaled by
-        ``qkv_grad`` (parts counted over the block's projections in call order; ``None``: left to the check)."""
+        ``qkv_grad`` (parts in the declared order query, key, value; ``None``: left to the check)."""
         width = self._qkv_width[index] if index < len(self._qkv_width) else 0
         if self.qkv_grad is None or width <= 0 or out.shape[-1] % width:
             return None  # _resolve_qkv refuses the block with a clear message
-        first = sum(o.shape[-1] // width for o in st.group_out[:-1])
+        first = self._qkv_start.get(id(st.group[-1]), 0)
         factors = [self.qkv_grad[j] if j < 3 else 1.0 for j in range(first, first + out.shape[-1] // width)]
         factor: Any = factors[0] if len(factors) == 1 else out.new_tensor(factors).repeat_interleave(width)
         return Rerouted.apply(out.detach(), out, factor)
@@ -264,7 +280,8 @@ class LinearTaps:
     def _check_order(self, index: int, st: BlockLinears) -> None:
         if self.qkv_grad is None:
             return
-        qi, ki, vi = st.order
+        declared = self._declared(index, st)
+        qi, ki, vi = (declared[i] if i < len(declared) else -1 for i in st.order)
         fq, fk, _ = self.qkv_grad
         if vi != 2 or ((qi, ki) != (0, 1) and fq != fk):
             raise UnsupportedModelError(
