@@ -200,7 +200,7 @@ class LinearTaps:
         return hook
 
     def _post_hook(self, index: int) -> Callable:
-        def hook(module: nn.Module, args: tuple, output: Tensor) -> None:
+        def hook(module: nn.Module, args: tuple, output: Tensor) -> Tensor | None:
             st = self.blocks[index]
             if st.stage == "qkv":
                 st.group_out.append(output)
@@ -208,6 +208,7 @@ class LinearTaps:
                     return self._scaled_projection(index, st, output)
             elif st.stage == "fc1" and module is st.fc1:
                 st.fc1_out = output
+            return None
 
         return hook
 
