@@ -47,7 +47,8 @@ def scale_grad(t: Tensor, factor: float) -> Tensor:
 def identity_rule(p: Tensor, z: Tensor, eps: float = RATIO_EPS) -> Tensor:
     """Value ``z = act(p)``; backward ``∂/∂p = (z / p)·grad`` — relevance ``z·grad`` passes unchanged to ``p``."""
     pd = p.detach()
-    ratio = torch.where(pd >= 0, pd.new_tensor(eps), pd.new_tensor(-eps)).add_(pd)  # p + eps·sign(p), sign(0) = +1
+    # p + eps·sign(p) with sign(0) = +1 (−0.0 gets −eps, but its ratio is set to 0 below anyway)
+    ratio = torch.empty_like(pd).fill_(eps).copysign_(pd).add_(pd)
     ratio = torch.div(z.detach(), ratio, out=ratio).masked_fill_(pd == 0, 0.0)  # one (B, T, 4D) buffer
     return Rerouted.apply(z.detach(), p, ratio)
 
