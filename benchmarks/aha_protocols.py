@@ -2,8 +2,8 @@
 
 A learned explainer trained to optimise deletion/insertion under one protocol can win only under that protocol. This
 script scores the shipped explainers under protocols they were and were not chosen on, on evaluation images that no
-training or validation run used (scenes seed 40,000 + k; the MNIST-5k test digits from index 500, while AHA
-validates on the first ones), paired over images:
+training or validation run used (scenes seed 40,000 + k; the first MNIST-5k test digits of their fixed shuffled
+order, :func:`vitlens.aha.data.shuffled_digits`, as bench takes them, while AHA validates from position 500 on), paired over images:
 
 * cells: deletion reference ∈ {dataset-mean colour, black, blurred image (σ = side/16), per-pixel dataset-mean image
   (mean of 512 training images)} × ranking ∈ {pixel, token (the map averaged over each patch, whole tokens removed)}
@@ -65,7 +65,7 @@ CANDIDATES = ("attnlrp", "gae", "inputxgradient", "gradcam")
 #: 21-point one and moved no cell by more than 0.01 in a trial (digits-vit, 24 images, all 16 cells)
 REFS_51 = ("mean",)
 EVAL_SEED = 40_000
-DIGITS_FROM = 500
+DIGITS_FROM = 0  # the first shuffled test digits, as bench's; AHA validates from position 500 on
 
 
 def eval_images(model_name: str, model: torch.nn.Module, n: int) -> torch.Tensor:
@@ -73,9 +73,9 @@ def eval_images(model_name: str, model: torch.nn.Module, n: int) -> torch.Tensor
     cfg = data_config(model)
     kind = MODELS[model_name]
     if kind == "digits":
-        from vitlens.data.digits import load_mnist5k, split_mnist5k
+        from vitlens.aha.data import shuffled_digits
 
-        _, test = split_mnist5k(load_mnist5k(rgb=True))
+        _, test = shuffled_digits()  # the class-ordered split, shuffled
         return normalize(test.images[DIGITS_FROM:DIGITS_FROM + n], cfg)
     from vitlens.data.evidence import make_planted_scenes
     from vitlens.data.scenes import make_scenes

@@ -6,10 +6,14 @@
 #   bash scripts/train_aha_explainers.sh [a|b|all]   (a and b are two halves that can run side by side, one core each)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-PY=${PY:-.venv/bin/python}
+VITLENS=${VITLENS:-.venv/bin/vitlens}
+OUT=${OUT:-runs}
 train() {  # model data steps pool
-  "$PY" -m vitlens.aha.train --model "$1" --data "$2" --out "runs/aha-$1" --name "$1-aha" --steps "$3" \
-    --batch-size 8 --n-val 96 --val-every 50 --ckpt-every 10 --seed 0 --threads 1 --pool "$4" --no-progress --resume
+  local out="$OUT/aha-$1" resume=()
+  [ -f "$out/checkpoint.pt" ] && resume=(--resume)  # --resume refuses a folder with nothing to continue
+  "$VITLENS" train-aha --model "$1" --data "$2" --out "$out" --name "$1-aha" --steps "$3" \
+    --batch-size 8 --n-val 96 --val-every 50 --ckpt-every 10 --seed 0 --threads 1 --pool "$4" --no-progress \
+    "${resume[@]}"
 }
 part=${1:-all}
 if [ "$part" = a ] || [ "$part" = all ]; then

@@ -115,6 +115,19 @@ def result_rows(run: Path) -> list[tuple]:
         con.close()
 
 
+def pytest_xdist_auto_num_workers(config) -> int:
+    """``-n auto`` (the default, pyproject.toml's addopts): one worker per core, at most 4. Each worker holds a torch
+    (about 2 GB resident at the suite's peak), so more workers cost memory faster than they save time."""
+    return max(1, min(4, os.cpu_count() or 1))
+
+
+def pytest_configure(config) -> None:
+    """A pytest-xdist worker runs torch with one intra-op thread: the workers already fill the cores, and two OpenMP
+    pools per core stall each other. (The thread count is then restored to 1 after every test, like any other.)"""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        torch.set_num_threads(1)
+
+
 @pytest.fixture(autouse=True)
 def _restore_global_state() -> Iterator[None]:
     """No test leaves global state behind for the next: torch's thread count, deterministic-algorithms flag, default

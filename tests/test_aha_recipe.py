@@ -172,6 +172,20 @@ def test_digits_data_for_train_aha():
     assert len(train) == 4000 and len(val) == 50 and info["kind"] == "digits"
     x, y = train[0]
     assert x.shape == (3, 28, 28) and 0 <= y < 10
+    # the split is ordered by class; validation (the first n_val test digits) and the mean image (the first 512
+    # training digits) must see every class, not 50 zeros
+    assert len({int(val[i][1]) for i in range(len(val))}) == 10
+    assert len({int(train[i][1]) for i in range(512)}) == 10
+    assert info["order"].startswith("shuffled (seed 0)")
+    # the same order as bench's mnist5k source, whose evaluation takes the first test digits: none is validated on
+    from vitlens.aha.data import DIGITS_VAL_FROM, shuffled_digits
+    from vitlens.bench.sources import open_source
+
+    bench_ids = open_source("mnist5k:split=test", model).ids
+    test_ids = [f"mnist5k-{int(i)}" for i in shuffled_digits()[1].indices]
+    assert bench_ids == test_ids
+    val_ids = {f"mnist5k-{int(i)}" for i in shuffled_digits()[1].indices[DIGITS_VAL_FROM:DIGITS_VAL_FROM + 50]}
+    assert val_ids.isdisjoint(bench_ids[:DIGITS_VAL_FROM])
 
 
 @pytest.mark.parametrize("name", ["shapes-vit", "shapes-deit", "shapes-vit-gap-reg", "digits-vit"])

@@ -95,7 +95,7 @@ def test_other_configuration_is_refused(reference_run):
 def test_torchrun_two_processes_match_single_process(tmp_path, reference_run):
     out = tmp_path / "ddp"
     cmd = bench_cmd(out)
-    ddp = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29517",
+    ddp = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--standalone",
            "-m", "vitlens.cli", *cmd[3:]]
     proc = subprocess.run(ddp, env=env(), capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]

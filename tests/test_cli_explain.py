@@ -92,7 +92,7 @@ def test_every_help_shows_defaults() -> None:
     sub = next(a for a in parser._actions if a.dest == "command")
     for name, child in sub.choices.items():
         text = child.format_help()
-        if any(a.default not in (None, False) and a.option_strings and a.dest != "help" for a in child._actions):
+        if any(a.default not in (None, False, []) and a.option_strings and a.dest != "help" for a in child._actions):
             assert "(default:" in text, name
     assert "(default: gradskip)" in " ".join(sub.choices["explain"].format_help().split())
 

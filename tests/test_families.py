@@ -84,9 +84,13 @@ def test_refused_methods_name_the_methods_that_work(family):
         assert "gradient" in listed and "rise" in listed, name
 
 
+@pytest.mark.parametrize("trained", [False, True], ids=["init", "trained-like"])
 @pytest.mark.parametrize("family", SUPPORTED)
-def test_gradskip_completeness_and_per_layer_conservation(family):
-    exp = vitlens.explain(_model(family), _x(), method="gradskip")
+def test_gradskip_completeness_and_per_layer_conservation(family, trained):
+    """As initialised and with trained-like parameters (``families.trained_like``: non-zero biases, position and
+    relative-bias tables, tokens, layer scales ≈ 0.1, norm weights ≠ 1)."""
+    model = build(family, trained=True) if trained else _model(family)
+    exp = vitlens.explain(model, _x(), method="gradskip")
     y = exp.scores.double()
     total = exp.token_maps.sum((1, 2)).double() + exp.remainder.double()
     torch.testing.assert_close(total, y, rtol=1e-5, atol=1e-6)
@@ -191,6 +195,9 @@ def test_model_restored_after_an_exception(family):
 #: >= 0.998 everywhere; bfloat16 >= 0.997 except SigLIP (0.954: no prefix token, a mean readout and near-flat maps,
 #: so bfloat16's 3 significant digits in the readout gradient show).
 MIN_CORR = {torch.float16: 0.99, torch.bfloat16: 0.95}
+#: HF Swinv2 in bfloat16: 0.941 measured (timm SwinV2, the same block: 0.9999). The model's own bfloat16 logits are
+#: 5.0e-3 from float32 (timm SwinV2: 3.9e-4, HF Swin: 5.3e-4): the spread is in transformers' forward, not GradSkip's
+MIN_CORR_FAMILY = {("HF Swinv2", torch.bfloat16): 0.93}
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
@@ -203,7 +210,7 @@ def test_gradskip_in_half_precision_matches_float32_and_conserves(family, dtype)
     a, b = exp.token_maps.flatten(1).double(), ref.token_maps.flatten(1).double()
     a, b = a - a.mean(1, keepdim=True), b - b.mean(1, keepdim=True)
     corr = (a * b).sum(1) / (a.norm(dim=1) * b.norm(dim=1))
-    assert corr.min() >= MIN_CORR[dtype], corr
+    assert corr.min() >= MIN_CORR_FAMILY.get((family, dtype), MIN_CORR[dtype]), corr
     total = exp.token_maps.sum((1, 2)).double() + exp.remainder.double()
     torch.testing.assert_close(total, exp.scores.double(), rtol=1e-5, atol=1e-6)
 
@@ -289,9 +296,12 @@ def test_explicit_attention_context_is_restored(family):
         if getattr(m, "fused_attn", None) is False:
             m.fused_attn = True
     before = _fingerprint(model)
+    # SwinV2's window attention has no fused path: nothing to switch there, only to leave as it was
+    switchable = any(impl != "eager" for _, impl in before["configs"]) or any(
+        hasattr(m, "fused_attn") for m in model.modules())  # HF Swinv2 is eager already (it only asks for attentions)
     with pytest.raises(KeyError):
         with adapter.explicit_attention():
-            assert _fingerprint(model) != before  # something was switched
+            assert _fingerprint(model) != before or not switchable  # something was switched
             raise KeyError("inside")
     assert _fingerprint(model) == before
 

@@ -84,7 +84,10 @@ def test_table_uses_plain_names_ranks_and_marks_the_best(run: Path) -> None:
     assert titles == ["deletion ↓", "insertion ↑", "insertion − deletion ↑", "pointing game ↑",
                       "relevance in object ↑"]
     md = (run / "summary.md").read_text()
-    assert "insertion_deletion[" not in md.splitlines()[0] and "| 1 | " + rows[0]["method"] + " |" in md
+    from vitlens.explainers import display_label
+
+    # display names in the table a paper copies; code names stay in summary.json
+    assert "insertion_deletion[" not in md.splitlines()[0] and "| 1 | " + display_label(rows[0]["method"]) + " |" in md
     assert md.count("**") >= 2 * len(titles)  # one best per column at least
     page = (run / "report.html").read_text()
     for text in ("deletion ↓", "Faithfulness", "Localisation", "Cost", "Accuracy on these images", "Protocol:",

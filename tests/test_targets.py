@@ -70,3 +70,21 @@ def test_targets_through_explain():
     torch.testing.assert_close(chunked.maps, vitlens.explain(model, x, target=[4, 0, 2]).maps)
     with pytest.raises(vitlens.TargetError, match="out of range for a model with 5 classes"):
         vitlens.explain(model, x, target=5)
+
+
+@pytest.mark.parametrize("target", [ClassLogit(1), ClassProbability(), Contrast(0, 2),
+                                    vitlens.targets.SegmentationTarget(1)])
+def test_score_and_select_of_an_unresolved_target_name_the_missing_step(target):
+    logits = LOGITS if not isinstance(target, vitlens.targets.SegmentationTarget) else LOGITS[:, :, None, None]
+    with pytest.raises(vitlens.TargetError, match="is not resolved: call it on the logits"):
+        target.score(logits)
+    with pytest.raises(vitlens.TargetError, match="is not resolved"):
+        target.select(slice(0, 1))
+    resolved = target.resolve(logits)
+    assert torch.equal(resolved.select(slice(0, 1)).score(logits[:1]), resolved.score(logits)[:1])
+
+
+def test_resolved_classes_are_the_resolved_targets_classes():
+    with pytest.raises(vitlens.TargetError, match="ClassLogit is not resolved"):
+        ClassLogit(1).resolved_classes()
+    assert ClassLogit(None).resolve(LOGITS).resolved_classes().tolist() == [1, 0]

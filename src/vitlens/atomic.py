@@ -42,7 +42,7 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     except BaseException as e:
         with contextlib.suppress(OSError):
             tmp.unlink()
-        if isinstance(e, OSError) and e.errno is not None and e.filename in (str(tmp), tmp):
+        if isinstance(e, OSError) and e.errno is not None and e.filename in (str(tmp), tmp, None):
             raise type(e)(e.errno, e.strerror, str(target)) from None  # name the file the user asked for
         raise
 

@@ -1,4 +1,5 @@
-"""The ``vitlens`` command line: ``demo``, ``explain``, ``bench``, ``train-aha``, ``methods``, ``models``.
+"""The ``vitlens`` command line: ``demo``, ``explain``, ``bench``, ``report``, ``train-aha``, ``methods``, ``models``,
+``conformance``.
 
 Exit codes: 0 success; 2 usage error (a bad option, value, file or run directory: one line naming it); 1 runtime
 failure (a damaged file, a full disk, missing weights: one line naming the file and what to do); 130 interrupted
@@ -16,7 +17,7 @@ import sys
 from pathlib import Path
 from typing import Any, Sequence
 
-from .options import nonnegative_int, positive_int
+from .options import nonnegative_int, positive_int, seed_int
 
 __all__ = ["main"]
 
@@ -110,19 +111,65 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from .options import load_model_with_options
 
     model_kwargs = _parse_options(args.model_option, "--model-option")
+    device = _bench_device(args.device)
     torch.manual_seed(args.seed)  # random-weight models (pretrained=False) are the same in every process and rerun
-    model = load_model_with_options(args.model, model_kwargs)
+    seeded = {"seed": args.seed} if args.model.startswith(("timm:", "hf:")) and "seed" not in model_kwargs else {}
+    model = load_model_with_options(args.model, {**model_kwargs, **seeded})  # the seed is recorded with the model
     data = _with_class_map(args.data, args.class_map)
     config = BenchConfig(
         model=args.model + ("" if not model_kwargs else " " + json.dumps(model_kwargs, sort_keys=True)),
         data=data, methods=split_specs(args.methods), metrics=split_specs(args.metrics or _default_metrics(data)),
         n=args.n, batch_size=args.batch, target=args.target, seed=args.seed, show=args.show,
     )
-    run_dir = run_benchmark(config, args.out, model=model, progress=not args.quiet, overwrite=args.overwrite)
+    run_dir = run_benchmark(config, args.out, model=model, progress=not args.quiet, overwrite=args.overwrite,
+                            device=device)
     summary = Path(run_dir) / "summary.md"
     if summary.exists() and int(__import__("os").environ.get("RANK", "0")) == 0:
         print(summary.read_text())
         print(f"report: {Path(run_dir) / 'report.html'}")
+    return 0
+
+
+def _bench_device(name: str) -> Any:
+    """``--device``: ``auto`` is CUDA when there is a GPU, else the CPU; any other name must exist here (the one
+    device check, :func:`vitlens.devices.check_device`)."""
+    import torch
+
+    from vitlens.devices import check_device
+    from vitlens.errors import InputError
+
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        return torch.device(check_device(name))
+    except InputError as e:
+        raise InputError(f"--device: {e}") from None
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    """``vitlens report RUN``: the ranking table of a benchmark run for a paper, or the run's report rewritten."""
+    from vitlens.bench.report import summarise, table_text, write_report
+    from vitlens.errors import InputError
+
+    run = Path(args.run)
+    if not (run / "results.sqlite").is_file():
+        raise InputError(f"{run} is not a benchmark run folder (no results.sqlite in it); give the --out folder of "
+                         "a finished vitlens bench or vitlens demo")
+    if args.format == "html":
+        from .run_folders import folder_lock
+
+        with folder_lock(run, "report"):
+            paths = write_report(run)
+        print(f"report: {paths['report']}  (tables: {run / 'summary.md'}, {run / 'summary.tex'})")
+        return 0
+    text = table_text(summarise(run), args.format) + "\n"
+    if args.out is None:
+        sys.stdout.write(text)
+    else:
+        from .atomic import write_text
+
+        write_text(Path(args.out), text)
+        print(f"{args.format} table: {args.out}")
     return 0
 
 
@@ -143,22 +190,46 @@ def _with_class_map(data: str, class_map: str | None) -> str:
     return f"{data};class_map={str(Path(class_map))!r}"
 
 
+_DESCRIPTIONS = {
+    "demo": "The main job, offline: a small benchmark of a bundled model on freshly generated synthetic scenes "
+            "(GradSkip, AHA, AttnLRP, GAE, rollout, input x gradient, a random map; insertion/deletion and the "
+            "pointing game), printed as a table and written as an HTML report in --out. Rerun to resume.",
+    "bench": "Every method x every metric over a data set, stored in SQLite as it goes (rerun the same command to "
+             "resume), with the ranked table (summary.md, summary.tex, summary.csv), curves and report.html in "
+             "--out. Works under torchrun. Metrics: insertion_deletion, pos_neg_perturbation, "
+             "faithfulness_violation, pointing_game, evidence, segmentation (docs/metrics.md).",
+    "report": "Rewrite a benchmark run's report (html), or print its ranking table for a paper: markdown or a LaTeX "
+              "tabular, with mean ± 95% interval, the best value per column and the methods statistically tied "
+              "with it (Wilcoxon signed-rank test over images, alpha = 0.05).",
+    "methods": "The registered methods: name, cost per image at default settings, and what each does.",
+    "models": "The bundled models (weights shipped, loaded offline) and the model families vitlens supports.",
+    "conformance": "What a model's adapter provides and lacks, the methods that run on it and why the others do not.",
+}
+
+
+def _model_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model-option", action="append", default=[], metavar="KEY=VALUE",
+                   help="argument for load_model, repeatable (e.g. pretrained=False, seed=0)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     import vitlens
 
     p = argparse.ArgumentParser(prog="vitlens", description="Faithful, fast attribution maps for vision transformers.")
-    p.add_argument("--version", action="version", version=f"vitlens {vitlens.__version__}")
-    sub = p.add_subparsers(dest="command", required=True)
+    p.add_argument("--version", action="version", version=f"vitlens {vitlens.__version__}",
+                   help="print the version and exit")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    d = sub.add_parser("demo", help="offline demo: a small benchmark of the bundled model with an HTML report")
-    d.add_argument("--model", default="shapes-vit")
+    d = sub.add_parser("demo", help="offline demo: a small benchmark of the bundled model with an HTML report",
+                       description=_DESCRIPTIONS["demo"])
+    d.add_argument("--model", default="shapes-vit", help="bundled model to benchmark (vitlens models)")
     d.add_argument("--n", type=positive_int, default=100, help="number of fresh scenes")
-    d.add_argument("--seed", type=int, default=2026, help="scene seed (the training data used other seeds)")
+    d.add_argument("--seed", type=seed_int, default=2026, help="scene seed (the training data used other seeds)")
     d.add_argument("--methods", default=DEMO_METHODS, help="method specs (see vitlens bench)")
     d.add_argument("--metrics", default=DEMO_METRICS, help="metric specs (see vitlens bench)")
-    d.add_argument("--batch", type=positive_int, default=25)
+    d.add_argument("--batch", type=positive_int, default=25, help="images per unit of work")
     d.add_argument("--show", type=nonnegative_int, default=6, help="scenes shown in the overlay grid")
-    d.add_argument("--quiet", action="store_true")
+    d.add_argument("--quiet", action="store_true", help="no progress bar")
     d.add_argument("--out", default="vitlens-demo", help="run directory (rerun to resume)")
     d.add_argument("--overwrite", action="store_true", help="replace a demo run of other settings in --out")
     d.set_defaults(func=cmd_demo)
@@ -167,11 +238,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_explain_parser(sub, Formatter)
 
-    b = sub.add_parser("bench", help="methods x metrics over a data set; resumable; works under torchrun")
+    b = sub.add_parser("bench", help="methods x metrics over a data set; resumable; works under torchrun",
+                       description=_DESCRIPTIONS["bench"])
     b.add_argument("--model", default="shapes-vit", help="bundled name, timm:<arch> or hf:<dir>")
-    b.add_argument("--model-option", action="append", default=[], metavar="KEY=VALUE",
-                   help="argument for load_model (e.g. pretrained=False), repeatable")
-    b.add_argument("--data", default="scenes", help="data source spec, e.g. scenes or scenes:seed=7")
+    _model_option(b)
+    b.add_argument("--data", default="scenes",
+                   help="data source spec: scenes[:seed=N], planted, cues, mnist5k, imagenet:root=DIR, "
+                        "bloodmnist:path=FILE, ade20k:root=DIR, folder:root=DIR (docs/benchmarking.md)")
     b.add_argument("--methods", nargs="+", default=["gradskip,inputxgradient,random"],
                    help="method specs: name or name:key=value;key=value, comma- or space-separated")
     b.add_argument("--metrics", nargs="+", default=None,
@@ -183,8 +256,14 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--num-images", "--n", dest="n", type=positive_int, default=None,
                    help="number of images (default: the whole source); under torchrun write --num-images")
     b.add_argument("--batch", type=positive_int, default=25, help="images per unit of work")
-    b.add_argument("--target", choices=["predicted", "label"], default="predicted")
-    b.add_argument("--seed", type=int, default=0)
+    b.add_argument("--target", choices=["predicted", "label"], default="predicted",
+                   help="the class explained: the model's prediction or the true label")
+    b.add_argument("--device", default="cpu",
+                   help="torch device: cpu, cuda (under torchrun: each process's GPU), cuda:1, mps, or auto (cuda "
+                        "when there is a GPU)")
+    b.add_argument("--seed", type=seed_int, default=0,
+                   help="torch seed set before the model is built and before the run (random weights with "
+                        "pretrained=False, random maps); the scenes' own seed is --data scenes:seed=N")
     b.add_argument("--show", type=nonnegative_int, default=6, help="images shown as examples in the report")
     b.add_argument("--quiet", action="store_true", help="no progress bar")
     b.add_argument("--out", required=True, help="run directory (rerun the same command to resume)")
@@ -192,40 +271,58 @@ def build_parser() -> argparse.ArgumentParser:
                    help="replace a run of another configuration in --out (default: refuse it)")
     b.set_defaults(func=cmd_bench)
 
+    r = sub.add_parser("report", help="a benchmark run's ranking table for a paper (markdown, latex) or its report",
+                       description=_DESCRIPTIONS["report"])
+    r.add_argument("run", help="run directory of vitlens bench or vitlens demo (the one with results.sqlite)")
+    r.add_argument("--format", choices=["html", "markdown", "latex"], default="html",
+                   help="html: rewrite report.html and the tables in RUN; markdown or latex: print the ranking table")
+    r.add_argument("--out", default=None, metavar="FILE",
+                   help="write the markdown or latex table to FILE (default: standard output)")
+    r.set_defaults(func=cmd_report)
+
     from vitlens.aha.train import add_train_aha_parser
 
     add_train_aha_parser(sub)
 
-    m = sub.add_parser("methods", help="the registered methods, what they do and what they cost")
+    m = sub.add_parser("methods", help="the registered methods, what they do and what they cost",
+                       description=_DESCRIPTIONS["methods"])
     m.add_argument("--names", action="store_true", help="names only, one per line")
     m.set_defaults(func=cmd_methods)
 
-    models = sub.add_parser("models", help="the bundled models and the supported model families")
+    models = sub.add_parser("models", help="the bundled models and the supported model families",
+                            description=_DESCRIPTIONS["models"])
     models.set_defaults(func=cmd_models)
 
-    c = sub.add_parser("conformance", help="what a model's adapter provides and lacks, and the methods that run")
+    c = sub.add_parser("conformance", help="what a model's adapter provides and lacks, and the methods that run",
+                       description=_DESCRIPTIONS["conformance"])
     c.add_argument("model", help="bundled name, timm:<arch> or hf:<dir>")
-    c.add_argument("--model-option", action="append", default=[], metavar="KEY=VALUE",
-                   help="argument for load_model (e.g. pretrained=False), repeatable")
+    _model_option(c)
     c.set_defaults(func=cmd_conformance)
-    _show_defaults(p)
+    _use_formatter(p)
     return p
 
 
-class Formatter(argparse.ArgumentDefaultsHelpFormatter):
-    """``--help`` shows every option's default."""
+class Formatter(argparse.HelpFormatter):
+    """``--help`` shows each option's default once: ``(default: X)`` is added unless the help text already says what
+    the default is; flags, positionals and options without a default (``None``) show none."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        default = action.default
+        if ("default" in text or not action.option_strings or default is None or default is False
+                or default is argparse.SUPPRESS or (isinstance(default, list) and not default)):
+            return text
+        shown = " ".join(map(str, default)) if isinstance(default, (list, tuple)) else str(default)
+        return f"{text} (default: {shown.replace('%', '%%')})"
 
 
-def _show_defaults(parser: argparse.ArgumentParser) -> None:
-    """Every (sub)parser formats its help with :class:`Formatter`; options without a help text still show their
-    default."""
+def _use_formatter(parser: argparse.ArgumentParser) -> None:
+    """Every (sub)parser formats its help with :class:`Formatter`."""
     parser.formatter_class = Formatter
     for action in parser._actions:
         if isinstance(action, argparse._SubParsersAction):
             for child in action.choices.values():
-                _show_defaults(child)
-        elif action.help is None and action.default not in (None, False, argparse.SUPPRESS):
-            action.help = "default: %(default)s"
+                _use_formatter(child)
 
 
 def _resume_command(argv: Sequence[str], command: str) -> str:

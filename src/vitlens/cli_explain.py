@@ -165,6 +165,11 @@ def cmd_explain(args: argparse.Namespace) -> int:
     from vitlens.data.classes import model_class_names
     from vitlens.errors import InputError
 
+    if not str(args.out).strip():
+        raise InputError("--out is empty; name the output folder (an empty name would write into the current one)")
+    if args.dpi > _MAX_DPI:
+        raise InputError(f"--dpi {args.dpi} is more than {_MAX_DPI}: the figures would be gigapixels (the default "
+                         "100 draws the 2048-px original at its own resolution)")
     out = Path(args.out)
     if out.exists() and not out.is_dir():
         raise InputError(f"--out {out} is a file, not a directory; choose a directory for the outputs")
@@ -174,11 +179,16 @@ def cmd_explain(args: argparse.Namespace) -> int:
     bases = output_bases(paths)
     device = _device(args.device)
     model_kwargs = parse_key_values(args.model_option, "--model-option")
+    if args.model.startswith(("timm:", "hf:")):
+        model_kwargs.setdefault("seed", 0)  # random weights (pretrained=False, a new head) are the same every run
     model = load_model_with_options(args.model, model_kwargs).to(device)
     cfg = vimages.data_config(model)
     names = model_class_names(model)
     if not 0.0 <= args.smooth < float("inf"):
         raise InputError(f"--smooth must be a number >= 0 (pixels of the model's view), got {args.smooth}")
+    if args.smooth > max(cfg.size_hw):
+        raise InputError(f"--smooth {args.smooth:g} is more than the model's view ({cfg.size_hw[0]}x{cfg.size_hw[1]} "
+                         "px): such a blur flattens the map; give a sigma of a few pixels")
     style: dict[str, Any] = {"normalize": args.normalize, "clip": None if args.clip >= 100 else args.clip,
                              "smooth": args.smooth,
                              "styles": {label: viz.default_style(method.level) if args.style == "auto" else args.style
@@ -187,6 +197,9 @@ def cmd_explain(args: argparse.Namespace) -> int:
     from vitlens.run_folders import folder_lock
 
     with folder_lock(out, "explain"):
+        from vitlens.api import model_provenance
+
+        style["model_record"] = model_provenance(model, args.model, model_kwargs)  # once: it hashes the weights
         _explain_all(args, out, paths, bases, methods, model, cfg, names, style, device)
     return 0
 
@@ -268,16 +281,18 @@ def _progress(done: int, total: int, elapsed: float, args: argparse.Namespace) -
 def _write_image(path: Path, base: Path, view: Any, results: dict[str, Any], j: int, probs: Any,
                  names: list[str] | None, cfg: Any, style: dict[str, Any], args: argparse.Namespace) -> dict:
     import numpy as np
-    from PIL import ImageOps
 
     from vitlens import viz
     from vitlens.explainers import display_label
-    from vitlens.images import open_image_file
+    from vitlens.images import display_pixels
 
-    original = np.asarray(ImageOps.exif_transpose(open_image_file(path, str(path))).convert("RGB"))
-    # a huge photo is drawn at 2048 px on its longer side (the crop's geometry is kept up to one display pixel)
-    original = viz.display_image(original, 1, _MAX_SIDE)
+    # a huge photo is decoded and drawn at 2048 px on its longer side, never held at full size (the crop's geometry
+    # is kept up to one display pixel); the figures, maps on the original and grids are bounded by it
+    original = display_pixels(path, str(path), _MAX_SIDE)
     base.parent.mkdir(parents=True, exist_ok=True)
+    from vitlens.api import file_sha256
+
+    digest = file_sha256(path)
     record: dict[str, Any] = {"image": str(path), "model": args.model, "methods": {}}
     grid_maps: dict[str, Any] = {}
     for label, (exp, seconds) in results.items():
@@ -306,7 +321,8 @@ def _write_image(path: Path, base: Path, view: Any, results: dict[str, Any], j: 
         with atomic_path(base.parent / f"{stem}.npz") as tmp:
             np.savez_compressed(tmp, **arrays)
         info = exp.provenance()
-        info.update({"image": str(path), "model": args.model, "target_class": cls,
+        info.update({"image": str(path), "image_sha256": digest, "model": args.model,
+                     "model_provenance": style["model_record"], "target_class": cls,
                      "target_name": names[cls] if names and cls < len(names) else None, "probability": prob,
                      "score": float(exp.scores[j]), "targets": [cls], "scores": [float(exp.scores[j])],
                      "remainder": None if exp.remainder is None else float(exp.remainder[j]),
@@ -333,6 +349,7 @@ def _write_image(path: Path, base: Path, view: Any, results: dict[str, Any], j: 
 
 
 _MAX_SIDE = 2048  # longest side of the original drawn in a figure
+_MAX_DPI = 1200  # beyond print resolution; bounds a figure's pixels
 
 
 def _safe(label: str) -> str:

@@ -268,14 +268,50 @@ def open_image_file(path: Path, label: str) -> Image.Image:
     if path.is_dir():
         raise ImageLoadError(f"{label}: is a directory, not an image file")
     try:
-        with Image.open(path) as opened:
-            opened.load()  # decode now so truncated/corrupt data fails here, not later
-            img = opened.copy()
+        with open(path, "rb") as f:  # our handle, not PIL's: the decoded image outlives it without a full copy
+            img = Image.open(f)
+            img.load()  # decode now so truncated/corrupt data fails here, not later
     except UnidentifiedImageError:
         raise ImageLoadError(f"{label}: not an image file (Pillow cannot identify its format)") from None
     except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as exc:
         raise ImageLoadError(f"{label}: cannot decode image file (truncated or corrupt): {_one_line(exc)}") from exc
     return img
+
+
+def oriented(img: Image.Image) -> Image.Image:
+    """``img`` turned upright by its EXIF orientation; ``img`` itself (no copy: a full-size photo is not held twice)
+    when it has none."""
+    return img if img.getexif().get(0x0112, 1) in (None, 1) else ImageOps.exif_transpose(img)
+
+
+def display_pixels(path: Path, label: str, max_side: int) -> np.ndarray:
+    """``(H', W', 3)`` uint8 of an image file for display: EXIF-oriented, colours as :func:`to_rgb`, the longer side
+    shrunk to ``max_side`` (antialiased) where it is longer, the aspect ratio kept (each side rounded).
+
+    A huge photo is never held at full size beyond its decoding: JPEGs are decoded at a reduced scale (PIL's
+    ``draft``, 1/2 to 1/8, never below the display size) and every format is resized as 8-bit pixels; so an
+    8000x8000 photo costs tens of MB here, not the GBs of a float copy.
+    """
+    if not path.exists():
+        raise ImageLoadError(f"{label}: image file not found")
+    try:
+        with open(path, "rb") as f:
+            img: Image.Image = Image.open(f)
+            w, h = img.size
+            longest = max(w, h)
+            size = (w, h) if longest <= max_side else (max(1, round(w * max_side / longest)),
+                                                       max(1, round(h * max_side / longest)))
+            if size != (w, h) and img.format == "JPEG":
+                img.draft("RGB", size)  # decode at 1/k scale, still at least `size`
+            img.load()
+    except UnidentifiedImageError:
+        raise ImageLoadError(f"{label}: not an image file (Pillow cannot identify its format)") from None
+    except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as exc:
+        raise ImageLoadError(f"{label}: cannot decode image file (truncated or corrupt): {_one_line(exc)}") from exc
+    img = to_rgb(oriented(img))
+    if img.size != size and img.size != size[::-1]:  # (a rotation by EXIF swaps the sides)
+        img = img.resize(size if (img.width >= img.height) == (w >= h) else size[::-1], Image.Resampling.LANCZOS)
+    return np.asarray(img, dtype=np.uint8)
 
 
 def _check_unit_pixels(label: str, what: str, finite: bool, lo: float, hi: float, hint: str) -> None:
@@ -347,7 +383,7 @@ def _load_one(item: Any, cfg: DataConfig, label: str) -> torch.Tensor:
     """One input → ``(n, 3, H, W)`` float32 pixels in [0, 1] (n > 1 only for a batched tensor)."""
     if isinstance(item, (str, Path)):
         path = Path(item)
-        img = ImageOps.exif_transpose(open_image_file(path, f"{label} '{path}'"))
+        img = oriented(open_image_file(path, f"{label} '{path}'"))
         return _load_pil(img, cfg)
     if isinstance(item, Image.Image):
         try:
@@ -355,7 +391,7 @@ def _load_one(item: Any, cfg: DataConfig, label: str) -> torch.Tensor:
         except (ValueError, OSError) as exc:  # closed (``Operation on closed image``) or truncated
             raise ImageLoadError(f"{label}: cannot read this PIL image ({_one_line(exc)}); pass an open image, "
                                  "e.g. a .copy() made before closing it") from None
-        return _load_pil(ImageOps.exif_transpose(item), cfg)
+        return _load_pil(oriented(item), cfg)
     if isinstance(item, np.ndarray):
         return _load_array(item, cfg, label)
     if isinstance(item, torch.Tensor):
@@ -401,6 +437,6 @@ def load_images(
     return normalize(batch.contiguous(), cfg)
 
 
-# resize_shape, crop_or_pad, to_rgb and open_image_file are package-internal helpers (vitlens.data.loaders, vitlens.viz);
+# resize_shape, crop_or_pad, to_rgb, open_image_file and display_pixels are package-internal helpers (vitlens.data.loaders, vitlens.viz);
 # the underscore name stays for vitlens.viz until it imports to_rgb.
 _to_rgb = to_rgb

@@ -65,11 +65,13 @@ def check_number(name: str, value: Any, *, low: float | None = None, high: float
     return v
 
 
-def check_int(name: str, value: Any, *, low: int | None = None, owner: str = "") -> int:
-    """``value`` as an int ``>= low`` (bools and non-integral floats refused)."""
+def check_int(name: str, value: Any, *, low: int | None = None, high: int | None = None, owner: str = "") -> int:
+    """``value`` as an int in ``[low, high]`` (bools and non-integral floats refused)."""
     where = f" of {owner}" if owner else ""
-    want = "an integer" + ("" if low is None else f" >= {low}")
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or (low is not None and value < low):
+    want = "an integer" + ("" if low is None else f" >= {low}") if high is None else \
+        f"an integer in [{'-inf' if low is None else low}, {high}]"
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or not (
+            (low is None or int(value) >= low) and (high is None or int(value) <= high)):
         raise InputError(f"option {name}{where} must be {want}; got {value!r}")
     return int(value)
 
@@ -134,6 +136,7 @@ nonnegative_int = _converter(int, lambda v: v >= 0, "an integer >= 0")
 positive_float = _converter(float, lambda v: math.isfinite(v) and v > 0, "a finite number > 0")
 nonnegative_float = _converter(float, lambda v: math.isfinite(v) and v >= 0, "a finite number >= 0")
 finite_float = _converter(float, math.isfinite, "a finite number")
+seed_int = _converter(int, lambda v: 0 <= v <= 2 ** 63 - 1, "an integer in [0, 2**63 - 1]")  # torch.manual_seed's
 
 
 def parse_key_values(pairs: Iterable[str], flag: str) -> dict[str, Any]:
@@ -162,7 +165,10 @@ def load_model_with_options(name: str, options: Mapping[str, Any]) -> Any:
 
     try:
         model = load_model(name, **options)
-    except (TypeError, ValueError, AssertionError) as e:
+    except (TypeError, ValueError, AssertionError, ArithmeticError) as e:
+        if options and isinstance(e, InputError) and (" cannot be built with " in str(e) or " does not take " in str(e)
+                                                      or "num_classes must be" in str(e)):
+            raise InputError(f"--model-option: {e}") from None
         if not options or isinstance(e, InputError):
             raise
         if "unexpected keyword argument" in str(e):

@@ -74,6 +74,14 @@ def _as_class_tensor(classes: ClassSpec, logits: Tensor, what: str) -> Tensor:
     return idx
 
 
+def _resolved(value: Tensor | None, target: "Target") -> Tensor:
+    """``value``, filled in by ``resolve``; a clear :class:`TargetError` for a target scored or sliced unresolved."""
+    if value is None:
+        raise TargetError(f"{type(target).__name__} is not resolved: call it on the logits (target(logits)) or "
+                          "resolve(logits) before score() or select()")
+    return value
+
+
 class Target:
     """Base class: maps logits ``(B, K)`` to target scores ``(B,)``.
 
@@ -90,6 +98,10 @@ class Target:
     def score(self, logits: Tensor) -> Tensor:
         """Target score per image, ``(B,)``, differentiable w.r.t. the logits."""
         raise NotImplementedError
+
+    def resolved_classes(self) -> Tensor:
+        """``classes`` of this resolved target, ``(B,)``; a :class:`TargetError` if it has not been resolved."""
+        return _resolved(self.classes, self)
 
     def check_logits(self, logits: Tensor) -> None:
         """Raise :class:`TargetError` unless ``logits`` have the shape this kind of target scores (``(B, K)``)."""
@@ -152,12 +164,12 @@ class ClassLogit(Target):
         return t
 
     def score(self, logits: Tensor) -> Tensor:
-        return logits.gather(1, self.classes.to(logits.device)[:, None])[:, 0]
+        return logits.gather(1, _resolved(self.classes, self).to(logits.device)[:, None])[:, 0]
 
     def select(self, index: Tensor | slice) -> "ClassLogit":
         t = type(self).__new__(type(self))
         t.__dict__.update(self.__dict__)
-        t.classes = self.classes[index]
+        t.classes = _resolved(self.classes, self)[index]
         t._spec = t.classes
         return t
 
@@ -172,7 +184,7 @@ class ClassProbability(ClassLogit):
     """The softmax probability of a class (``classes=None``: the predicted class)."""
 
     def score(self, logits: Tensor) -> Tensor:
-        return logits.softmax(dim=-1).gather(1, self.classes.to(logits.device)[:, None])[:, 0]
+        return logits.softmax(dim=-1).gather(1, _resolved(self.classes, self).to(logits.device)[:, None])[:, 0]
 
 
 class Contrast(Target):
@@ -210,14 +222,14 @@ class Contrast(Target):
         return t
 
     def score(self, logits: Tensor) -> Tensor:
-        yc = logits.gather(1, self.classes.to(logits.device)[:, None])[:, 0]
-        yd = logits.gather(1, self.versus.to(logits.device)[:, None])[:, 0]
+        yc = logits.gather(1, _resolved(self.classes, self).to(logits.device)[:, None])[:, 0]
+        yd = logits.gather(1, _resolved(self.versus, self).to(logits.device)[:, None])[:, 0]
         return yc - self.gamma * yd
 
     def select(self, index: Tensor | slice) -> "Contrast":
         t = Contrast(None, None, self.gamma)
-        t.classes = self.classes[index]
-        t.versus = self.versus[index]
+        t.classes = _resolved(self.classes, self)[index]
+        t.versus = _resolved(self.versus, self)[index]
         t._spec, t._versus_spec = t.classes, t.versus
         return t
 
@@ -318,21 +330,22 @@ class SegmentationTarget(Target):
         return t
 
     def score(self, logits: Tensor) -> Tensor:
-        z = logits[torch.arange(logits.shape[0], device=logits.device), self.classes.to(logits.device)]  # (B, h, w)
+        classes, mask = _resolved(self.classes, self), _resolved(self.mask, self)
+        z = logits[torch.arange(logits.shape[0], device=logits.device), classes.to(logits.device)]  # (B, h, w)
         if self.upsample_to is not None:
             z = F.interpolate(z[:, None], size=self.upsample_to, mode="bilinear", align_corners=False)[:, 0]
-        if z.shape[-2:] != self.mask.shape[-2:]:
+        if z.shape[-2:] != mask.shape[-2:]:
             raise TargetError(
-                f"SegmentationTarget was resolved for {tuple(self.mask.shape[-2:])} logits, got {tuple(z.shape[-2:])}"
+                f"SegmentationTarget was resolved for {tuple(mask.shape[-2:])} logits, got {tuple(z.shape[-2:])}"
             )
-        return (z * self.mask.to(device=z.device, dtype=z.dtype)).sum(dim=(1, 2))
+        return (z * mask.to(device=z.device, dtype=z.dtype)).sum(dim=(1, 2))
 
     def select(self, index: Tensor | slice) -> "SegmentationTarget":
         t = type(self).__new__(type(self))
         t.__dict__.update(self.__dict__)
-        t.classes = self.classes[index]
-        t.mask = self.mask[index]
-        t.fallback = self.fallback[index]
+        t.classes = _resolved(self.classes, self)[index]
+        t.mask = _resolved(self.mask, self)[index]
+        t.fallback = _resolved(self.fallback, self)[index]
         t._spec = t.classes
         t._region = t.mask if self._region is not None else None
         return t

@@ -22,8 +22,11 @@ from .soft_metrics import REFERENCES
 __all__ = ["DESCRIPTION", "add_train_aha_parser", "cmd_train_aha", "main"]
 
 #: the commands' description (the first paragraph of :mod:`vitlens.aha.train`'s docstring)
-DESCRIPTION = ("Training an AHA explainer for a frozen target model: Python API :func:`train_aha` and the "
-               "``train-aha`` command.")
+DESCRIPTION = ("Train an AHA explainer for a frozen target model: a small decoder learns to rank the image's regions "
+               "so that deleting the highest-ranked ones first lowers the target's score fastest and inserting them "
+               "raises it fastest (soft, differentiable deletion and insertion curves). Writes <name>.safetensors, "
+               ".json and a model card .md in --out; resumable (--resume) and runs under torchrun. The Python API "
+               "is vitlens.aha.train_aha.")
 
 
 def _name_list(flag: str, text: str | None) -> tuple[str, ...] | None:
@@ -38,7 +41,7 @@ def _name_list(flag: str, text: str | None) -> tuple[str, ...] | None:
 
 
 def _add_arguments(p: argparse.ArgumentParser) -> None:
-    from ..options import nonnegative_float, nonnegative_int, positive_float, positive_int
+    from ..options import nonnegative_float, nonnegative_int, positive_float, positive_int, seed_int
 
     d = AHATrainConfig()
     p.add_argument("--model", required=True, help="bundled name (shapes-vit), timm:<arch> or hf:<dir>")
@@ -53,16 +56,19 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--recipe", choices=sorted(RECIPES), default="tracked",
                    help="training recipe whose values the options below default to: 'tracked' (learns; default) or "
                         "'authors' (the AHA paper's: tau 1->0.3, Gumbel noise, 2 classes, mixed references, m=16)")
-    p.add_argument("--steps", type=positive_int, default=d.steps)
+    p.add_argument("--steps", type=positive_int, default=d.steps, help="optimiser steps")
     p.add_argument("--batch-size", type=positive_int, default=d.batch_size, help="global batch (all processes)")
     p.add_argument("--lr", type=positive_float, default=None, help=f"AdamW learning rate (tracked: {d.lr:g})")
-    p.add_argument("--weight-decay", type=nonnegative_float, default=d.weight_decay)
+    p.add_argument("--weight-decay", type=nonnegative_float, default=d.weight_decay, help="AdamW weight decay")
     p.add_argument("--curve-points", dest="m", type=positive_int, default=None,
                    help=f"m: curve points incl. both endpoints (tracked: {d.m})")
     p.add_argument("--step-sampling", choices=["fixed", "random"], default=None,
                    help=f"curve fractions per step (tracked: {d.step_sampling})")
-    p.add_argument("--grid-range", type=positive_int, nargs=2, default=None, metavar=("MIN", "MAX"))
-    p.add_argument("--no-grid-offset", action="store_true")
+    p.add_argument("--grid-range", type=positive_int, nargs=2, default=None, metavar=("MIN", "MAX"),
+                   help="region grid sizes drawn per step, MIN..MAX regions per side (default: 7..28 at 224 px, "
+                        "scaled to the image, at least 4..16)")
+    p.add_argument("--no-grid-offset", action="store_true",
+                   help="keep the region grid aligned to the image corner (default: a random offset per step)")
     p.add_argument("--classes-per-image", type=int, choices=[1, 2], default=None,
                    help=f"1: the predicted class; 2: also the runner-up / true label (tracked: {d.classes_per_image})")
     p.add_argument("--references", default=None,
@@ -78,7 +84,8 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--n-iters", type=positive_int, default=d.n_iters, help="Sinkhorn iterations")
     p.add_argument("--noise-scale", type=nonnegative_float, default=None,
                    help=f"Gumbel noise multiplier, 0: none (tracked: {d.noise_scale:g})")
-    p.add_argument("--w-peak", type=nonnegative_float, default=d.w_peak)
+    p.add_argument("--w-peak", type=nonnegative_float, default=d.w_peak,
+                   help="weight of the peak penalty in the loss (w_del = w_ins = 1)")
     p.add_argument("--width", type=positive_int, default=d.width, help="decoder width")
     p.add_argument("--backbone", default=None, help="timm model name (default: the target itself)")
     p.add_argument("--pool", choices=list(OUTPUT_POOLS), default="none",
@@ -86,17 +93,22 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-choose-pool", action="store_true",
                    help="keep --pool as the explainer's output pooling instead of choosing it on the validation set")
     p.add_argument("--n-train", type=positive_int, default=None, help="training images (default: steps x batch)")
-    p.add_argument("--n-val", type=nonnegative_int, default=d.n_val)
-    p.add_argument("--val-every", type=nonnegative_int, default=d.val_every)
-    p.add_argument("--ckpt-every", type=nonnegative_int, default=d.ckpt_every)
+    p.add_argument("--n-val", type=nonnegative_int, default=d.n_val, help="held-out validation images")
+    p.add_argument("--val-every", type=nonnegative_int, default=d.val_every,
+                   help="validate every N steps as well as after the last one (0: after the last step only)")
+    p.add_argument("--ckpt-every", type=nonnegative_int, default=d.ckpt_every,
+                   help="write OUT/checkpoint.pt every N steps (0: never; --resume continues from it)")
     p.add_argument("--chunk", type=positive_int, default=d.chunk, help="images per target forward (memory knob)")
-    p.add_argument("--amp", choices=["auto", "bf16", "off"], default=d.amp)
-    p.add_argument("--grad-checkpointing", choices=["auto", "on", "off"], default=d.grad_checkpointing)
-    p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument("--amp", choices=["auto", "bf16", "off"], default=d.amp,
+                   help="bfloat16 autocast of the target's forward passes (auto: on CUDA)")
+    p.add_argument("--grad-checkpointing", choices=["auto", "on", "off"], default=d.grad_checkpointing,
+                   help="recompute the target's activations in the backward pass to save memory (auto: on CUDA)")
+    p.add_argument("--seed", type=seed_int, default=d.seed, help="seed of the data order, the decoder's weights and the "
+                                                                "training scenes")
     p.add_argument("--threads", type=positive_int, default=None,
                    help="torch threads per process (default: cores/processes)")
     p.add_argument("--device", default=None, help="cpu, cuda (default: cuda if available)")
-    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
 def cmd_train_aha(args: argparse.Namespace) -> int:

@@ -82,8 +82,9 @@ class AHATrainConfig:
             raise InputError("steps and batch_size must be >= 1")
         if self.step_sampling not in ("fixed", "random"):
             raise InputError(f"step_sampling must be 'fixed' or 'random', got {self.step_sampling!r}")
-        if self.m < 2:
-            raise InputError(f"m (curve points) must be >= 2, got {self.m}")
+        if self.m < 3:  # the endpoints (nothing / everything deleted) are exact and do not depend on the map
+            raise InputError(f"m (curve points, --curve-points) must be >= 3, got {self.m}: with only the two "
+                             "endpoints no curve point depends on the map, so nothing would be learned")
         if self.classes_per_image not in (1, 2):
             raise InputError("classes_per_image must be 1 or 2")
         for field_name in ("references", "val_references"):

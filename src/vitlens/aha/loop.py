@@ -38,7 +38,7 @@ from .plan import StepPlan, choose_classes, image_noise, lr_factor, plan_step, t
 from .soft_metrics import RegionGrid, aha_loss, curve_fractions, default_grid_range, reference, soft_curves
 from .validation import LabelledImages, all_reduce_sum, best_pool, validate
 
-__all__ = ["soft_validate", "target_probs", "train_aha", "training_loss", "validate"]
+__all__ = ["reference_logits", "soft_validate", "target_probs", "train_aha", "training_loss", "validate"]
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -106,7 +106,7 @@ def soft_validate(net: AHANet, data: LabelledImages, cfg: AHATrainConfig, tau: f
             maps = net.finish(net.decoder(feats, cls, hw), cfg.pool)
             ref = torch.zeros_like(x)
             p0 = logits.float().softmax(-1).gather(1, cls[:, None])[:, 0]
-            p1 = target_probs(adapter, ref, cls)
+            p1 = reference_logits(adapter, ref).softmax(-1).gather(1, cls[:, None])[:, 0]
             cur = soft_curves(lambda im, c: target_probs(adapter, im, c, cfg.chunk), x, ref, maps, cls, grid,
                               curve_fractions(16), tau, cfg.n_iters, endpoints=(p0, p1), mask_sigma=cfg.mask_sigma)
         total += float((cur.ins_auc - cur.del_auc).sum())
@@ -125,9 +125,33 @@ def target_probs(adapter: Any, images: Tensor, classes: Tensor, chunk: int = 512
     return torch.cat(parts)
 
 
+def reference_logits(adapter: Any, ref: Tensor) -> Tensor:
+    """The target's float logits ``(B, K)`` on the references ``ref`` ``(B, C, H, W)``: one forward of one image when
+    every image has the same reference (the mean colour, black, the mean image), of the batch otherwise (blur)."""
+    if ref.shape[0] > 1 and bool((ref == ref[:1]).all()):
+        return adapter.forward(ref[:1]).float().expand(ref.shape[0], -1)
+    return adapter.forward(ref).float()
+
+
+def _cached_reference_logits(adapter: Any, ref: Tensor, kind: str, cache: dict[str, tuple[Tensor, Tensor]] | None,
+                             amp: bool) -> Tensor:
+    """:func:`reference_logits`, kept in ``cache[kind]`` as ``(image, logits)`` when one image serves the batch and
+    reused while the reference is that image (the target is frozen, so its logits on it do not change)."""
+    if cache is not None and kind in cache:
+        image, logits = cache[kind]
+        if image.shape == ref.shape[1:] and bool((ref == image).all()):
+            return logits.expand(ref.shape[0], -1)
+    with torch.no_grad(), torch.autocast(ref.device.type, dtype=torch.bfloat16, enabled=amp):
+        out = reference_logits(adapter, ref)
+    if cache is not None and out.stride(0) == 0:
+        cache[kind] = (ref[0].clone(), out[:1])
+    return out
+
+
 def training_loss(net: AHANet, decoder: nn.Module, x: Tensor, labels: Tensor, indices: Sequence[int], step: int,
                   cfg: AHATrainConfig, tau: float, mean_std: tuple[Sequence[float], Sequence[float]],
-                  amp: bool = False, mean_img: Tensor | None = None) -> tuple[Tensor, dict[str, Tensor], StepPlan]:
+                  amp: bool = False, mean_img: Tensor | None = None,
+                  ref_cache: dict[str, tuple[Tensor, Tensor]] | None = None) -> tuple[Tensor, dict[str, Tensor], StepPlan]:
     """The AHA loss of one (local) batch, averaged over its images and classes.
 
     Args:
@@ -136,6 +160,8 @@ def training_loss(net: AHANet, decoder: nn.Module, x: Tensor, labels: Tensor, in
             ``indices``: their dataset indices (keys of the per-image noise). ``tau``: sorter temperature.
         mean_std: the target's normalisation (for the black reference); ``mean_img``: the training images' mean
             (for the ``meanimage`` reference).
+        ref_cache: where the target's logits on a reference that is the same for every image and every step (mean
+            colour, black, mean image) are kept between steps (the run's dict; ``None``: computed every step).
 
     Call inside ``adapter.session()`` of the target (eval mode, frozen parameters). Returns ``(loss, parts, plan)``
     with per-map ``del_auc``, ``ins_auc``, ``peak`` ``(b·k,)``.
@@ -148,13 +174,12 @@ def training_loss(net: AHANet, decoder: nn.Module, x: Tensor, labels: Tensor, in
     classes = choose_classes(logits, labels, cfg.classes_per_image)  # (b, k)
     k = classes.shape[1]
     ref = reference(x, plan.reference, mean_std[0], mean_std[1], mean_image=mean_img)
-    with torch.no_grad(), torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=amp):
-        ref_logits = adapter.forward(ref).float()
+    ref_logits = _cached_reference_logits(adapter, ref, plan.reference, ref_cache, amp)
     p0 = logits.float().softmax(-1).gather(1, classes)  # (b, k): nothing deleted
     p1 = ref_logits.softmax(-1).gather(1, classes)  # everything deleted
 
     def rep(t: Tensor) -> Tensor:  # image-major (b·k, ...)
-        return t.repeat_interleave(k, dim=0)
+        return t if k == 1 else t.repeat_interleave(k, dim=0)
 
     cls = classes.reshape(-1)
     maps = net.finish(decoder([rep(f) for f in feats], cls, hw), cfg.pool)
@@ -205,6 +230,7 @@ class _Run:
     mean_std: tuple[Sequence[float], Sequence[float]] = ((0.0, 0.0, 0.0), (1.0, 1.0, 1.0))
     best: dict[str, Any] | None = None  # the best validation so far: step, score, pool, decoder state
     target_id: str = ""
+    ref_logits: dict[str, tuple[Tensor, Tensor]] = field(default_factory=dict)  # see training_loss(ref_cache=)
 
     def seconds(self) -> float:
         """Training wall time so far, including the runs this one resumes."""
@@ -386,7 +412,7 @@ def _train_step(run: _Run, decoder: nn.Module, idx: list[int],
     labels = torch.tensor([it[1] for it in items], device=dev)
     tau = temperature(run.step, cfg)
     loss, parts, plan = training_loss(run.net, decoder, x, labels, idx, run.step, cfg, tau, mean_std, run.amp,
-                                      run.mean_img)
+                                      run.mean_img, ref_cache=run.ref_logits)
     run.opt.zero_grad(set_to_none=True)
     loss.backward()
     gnorm = torch.nn.utils.clip_grad_norm_(run.net.decoder.parameters(), cfg.clip)
@@ -456,6 +482,8 @@ def _steps(run: _Run, decoder: nn.Module, sampler: torch.utils.data.DistributedS
 def _write_outputs(run: _Run, name: str, command: str | None, card: bool, seconds: float) -> Path:
     """``<name>.safetensors`` + ``<name>.json`` (metadata) and, with ``card``, ``<name>.md``; returns the weights."""
     cfg, net, model = run.cfg, run.net, run.model
+    out = run.out
+    assert out is not None  # train_aha writes its outputs only into an output folder
     meta = {
         "name": name,
         "target": {"name": model_name(model), "sha": model_digest(model), "num_classes": net.num_classes},
@@ -474,9 +502,9 @@ def _write_outputs(run: _Run, name: str, command: str | None, card: bool, second
         "written": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "versions": versions(),
     }
-    weights, _ = save_explainer(net, run.out / f"{name}.safetensors", meta)
+    weights, _ = save_explainer(net, out / f"{name}.safetensors", meta)
     if card:
-        write_text(run.out / f"{name}.md", model_card(meta, net))
+        write_text(out / f"{name}.md", model_card(meta, net))
     return weights
 
 

@@ -31,7 +31,9 @@ def refine_maps(prob_fn: Callable[[Tensor, Tensor], Tensor], x: Tensor, maps0: T
     """Refined maps ``(B, H, W)`` after ``steps`` Adam steps (``steps = 0`` returns ``maps0`` itself).
 
     Args:
-        prob_fn: ``(images, classes) → probabilities`` of the target model (differentiable).
+        prob_fn: ``(images, classes) → probabilities`` of the target model (differentiable). It is called with
+            images in ``x``'s dtype (the model's: a float16/bfloat16 model gets half images), while the map logits,
+            masks, sorter and Adam state are float32 whatever that dtype is.
         x, ref: images and the reference ``(B, C, H, W)`` (normalised). endpoints: ``(prob(x), prob(ref))`` ``(B,)``.
             With a list of references (and one endpoint pair each), step ``t`` uses reference ``(t − 1) mod k``:
             the refinement then follows no single deletion protocol, at the cost of one reference per step.
@@ -49,10 +51,19 @@ def refine_maps(prob_fn: Callable[[Tensor, Tensor], Tensor], x: Tensor, maps0: T
     ends: list[Any] = [endpoints] if isinstance(endpoints[0], Tensor) else list(endpoints)
     if len(refs) != len(ends) or not refs:
         raise ValueError(f"{len(refs)} references need as many endpoint pairs, got {len(ends)}")
+    in_dtype = x.dtype
+    if in_dtype != torch.float32:  # half / double models: blend and optimise in float32, feed the model its dtype
+        x = x.float()
+        refs = [r.float() for r in refs]
+        inner_fn = prob_fn
+
+        def prob_fn(images: Tensor, cls: Tensor) -> Tensor:
+            return inner_fn(images.to(in_dtype), cls).float()
     hw = int_pair(maps0.shape[-2:])
     regions = RegionGrid(hw, grid, device=maps0.device)
     fractions = curve_fractions(m, "fixed")
-    maps0 = maps0.detach()
+    out_dtype = maps0.dtype
+    maps0 = maps0.detach().float()
     span = (maps0.amax(dim=(1, 2)) - maps0.amin(dim=(1, 2))).clamp_min(1e-12)[:, None, None]
     delta = torch.zeros_like(maps0)
     m1 = torch.zeros_like(maps0)
@@ -74,4 +85,4 @@ def refine_maps(prob_fn: Callable[[Tensor, Tensor], Tensor], x: Tensor, maps0: T
                 vh = m2 / (1 - b2 ** t)
                 eps = rel_eps * vh.mean(dim=(1, 2), keepdim=True).sqrt() + 1e-30
                 delta = delta - lr * mh / (vh.sqrt() + eps)
-    return (maps0 + span * delta).detach()
+    return (maps0 + span * delta).detach().to(out_dtype)

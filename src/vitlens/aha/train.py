@@ -64,4 +64,7 @@ __all__ += ["FolderData", "RECIPES", "RESUMABLE_CHANGES", "ScenesData", "StepPla
             "target_probs", "temperature", "validate", "versions"]
 
 if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())
+    # through the command line's wrapper: a bad option or Ctrl-C is one line and an exit code, never a traceback
+    import importlib
+
+    sys.exit(importlib.import_module("vitlens.cli").main(["train-aha", *sys.argv[1:]]))

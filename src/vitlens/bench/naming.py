@@ -11,8 +11,8 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["Column", "column_info", "metric_title", "metric_sentence", "protocol_words", "GROUP_ORDER",
-           "GROUP_QUESTION"]
+__all__ = ["Column", "column_info", "is_proportion", "metric_title", "metric_sentence", "protocol_words",
+           "GROUP_ORDER", "GROUP_QUESTION"]
 
 #: Groups in table order, and the question each answers.
 GROUP_ORDER = ("Faithfulness", "Evidence", "Localisation", "Segmentation", "Other", "Cost")
@@ -45,6 +45,15 @@ _OUTPUTS: dict[tuple[str, str], tuple[str, str, int]] = {
     ("segmentation", "miou"): ("mIoU", "Segmentation", 3),
     ("segmentation", "ap"): ("average precision", "Segmentation", 4),
 }
+
+#: (metric, output) pairs whose per-image value is a hit (1) or a miss (0): their mean is a proportion.
+_PROPORTIONS = {("pointing_game", "pointing_game"), ("evidence", "evidence_pointing")}
+
+
+def is_proportion(metric: str, output: str) -> bool:
+    """Whether ``metric``'s ``output`` is a hit or a miss per image (its interval is then a Wilson interval)."""
+    return (metric, output) in _PROPORTIONS
+
 
 _SENTENCES = {
     "insertion_deletion": (

@@ -17,6 +17,7 @@ import numpy as np
 
 from .naming import (
     GROUP_ORDER,
+    is_proportion,
     GROUP_QUESTION,
     Column,
     column_info,
@@ -24,12 +25,14 @@ from .naming import (
     metric_title,
     protocol_words,
 )
-from .report_figures import plot_curves, plot_examples, t95
+from .report_figures import plot_curves, plot_examples, t95, top_methods
 from .report_html import render_page
+from .report_stats import paired_ties, wilson_interval
+from .report_tables import latex_table, markdown_table
 from ..atomic import atomic_path, write_text
 from .store import read_rows
 
-__all__ = ["summarise", "write_report", "ranked", "accuracy"]
+__all__ = ["summarise", "write_report", "ranked", "accuracy", "table_text"]
 
 
 def _ci95(values: np.ndarray) -> float:
@@ -41,27 +44,33 @@ def _ci95(values: np.ndarray) -> float:
 
 
 def summarise(run_dir: str | Path) -> list[dict[str, Any]]:
-    """One row per method: for each metric output its mean, 95% CI and n; plus mean passes and median time."""
+    """One row per method: for each metric output its mean, 95% interval (``low``/``high``; ``ci95`` its half
+    width), ``n``, and the paired test against the column's best (``best``, ``tied_with_best``, ``p_vs_best``; see
+    :mod:`vitlens.bench.report_stats`); plus mean passes and median time per image."""
     db = Path(run_dir) / "results.sqlite"
-    rows = read_rows(db, "SELECT method, metric, output, value, higher_is_better FROM results")
+    rows = read_rows(db, "SELECT image, method, metric, output, value, higher_is_better FROM results")
     costs = read_rows(db, "SELECT method, forward_passes, backward_passes, seconds FROM costs")
     methods: list[str] = []
-    for r in rows + [(c[0],) for c in costs]:
+    for r in [(r[1],) for r in rows] + [(c[0],) for c in costs]:
         if r[0] not in methods:
             methods.append(r[0])
+    per_image: dict[str, dict[str, dict[int, float]]] = {}  # column key -> method -> image -> value
+    direction: dict[str, bool] = {}
+    for image, meth, metric, out, value, hib in rows:
+        if value is not None:
+            key = f"{metric}/{out}"
+            per_image.setdefault(key, {}).setdefault(meth, {})[int(image)] = float(value)
+            direction[key] = bool(hib)
+    ties = {key: paired_ties(by_method, direction[key]) for key, by_method in per_image.items()}
     table = []
     for m in methods:
         entry: dict[str, Any] = {"method": m}
-        cols: dict[tuple[str, str], list[float]] = {}
-        direction: dict[tuple[str, str], bool] = {}
-        for meth, metric, out, value, hib in rows:
-            if meth == m and value is not None:
-                cols.setdefault((metric, out), []).append(value)
-                direction[(metric, out)] = bool(hib)
-        for (metric, out), vals in sorted(cols.items()):
-            arr = np.asarray(vals, dtype=float)
-            entry[f"{metric}/{out}"] = {"mean": float(arr.mean()), "ci95": _ci95(arr), "n": int(arr.size),
-                                        "higher_is_better": direction[(metric, out)]}
+        for key in sorted(per_image):
+            if m not in per_image[key]:
+                continue
+            arr = np.asarray(list(per_image[key][m].values()), dtype=float)
+            entry[key] = {**_interval(key, arr), "n": int(arr.size), "higher_is_better": direction[key],
+                          **ties[key][m]}
         c = [x for x in costs if x[0] == m]
         if c:
             entry["forward_passes"] = float(np.mean([x[1] for x in c]))
@@ -69,6 +78,17 @@ def summarise(run_dir: str | Path) -> list[dict[str, Any]]:
             entry["ms_per_image"] = float(np.median([x[3] for x in c]) * 1000)
         table.append(entry)
     return table
+
+
+def _interval(key: str, values: np.ndarray) -> dict[str, Any]:
+    """Mean and 95% interval: Wilson for a proportion (hits per image), Student t for other means."""
+    mean = float(values.mean())
+    metric, _, output = key.rpartition("/")
+    if is_proportion(metric.partition("[")[0], output) and np.isin(values, (0.0, 1.0)).all():
+        low, high = wilson_interval(int(values.sum()), int(values.size))
+        return {"mean": mean, "ci95": (high - low) / 2, "low": low, "high": high, "interval": "wilson"}
+    half = _ci95(values)
+    return {"mean": mean, "ci95": half, "low": mean - half, "high": mean + half, "interval": "t"}
 
 
 COST_KEYS = (("forward_passes", "forward passes"), ("backward_passes", "backward passes"),
@@ -140,44 +160,33 @@ def accuracy(run_dir: str | Path) -> dict[str, Any]:
     return out
 
 
-def _fmt(v: dict[str, Any] | None) -> str:
-    if v is None:
-        return "—"
-    ci = v["ci95"]
-    return f"{v['mean']:.3f}" + ("" if math.isnan(ci) else f" ± {ci:.3f}")
-
-
-def _markdown(table: list[dict[str, Any]]) -> str:
+def table_text(table: list[dict[str, Any]], fmt: str = "markdown") -> str:
+    """The ranked table of a summary for a paper: ``fmt`` ``'markdown'`` or ``'latex'`` (a ``tabular``), with the
+    mean ± 95% interval, the best per column and the methods statistically tied with it marked."""
     rows, headline = ranked(table)
     cols = columns_of(table)
     best = best_values(rows, cols)
-    head = ["rank", "method"] + [c.title + (f" ({c.settings})" if c.settings else "") for c in cols]
-    head += ["fwd/bwd passes", "ms per image"]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for k, row in enumerate(rows, start=1):
-        cells = [str(k), row["method"]]
-        for c in cols:
-            text = _fmt(row.get(c.key))
-            cells.append(f"**{text}**" if best.get(c.key) == _mean(row, c.key) else text)
-        cells += [f"{_mean(row, 'forward_passes'):g}/{_mean(row, 'backward_passes'):g}",
-                  f"{_mean(row, 'ms_per_image'):.1f}"]
-        lines.append("| " + " | ".join(cells) + " |")
-    note = (f"Ranked by {headline.title}; " if headline else "") + "mean ± 95% confidence interval over images; " \
-        "best per column in bold; ↑ higher is better, ↓ lower is better."
-    return "\n".join(lines) + "\n\n" + note
+    if fmt == "latex":
+        return latex_table(rows, cols, best, headline)
+    if fmt == "markdown":
+        return markdown_table(rows, cols, best, headline)
+    raise ValueError(f"unknown table format {fmt!r}; formats: markdown, latex")
+
+
+_CSV_FIELDS = ("mean", "ci95", "low", "high", "interval", "n", "best", "tied_with_best", "p_vs_best")
 
 
 def _write_csv(table: list[dict[str, Any]], path: Path) -> None:
     keys = sorted({k for row in table for k, v in row.items() if isinstance(v, dict)})
     with atomic_path(path) as tmp, tmp.open("w", newline="") as f:
         w = csv.writer(f)
-        w.writerow(["method"] + [f"{k}/{s}" for k in keys for s in ("mean", "ci95", "n")]
+        w.writerow(["method"] + [f"{k}/{s}" for k in keys for s in _CSV_FIELDS]
                    + ["forward_passes", "backward_passes", "ms_per_image"])
         for row in table:
             vals: list[Any] = [row["method"]]
             for k in keys:
                 v = row.get(k) or {}
-                vals += [v.get("mean"), v.get("ci95"), v.get("n")]
+                vals += [v.get(s) for s in _CSV_FIELDS]
             vals += [row.get("forward_passes"), row.get("backward_passes"), row.get("ms_per_image")]
             w.writerow(vals)
 
@@ -193,17 +202,21 @@ def _model_facts(model: str | None) -> tuple[str, list[str] | None]:
 
 
 def write_report(run_dir: str | Path, config: Any = None) -> dict[str, Path]:
-    """Write ``summary.md``, ``summary.csv``, ``summary.json``, ``curves.png``, ``examples.png``, ``report.html``."""
+    """Write ``summary.md``, ``summary.tex``, ``summary.csv``, ``summary.json``, ``curves.png`` (the best methods and
+    the baselines), ``curves-all.png``, ``examples.png`` and ``report.html``."""
     run_dir = Path(run_dir)
     table = summarise(run_dir)
-    write_text(run_dir / "summary.md", _markdown(table) + "\n")
+    write_text(run_dir / "summary.md", table_text(table) + "\n")
+    write_text(run_dir / "summary.tex", table_text(table, "latex") + "\n")
     _write_csv(table, run_dir / "summary.csv")
     write_text(run_dir / "summary.json", json.dumps(table, indent=2))
     rows, headline = ranked(table)
     order = [r["method"] for r in rows]
     cfg = json.loads((run_dir / "config.json").read_text()) if (run_dir / "config.json").exists() else {}
     description, class_names = _model_facts(cfg.get("model"))
-    curves = plot_curves(run_dir, order)
+    curves = plot_curves(run_dir, order, show=top_methods(order))
+    every = plot_curves(run_dir, order, name="curves-all.png", bands=False) if len(top_methods(order)) < len(order) \
+        else None
     examples = plot_examples(run_dir, order, class_names, str(cfg.get("target", "predicted")))
     protocols = read_rows(run_dir / "results.sqlite", "SELECT DISTINCT metric, protocol FROM results")
     cols = columns_of(table)
@@ -212,7 +225,7 @@ def write_report(run_dir: str | Path, config: Any = None) -> dict[str, Path]:
         model_description=description, accuracy=accuracy(run_dir), groups=(GROUP_ORDER, GROUP_QUESTION),
         metric_notes=[(metric_title(m), metric_sentence(column_info(m + "/x", True).metric), protocol_words(p))
                       for m, p in protocols],
-        images={"curves": curves, "examples": examples},
+        images={"curves": curves, "curves-all": every, "examples": examples},
     )
     write_text(run_dir / "report.html", page)
     return {"summary": run_dir / "summary.md", "report": run_dir / "report.html"}

@@ -13,7 +13,7 @@ from ..explainers.registry import display_label
 from .naming import column_info
 from .store import read_rows
 
-__all__ = ["plot_curves", "plot_examples", "curve_auc"]
+__all__ = ["plot_curves", "plot_examples", "curve_auc", "top_methods", "TOP_K", "grid_text_size"]
 
 _T95 = {2: 12.706, 3: 4.303, 4: 3.182, 5: 2.776, 6: 2.571, 7: 2.447, 8: 2.365, 9: 2.306, 10: 2.262,
         15: 2.145, 20: 2.093, 25: 2.064, 30: 2.045}
@@ -50,11 +50,26 @@ def _score_label(run_dir: Path, metric: str) -> str:
     return {"probability": "class probability", "logit": "class logit"}.get(str(score), "class score")
 
 
-def plot_curves(run_dir: Path, order: list[str]) -> Path | None:
+#: How many of the best methods the main curve view shows (with the baselines).
+TOP_K = 3
+
+
+def top_methods(order: list[str], k: int = TOP_K) -> list[str]:
+    """The methods of the curves' main view: the best ``k`` of ``order`` (the ranking) that are not baselines, then
+    the baselines (the floor they are read against)."""
+    from ..explainers.registry import is_baseline
+
+    return [m for m in order if not is_baseline(m)][:k] + [m for m in order if is_baseline(m)]
+
+
+def plot_curves(run_dir: Path, order: list[str], show: list[str] | None = None, name: str = "curves.png",
+                bands: bool = True) -> Path | None:
     """``curves.png``: one panel per curve kind; per method the mean curve over images with its 95% confidence band
-    (Student t), the area under the mean curve in the legend. Methods in ``order`` (the table's ranking)."""
+    (Student t; cut at the ends of a probability's range), the area under the mean curve in the legend. Methods in
+    ``order`` (the table's ranking; colours follow it, so two views of one run agree); ``show``: only these
+    (default all); ``bands=False`` draws the mean curves alone (the view of every method)."""
     rows = read_rows(run_dir / "results.sqlite", "SELECT method, metric, output, x, y FROM curves")
-    rows = [r for r in rows if r[2] in _CURVE_TEXT]
+    rows = [r for r in rows if r[2] in _CURVE_TEXT and (show is None or r[0] in show)]
     if not rows:
         return None
     from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -80,8 +95,8 @@ def plot_curves(run_dir: Path, order: list[str]) -> Path | None:
             arr = np.asarray(groups[key][method], dtype=float)
             mean = arr.mean(0)
             label = f"{display_label(method)} (AUC {curve_auc(x, mean):.3f})"
-            line = ax.plot(x, mean, label=label, color=colours.get(method), lw=1.6)[0]
-            if arr.shape[0] > 1:
+            line = ax.plot(x, mean, label=label, color=colours.get(method), lw=1.6 if bands else 1.3)[0]
+            if bands and arr.shape[0] > 1:
                 half = t95(arr.shape[0]) * arr.std(0, ddof=1) / math.sqrt(arr.shape[0])
                 ax.fill_between(x, np.clip(mean - half, lo, hi), np.clip(mean + half, lo, hi), color=line.get_color(),
                                 alpha=0.15, lw=0)
@@ -89,11 +104,11 @@ def plot_curves(run_dir: Path, order: list[str]) -> Path | None:
         settings = column_info(f"{key[0]}/{key[1]}", True).settings
         ax.set_title(f"{title}\n({better}{'; ' + settings if settings else ''})", fontsize=10)
         ax.set_xlabel(xlabel)
-        ax.set_ylabel(f"{_score_label(run_dir, key[0])} (mean, 95% band)")
+        ax.set_ylabel(f"{_score_label(run_dir, key[0])} (mean{', 95% band' if bands else ''})")
         ax.set_xlim(float(x[0]), float(x[-1]))
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncols=2, frameon=False)
-    path = run_dir / "curves.png"
+        ax.legend(fontsize=9, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncols=2, frameon=False)
+    path = run_dir / name
     fig.savefig(path, dpi=100)
     return path
 
@@ -106,9 +121,10 @@ def _caption(pred: tuple | None, target: str, names: list[str] | None) -> str:
     def name(c: int) -> str:
         return names[c] if names and 0 <= c < len(names) else f"class {c}"
 
-    text = f"predicted: {name(int(predicted))}, p = {float(prob):.2f}"
+    nb = "\u00a0"  # no-break spaces: a wrapped caption never splits "p = 0.91" or a mark from its class
+    text = f"predicted: {name(int(predicted))}, p{nb}={nb}{float(prob):.2f}"
     if label is not None:
-        text += f"; true: {name(int(label))}" + (" ✓" if int(label) == int(predicted) else " ✗")
+        text += f"; true: {name(int(label))}" + (f"{nb}✓" if int(label) == int(predicted) else f"{nb}✗")
     if target == "label" and label is not None:
         text += f"; explained: {name(int(label))}"
     return text
@@ -140,5 +156,19 @@ def plot_examples(run_dir: Path, methods: list[str], class_names: list[str] | No
     classes = method_classes()
     styles = {m: default_style(classes[m.partition("[")[0]].level) for m in maps if m.partition("[")[0] in classes}
     save_grid(str(path), pix, maps, row_labels=[f"image {i}" for i in idx],
-              captions=captions if any(captions) else None, col_size=1.9, styles=styles)
+              captions=captions if any(captions) else None, col_size=_COL_INCHES, styles=styles,
+              text_size=grid_text_size(1 + len(maps)))
     return path
+
+
+_COL_INCHES = 1.9  # edge of one cell of the examples grid
+PAGE_PX = 1148  # widest the report shows a picture: the page's 1180 px less its padding (report_html's CSS)
+MIN_TEXT_PX = 11.0  # smallest text (tick labels) as shown in the report
+
+
+def grid_text_size(columns: int, dpi: int = 100) -> float:
+    """Text size (points) of an examples grid of ``columns`` columns such that, shown at most :data:`PAGE_PX` wide,
+    its smallest text (tick labels, 1 pt under the captions) is at least :data:`MIN_TEXT_PX` pixels high."""
+    width_px = (_COL_INCHES * columns + 0.4) * dpi  # save_grid's figure width (row labels: +0.4 in)
+    shrink = min(1.0, PAGE_PX / width_px)
+    return max(7.5, 1.0 + MIN_TEXT_PX * 72.0 / (dpi * shrink))

@@ -13,8 +13,11 @@ import math
 from pathlib import Path
 from typing import Any, Sequence
 
-from ..explainers.registry import display_label, is_baseline
+from ..explainers.registry import is_baseline
 from .naming import Column
+from .report_stats import PAIRED_TEST
+from .report_figures import TOP_K
+from .report_tables import headline_sentence, mark
 
 __all__ = ["render_page"]
 
@@ -34,10 +37,11 @@ table.ranking{border-collapse:collapse;width:100%;font-size:13px}
 .ranking th[aria-sort=descending]::after{content:" ▾"}.ranking th[aria-sort=ascending]::after{content:" ▴"}
 .ranking td.num{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}
 .ranking td.best{font-weight:700;background:#e7f5e9}.ranking td.best::before{content:"★ ";color:#1a7f37}
+.ranking td.tied{background:#f1f9f2}.ranking td.tied::before{content:"≈ ";color:#1a7f37}
 .ranking .ci{color:#6a737d;font-size:11px}.ranking .settings{display:block;color:#6a737d;font-size:11px}
 .ranking th.group{background:#e9edf1}.ranking th .q{display:block;font-weight:400;font-size:11px;color:#57606a}
 .ranking td.method{overflow-wrap:break-word;min-width:9em}
-.note{color:#57606a;font-size:13px}
+.note{color:#57606a;font-size:13px}.answer{font-size:16px}
 figure{margin:1em 0}figure img{max-width:100%;height:auto;display:block}
 figcaption{color:#57606a;font-size:13px}
 dl.metrics dt{font-weight:600;margin-top:.5em}dl.metrics dd{margin-left:1.2em}
@@ -80,14 +84,23 @@ def _img(path: Path | None, alt: str) -> str:
 
 
 def _num_cell(v: Any, best: float | None, digits: str = ".3f") -> str:
+    """One number cell: the mean with its interval (± half width, or [low, high] for a Wilson interval), marked
+    ``best`` or ``tied`` (statistically tied with the best); ``data-v`` holds the mean for sorting."""
     if v is None:
         return "<td class='num' data-v=''>—</td>"
     mean, ci = (float(v["mean"]), float(v["ci95"])) if isinstance(v, dict) else (float(v), float("nan"))
     if math.isnan(mean):
         return "<td class='num' data-v=''>—</td>"
-    cls = "num best" if best is not None and mean == best else "num"
-    ci_text = "" if math.isnan(ci) else f" <span class='ci'>± {ci:.3f}</span>"
-    return f"<td class='{cls}' data-v='{mean!r}'>{format(mean, digits)}{ci_text}</td>"
+    how = mark(v, best)
+    cls = f"num {how}" if how else "num"
+    title = ""
+    if isinstance(v, dict) and v.get("p_vs_best") is not None and not math.isnan(float(v["p_vs_best"])):
+        title = f" title='paired test against the best: p = {float(v['p_vs_best']):.3g} (n = {v.get('n_paired')})'"
+    if isinstance(v, dict) and v.get("interval") == "wilson":
+        ci_text = f" <span class='ci'>[{float(v['low']):.3f}, {float(v['high']):.3f}]</span>"
+    else:
+        ci_text = "" if math.isnan(ci) else f" <span class='ci'>± {ci:.3f}</span>"
+    return f"<td class='{cls}' data-v='{mean!r}'{title}>{format(mean, digits)}{ci_text}</td>"
 
 
 def _table(rows: list[dict[str, Any]], cols: list[Column], best: dict[str, float],
@@ -129,13 +142,20 @@ def _table(rows: list[dict[str, Any]], cols: list[Column], best: dict[str, float
                 for key, _ in cost_keys:
                     digits = ".1f" if key == "ms_per_image" else "g"
                     # a baseline's cost is never marked, even where it ties with the best
-                    mark = None if is_baseline(str(row["method"])) else best.get(key)
-                    cells.append(_num_cell(row.get(key), mark, digits))
+                    cost_best = None if is_baseline(str(row["method"])) else best.get(key)
+                    cells.append(_num_cell(row.get(key), cost_best, digits))
                 continue
             cells += [_num_cell(row.get(c.key), best.get(c.key)) for c in cols if c.group == group]
         body.append("<tr>" + "".join(cells) + "</tr>")
     return (f"<div class='tablebox'><table class='ranking' id='ranking'><thead><tr>{''.join(top)}</tr>"
             f"<tr>{''.join(sub)}</tr></thead><tbody>{''.join(body)}</tbody></table></div>")
+
+
+def _all_curves(path: Path | None) -> str:
+    if path is None or not Path(path).exists():
+        return ""
+    return (f"<details><summary>Every method's curves</summary><figure>{_img(path, 'curves of every method')}"
+            "<figcaption>Mean curves only (no bands), colours as above.</figcaption></figure></details>")
 
 
 def _facts(cfg: dict[str, Any], model_description: str, acc: dict[str, Any], n_methods: int) -> str:
@@ -164,10 +184,8 @@ def render_page(*, rows: list[dict[str, Any]], cols: list[Column], headline: Col
                                                               else "") + ". ") if headline else ""
     notes = "".join(f"<dt>{_e(m)}</dt><dd>{_e(sentence)}<br><i>Protocol:</i> {_e(words)}</dd>"
                     for m, sentence, words in metric_notes)
-    winner = ""
-    if headline and rows and isinstance(rows[0].get(headline.key), dict):
-        winner = (f"<p><b>{_e(display_label(rows[0]['method']))}</b> is best by {_e(headline.title)} "
-                  f"({rows[0][headline.key]['mean']:.3f}).</p>")
+    sentence = headline_sentence(rows, headline)
+    winner = f"<p class='answer'>{_e(sentence)}</p>" if sentence else ""
     return f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width,initial-scale=1">
 <title>vitlens benchmark: {_e(cfg.get('model'))}</title><style>{_CSS}</style></head><body>
@@ -175,13 +193,16 @@ def render_page(*, rows: list[dict[str, Any]], cols: list[Column], headline: Col
 {_facts(cfg, model_description, accuracy, len(rows))}
 <h2>Ranking: quality and cost</h2>{winner}
 {_table(rows, cols, best, cost_keys, groups)}
-<p class="note">{ranked_by}Mean ± 95% confidence interval over images; ★ best in its column; ↑ higher is better,
-↓ lower is better. Click a column header to sort by it. Cost: passes through the model per image, and the median
-wall time per image on this machine.</p>
+<p class="note">{ranked_by}Mean ± 95% confidence interval over images (Student t; for proportions such as the
+pointing game the Wilson score interval [low, high]); ★ best in its column; ≈ statistically tied with it
+({_e(PAIRED_TEST)}; hover a cell for its p-value); ↑ higher is better, ↓ lower is better. Click a column header to
+sort by it. Cost: passes through the model per image, and the median wall time per image on this machine (a
+baseline's cost is never marked).</p>
 <h2>What each metric measures</h2><dl class="metrics">{notes}</dl>
 <h2>Curves</h2><figure>{_img(images.get('curves'), 'perturbation curves')}
-<figcaption>Mean curve over images per method with its 95% confidence band; the legend gives the area under the
-mean curve (AUC).</figcaption></figure>
+<figcaption>The best {TOP_K} methods by the ranking and the baselines: mean curve over images with its 95%
+confidence band; the legend gives the area under the mean curve (AUC).</figcaption></figure>
+{_all_curves(images.get('curves-all'))}
 <h2>Examples</h2><figure>{_img(images.get('examples'), 'example maps')}
 <figcaption>Each row one image with the model's answer; each column one method (settings underneath); colour bars
 say what the colours mean. Every map is scaled on its own.</figcaption></figure>

@@ -54,6 +54,9 @@ class BenchConfig:
     seed: int = 0
     show: int = 6
     extra: dict[str, Any] = field(default_factory=dict)
+    #: share across the methods of one batch what does not depend on the method (a cost knob, not part of the
+    #: stored configuration: the results differ by float rounding only)
+    share: bool = True
 
     def check(self) -> None:
         """Refuse settings that cannot make a valid run (one line naming the setting, the value, what is allowed)."""
@@ -63,7 +66,7 @@ class BenchConfig:
             check_int("n (number of images)", self.n, low=1, owner="the benchmark")
         check_int("batch_size", self.batch_size, low=1, owner="the benchmark")
         check_int("show", self.show, low=0, owner="the benchmark")
-        check_int("seed", self.seed, owner="the benchmark")
+        check_int("seed", self.seed, low=0, high=2 ** 63 - 1, owner="the benchmark")  # torch.manual_seed's range
         if self.target not in ("predicted", "label"):
             raise InputError(f"target must be 'predicted' or 'label'; got {self.target!r}")
         if not self.methods:
@@ -90,8 +93,8 @@ class BenchConfig:
 
 
 #: what a benchmark writes in its run directory (``overwrite`` removes these, and nothing else)
-RUN_FILES = ("config.json", "results.sqlite", "results.sqlite.damaged", "summary.md", "summary.csv",
-             "summary.json", "curves.png", "examples.png", "report.html")
+RUN_FILES = ("config.json", "results.sqlite", "results.sqlite.damaged", "summary.md", "summary.tex", "summary.csv",
+             "summary.json", "curves.png", "curves-all.png", "examples.png", "report.html", "provenance.json")
 RUN_DIRS = ("shards", "examples")
 
 
@@ -152,11 +155,15 @@ def _check_config(run_dir: Path, config: BenchConfig, overwrite: bool = False, w
         write_text(path, json.dumps(want, indent=2))
 
 
-def _check_data_needs(metrics: Sequence[tuple[str, Any]], source: Any) -> None:
-    """Each metric's ground-truth needs (masks, boxes) against what the source's first image has."""
+def _check_data_needs(metrics: Sequence[tuple[str, Any]], source: Any, target: str = "predicted") -> None:
+    """Each metric's ground-truth needs (masks, boxes), and ``--target label``'s labels, against what the source's
+    first image has."""
     if len(source) == 0:
         raise InputError("the data source has no images")
     probe = source.batch([0])
+    if target == "label" and probe.get("labels") is None:
+        raise InputError("--target label needs labels, which the data source does not provide; use --target "
+                         "predicted")
     have = {k for k in ("masks", "boxes") if probe.get(k) is not None}
     for label, metric in metrics:
         need = set(getattr(metric, "needs", ())) & {"masks", "boxes"}
@@ -167,8 +174,13 @@ def _check_data_needs(metrics: Sequence[tuple[str, Any]], source: Any) -> None:
 
 
 def run_benchmark(config: BenchConfig, out: str | Path, model: nn.Module | None = None,
-                  progress: bool = True, stop_after_units: int | None = None, overwrite: bool = False) -> Path:
+                  progress: bool = True, stop_after_units: int | None = None, overwrite: bool = False,
+                  device: str | torch.device | None = None) -> Path:
     """Run (or resume) a benchmark into ``out``. Returns the run directory.
+
+    ``device``: where the model runs (checked by :func:`vitlens.devices.check_device`; ``"cuda"`` under torchrun is
+    this process's GPU, ``LOCAL_RANK``); ``None``: CUDA when there is a GPU, else the CPU. Progress counts images
+    (every method on a batch, then the next batch), so its ETA holds however different the methods' costs are.
 
     ``model`` may be passed directly (otherwise ``config.model`` is loaded with :func:`vitlens.load_model`).
     ``stop_after_units`` stops early after that many new units (tests use it to simulate a crash).
@@ -180,11 +192,9 @@ def run_benchmark(config: BenchConfig, out: str | Path, model: nn.Module | None 
     config.check()
     run_dir = Path(out)
     _check_out_dir(run_dir)
-    dist = init_distributed()
+    device = _run_device(device)
+    dist = init_distributed(device)
     rank, world = dist.rank, dist.world
-    device = torch.device("cpu")
-    if torch.cuda.is_available():
-        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
     _check_config(run_dir, config, overwrite, write=False)  # refuse early, before any work
     torch.manual_seed(config.seed)
     if model is None:
@@ -195,9 +205,14 @@ def run_benchmark(config: BenchConfig, out: str | Path, model: nn.Module | None 
     source = open_source(config.data, net, n=config.n, seed=config.seed)
     methods = [(spec_label(m, o), get_method(m, **o)) for m, o in config.methods]
     metrics = [(spec_label(m, o), get_metric(m, **o)) for m, o in config.metrics]
-    _check_data_needs(metrics, source)
+    _check_data_needs(metrics, source, config.target)
+    for _, method in methods:  # what a method needs beyond the model (AHA: its explainer weights), before writing
+        getattr(method, "prepare", lambda model: None)(net)
     if rank == 0:  # everything is valid: only now the run directory is written
         _check_config(run_dir, config, overwrite)
+        from ..api import run_provenance
+
+        write_text(run_dir / "provenance.json", json.dumps(run_provenance(net, device), indent=2))
     if dist.active:
         dist.barrier()
         if rank != 0:
@@ -206,20 +221,24 @@ def run_benchmark(config: BenchConfig, out: str | Path, model: nn.Module | None 
     done = store.done_units()
     mine = [i for i in range(len(source)) if i % world == rank]
     batches = [mine[s:s + config.batch_size] for s in range(0, len(mine), config.batch_size)]
-    units = [(label, method, b) for label, method in methods for b in batches
+    # batch-major: the methods of one batch run one after another and share what does not depend on the method
+    # (the batch itself, the perturbation metrics' scores of the unperturbed and fully perturbed images)
+    units = [(label, method, b) for b in batches for label, method in methods
              if any((label, i) not in done for i in b)]
     from tqdm.auto import tqdm
 
-    bar = tqdm(total=len(units), desc=f"bench (rank {rank})" if world > 1 else "bench", unit="unit",
-               disable=not progress or (rank != 0 and world > 1))
+    bar = tqdm(total=len({i for _, _, b in units for i in b}), desc=f"bench (rank {rank})" if world > 1 else "bench",
+               unit="image", disable=not progress or (rank != 0 and world > 1))
     written = 0
     stored_before = len(methods) * len(batches) - len(units)
+    shared = _BatchShare(source, device, config.share)
     try:
-        for label, method, idx in units:
-            _run_unit(store, source, net, label, method, metrics, idx, config, run_dir, device,
+        for k, (label, method, idx) in enumerate(units):
+            _run_unit(store, shared, net, label, method, metrics, idx, config, run_dir, device,
                       predict=label == methods[0][0])
             written += 1
-            bar.update(1)
+            if k + 1 == len(units) or units[k + 1][2] is not idx:  # every method done on this batch
+                bar.update(len(idx))
             pause_point(f"bench.unit.{stored_before + written}")
             if stop_after_units is not None and written >= stop_after_units:
                 return run_dir
@@ -234,11 +253,43 @@ def run_benchmark(config: BenchConfig, out: str | Path, model: nn.Module | None 
     return run_dir
 
 
-def _run_unit(store: ResultStore, source: Any, model: nn.Module, label: str, method: Any,
+def _run_device(device: str | torch.device | None) -> torch.device:
+    from ..devices import check_device
+
+    if device is None:
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    dev = torch.device(check_device(device))
+    if dev.type == "cuda" and dev.index is None:
+        dev = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+    return dev
+
+
+class _BatchShare:
+    """The batch of the current unit and its :class:`~vitlens.metrics.perturbation.SharedScores`, kept while the
+    next units are on the same images (``share=False``: loaded and computed again for every unit)."""
+
+    def __init__(self, source: Any, device: torch.device, share: bool) -> None:
+        self.source, self.device, self.share = source, device, share
+        self.idx: list[int] | None = None
+        self.batch: dict[str, Any] = {}
+        self.x = torch.empty(0)
+        self.scores: Any = None
+
+    def get(self, idx: list[int]) -> tuple[dict[str, Any], Tensor, Any]:
+        if not self.share or idx != self.idx:
+            from ..metrics.perturbation import SharedScores
+
+            self.batch = self.source.batch(idx)
+            self.x = self.batch["x"].to(self.device)
+            self.scores = SharedScores(self.x) if self.share else None
+            self.idx = list(idx)
+        return self.batch, self.x, self.scores
+
+
+def _run_unit(store: ResultStore, shared: _BatchShare, model: nn.Module, label: str, method: Any,
               metrics: Sequence[tuple[str, Any]], idx: list[int], config: BenchConfig, run_dir: Path,
               device: torch.device, predict: bool = False) -> None:
-    batch = source.batch(idx)
-    x = batch["x"].to(device)
+    batch, x, scores = shared.get(idx)
     target = None if config.target == "predicted" else batch["labels"].to(device)
     t0 = time.perf_counter()
     exp = method.explain(model, x, target=target)
@@ -247,6 +298,8 @@ def _run_unit(store: ResultStore, source: Any, model: nn.Module, label: str, met
     rows, curves = [], []
     for mlabel, metric in metrics:
         kwargs = {"model": model, "x": x, "targets": exp.targets}
+        if scores is not None and getattr(metric, "shares_scores", False):
+            kwargs["shared"] = scores
         for key in ("masks", "boxes"):
             if batch.get(key) is not None:
                 kwargs[key] = batch[key].to(device)

@@ -15,6 +15,11 @@ Specs (``name:key=value;key=value``):
 - ``cues:seed=S`` — the 8-class scenes whose classes need different kinds of evidence, verified the same way;
 - ``photos`` — the real photographs bundled inside installed wheels (:func:`vitlens.data.photos.bundled_photos`; no
   labels or masks: explain the predicted class).
+
+Labels must be in the model's classes: they are stored next to the predictions, give the accuracy and are the
+classes explained with ``--target label``. A labelled source whose classes are not the model's (``mnist5k`` digits on
+``shapes-vit``, scenes on ``digits-vit``; class names compared where the model has them, else the number of classes
+must cover the labels) is refused before anything is written (:func:`check_label_space`).
 """
 
 from __future__ import annotations
@@ -27,7 +32,46 @@ from torch import Tensor, nn
 from ..errors import InputError
 from .specs import parse_spec
 
-__all__ = ["open_source", "SceneSource", "EvidenceSource"]
+__all__ = ["open_source", "SceneSource", "EvidenceSource", "check_label_space"]
+
+
+def _model_classes(model: nn.Module) -> int | None:
+    n = getattr(model, "num_classes", None)
+    if not isinstance(n, int):
+        n = getattr(getattr(model, "config", None), "num_labels", None)
+    return n if isinstance(n, int) and not isinstance(n, bool) else None
+
+
+def _short(names: Any) -> str:
+    names = [str(n) for n in names]
+    return ", ".join(names) if len(names) <= 8 else f"{', '.join(names[:6])}, ..., {names[-1]}"
+
+
+def check_label_space(source: str, data_names: Any, model: nn.Module, compare_names: bool = True) -> None:
+    """Refuse a labelled data source whose classes ``data_names`` are not the model's.
+
+    With ``compare_names`` and a model whose class names are known (:func:`vitlens.data.classes.model_class_names`)
+    the names must be the same, in the same order (ignoring case); otherwise the model must have at least as many
+    classes as the data (a label beyond them cannot be one of its classes). A model with neither is accepted.
+    """
+    from ..data.classes import model_class_names
+
+    data_names = [str(n) for n in data_names]
+    names = model_class_names(model) if compare_names else None
+    if names is not None and len(names) == 1000:  # ImageNet names, also guessed for any random 1000-class model
+        names = None
+    k = len(names) if names is not None else _model_classes(model)
+    if names is not None:
+        same = [n.casefold() for n in names] == [d.casefold() for d in data_names]
+    else:
+        same = k is None or k >= len(data_names)
+    if same:
+        return
+    theirs = f"the model's {k} classes are {_short(names)}" if names is not None else f"the model has {k} classes"
+    raise InputError(
+        f"data source {source!r} is labelled in {len(data_names)} classes ({_short(data_names)}) but {theirs}: its "
+        "labels would be stored, scored (accuracy) and explained (--target label) as the wrong classes; use a "
+        "model trained on these classes, or data labelled in the model's classes (`photos` has no labels)")
 
 
 class SceneSource:
@@ -194,7 +238,16 @@ def _folder_source(opts: dict[str, Any], model: nn.Module, n: int | None) -> "Lo
         raise InputError(f"data source 'folder' has no setting {', '.join(unknown)}; settings: root, class_map")
     if "root" not in opts:
         raise InputError("data source 'folder' needs the setting root, e.g. folder:root=DIR (settings: root, class_map)")
-    dataset = ImageFolder.for_model(opts["root"], model, class_map=opts.get("class_map"))
+    class_map = opts.get("class_map")
+    if class_map is not None:
+        from pathlib import Path
+
+        if not Path(str(class_map)).is_file():
+            raise InputError(f"--class-map {class_map}: no such file")
+        if Path(str(opts["root"])).is_dir() and not ImageFolder(opts["root"]).class_names:
+            raise InputError(f"--class-map {class_map} maps class folders, but '{opts['root']}' has none (its images "
+                             "are directly in it): drop --class-map, or sort the images into class folders")
+    dataset = ImageFolder.for_model(opts["root"], model, class_map=class_map)
     if dataset.unlabelled:
         print(f"vitlens: note: {len(dataset.unlabelled)} image(s) directly in '{opts['root']}' (e.g. "
               f"{dataset.unlabelled[0]}) are in no class folder: no label (accuracy skips them; --target label "
@@ -204,6 +257,14 @@ def _folder_source(opts: dict[str, Any], model: nn.Module, n: int | None) -> "Lo
 
 #: settings without which a loader cannot find its files
 _REQUIRED = {"imagenet": ("root",), "bloodmnist": ("path",), "ade20k": ("root",), "folder": ("root",)}
+
+
+def _check_builtin_labels(name: str, model: nn.Module) -> None:
+    from ..data import CLASS_NAMES, DIGIT_CLASS_NAMES
+    from ..data.evidence import CUE_CLASS_NAMES
+
+    names = {"scenes": CLASS_NAMES, "planted": CLASS_NAMES, "cues": CUE_CLASS_NAMES, "mnist5k": DIGIT_CLASS_NAMES}
+    check_label_space(name, names[name], model)
 
 
 def open_source(spec: str, model: nn.Module, n: int | None = None, seed: int = 0) -> Any:
@@ -217,6 +278,7 @@ def open_source(spec: str, model: nn.Module, n: int | None = None, seed: int = 0
         size = opts.get("size")
         if size is not None:
             size = check_int("size", size, low=8, owner="data source 'scenes'")
+        _check_builtin_labels(name, model)
         return SceneSource(model, n=200 if n is None else n, seed=seed, size=size)
     if name in ("planted", "cues"):
         allowed = ("seed", "decided", "cue_frac") if name == "planted" else ("seed",)
@@ -230,6 +292,7 @@ def open_source(spec: str, model: nn.Module, n: int | None = None, seed: int = 0
             from ..options import check_number
 
             cue_frac = check_number("cue_frac", opts["cue_frac"], low=0, high=1, owner="data source 'planted'")
+        _check_builtin_labels(name, model)  # before the (costly) verification of the evidence
         return EvidenceSource(model, n=200 if n is None else n, kind=name, seed=seed, decided=decided,
                               cue_frac=cue_frac)
     if name == "mnist5k":
@@ -239,6 +302,7 @@ def open_source(spec: str, model: nn.Module, n: int | None = None, seed: int = 0
         split = opts.get("split", "test")
         if split not in ("train", "test"):
             raise InputError(f"mnist5k split must be 'train' or 'test', got {split!r}")
+        _check_builtin_labels(name, model)
         from ..data.digits import load_mnist5k, split_mnist5k
 
         part = dict(zip(("train", "test"), split_mnist5k(load_mnist5k())))[split]
@@ -270,6 +334,8 @@ def open_source(spec: str, model: nn.Module, n: int | None = None, seed: int = 0
             example = ";".join(f"{k}=DIR" if k != "path" else "path=FILE.npz" for k in missing)
             raise InputError(f"data source {name!r} needs the setting {', '.join(missing)}, e.g. {name}:{example}")
         dataset = getattr(loaders, cls_name)(**{keys[k]: v for k, v in opts.items()})
+        if getattr(dataset, "class_names", None) and name != "ade20k":  # names differ in kind (wnids): count only
+            check_label_space(name, dataset.class_names, model, compare_names=False)
         return LoaderSource(dataset, model, n=n)
     raise InputError(f"unknown data source {name!r}; available: scenes, planted, cues, mnist5k, photos, folder, "
                      f"{', '.join(_LOADERS)}")

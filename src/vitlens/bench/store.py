@@ -9,10 +9,15 @@ was resumed how often).
 Damaged files: a shard that SQLite cannot read stops the run with a one-line :class:`DamagedFileError` naming it
 (move it aside and rerun: its units are recomputed). ``results.sqlite`` only holds copies of shard rows, so a
 damaged one is renamed to ``results.sqlite.damaged`` (its bytes are kept) and rebuilt from the shards.
+
+Platform faults: a full disk, a read-only file or folder, or a file SQLite cannot open is an :class:`OSError` naming
+the database (``cannot write or read PATH: the disk is full`` on the command line), never a bare
+``sqlite3.OperationalError``; the unit being written is rolled back, so a rerun after freeing space resumes there.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import sqlite3
@@ -70,15 +75,37 @@ def _damaged(path: Path, err: Exception) -> DamagedFileError:
     return DamagedFileError(f"{path} is damaged ({err}); {todo}")
 
 
+#: SQLite result codes that are faults of the platform (space, permissions, I/O), not of the file's contents
+_PLATFORM = {"SQLITE_FULL": (errno.ENOSPC, "the disk is full (or the file system's quota is reached)"),
+             "SQLITE_READONLY": (errno.EROFS, "the file or its folder is read-only"),
+             "SQLITE_CANTOPEN": (errno.EACCES, "SQLite cannot open or create the file (folder missing or not "
+                                               "writable?)"),
+             "SQLITE_PERM": (errno.EACCES, "permission denied"),
+             "SQLITE_IOERR": (errno.EIO, "an I/O error (is the disk full?)")}
+
+
+def _platform_error(path: Path, err: sqlite3.Error) -> OSError | None:
+    """The :class:`OSError` naming ``path`` for a SQLite error caused by the platform (full disk, read-only,
+    cannot open, I/O error), or ``None`` when the error is of another kind (a damaged file, a lock)."""
+    name = str(getattr(err, "sqlite_errorname", "") or "")
+    for code, (num, why) in _PLATFORM.items():
+        if name == code or name.startswith(code + "_"):
+            return OSError(num, f"{why} ({err})", str(path))
+    return None
+
+
 def _connect(path: Path) -> sqlite3.Connection:
-    con = sqlite3.connect(str(path), timeout=60)
+    try:
+        con = sqlite3.connect(str(path), timeout=60)
+    except sqlite3.Error as e:
+        raise (_platform_error(path, e) or _damaged(path, e)) from None
     try:
         con.executescript(SCHEMA)
     except sqlite3.DatabaseError as e:
         con.close()
         if isinstance(e, sqlite3.OperationalError) and "locked" in str(e):
             raise
-        raise _damaged(path, e) from None
+        raise (_platform_error(path, e) or _damaged(path, e)) from None
     return con
 
 
@@ -138,11 +165,17 @@ class ResultStore:
         """Write one unit atomically. ``rows``: (image, image_id, method, metric, output, value, higher, protocol),
         ``costs``: (image, method, fwd, bwd, seconds), ``curves``: (image, method, metric, output, x_json, y_json),
         ``predictions``: (image, predicted class, its probability, label or None) — the model's own answer."""
-        with self.con:  # one transaction
-            self.con.executemany("INSERT OR REPLACE INTO predictions VALUES (?,?,?,?)", list(predictions))
-            self.con.executemany("INSERT OR REPLACE INTO results VALUES (?,?,?,?,?,?,?,?)", list(rows))
-            self.con.executemany("INSERT OR REPLACE INTO curves VALUES (?,?,?,?,?,?)", list(curves))
-            self.con.executemany("INSERT OR REPLACE INTO costs VALUES (?,?,?,?,?)", list(costs))
+        try:
+            with self.con:  # one transaction
+                self.con.executemany("INSERT OR REPLACE INTO predictions VALUES (?,?,?,?)", list(predictions))
+                self.con.executemany("INSERT OR REPLACE INTO results VALUES (?,?,?,?,?,?,?,?)", list(rows))
+                self.con.executemany("INSERT OR REPLACE INTO curves VALUES (?,?,?,?,?,?)", list(curves))
+                self.con.executemany("INSERT OR REPLACE INTO costs VALUES (?,?,?,?,?)", list(costs))
+        except sqlite3.Error as e:
+            fault = _platform_error(self.path, e)
+            if fault is None:
+                raise
+            raise fault from None
 
     def merge(self) -> Path:
         """Fold every shard into ``results.sqlite`` (rows already there are kept, never duplicated)."""
@@ -160,7 +193,7 @@ class ResultStore:
                         for table in ("results", "costs", "curves", "predictions"):
                             con.execute(f"INSERT OR IGNORE INTO {table} SELECT * FROM shard.{table}")
                 except sqlite3.DatabaseError as e:
-                    raise _damaged(shard, e) from None
+                    raise (_platform_error(main, e) or _damaged(shard, e)) from None
                 finally:
                     con.execute("DETACH DATABASE shard")
         finally:

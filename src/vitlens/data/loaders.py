@@ -595,5 +595,5 @@ def collate(items: Sequence[Mapping[str, Any]],
             f"items {[k for k, h in enumerate(have) if not h][:5]} have no ground truth (mask, boxes or seg) while "
             "others do; collate them separately"
         )
-    out_masks = torch.stack([transform_label_map(m, cfg) for m in masks]) if all(have) else None
+    out_masks = torch.stack([transform_label_map(m, cfg) for m in masks if m is not None]) if all(have) else None
     return torch.stack(xs), torch.tensor(labels, dtype=torch.int64), out_masks

@@ -10,7 +10,7 @@ from typing import Sequence
 import torch
 from torch import Tensor
 
-from ..errors import InputError
+from ..errors import InputError, UnsupportedModelError
 from ..models import Adapter
 from .base import Explainer, image_size
 
@@ -42,6 +42,8 @@ def relevance_rollout(maps: Sequence[Tensor]) -> Tensor:
     r = None
     for m in maps:
         r = m + torch.eye(m.shape[-1], device=m.device, dtype=m.dtype) if r is None else r + m.bmm(r)
+    if r is None:
+        raise UnsupportedModelError("the model has no transformer blocks: there is no attention to roll out")
     return r
 
 

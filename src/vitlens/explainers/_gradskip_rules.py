@@ -5,21 +5,32 @@ head-weighted attention ``W̃`` and the skip gate ``β_main``. Equations: ``docs
 
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Sequence, TypeVar
 
 import torch
 from torch import Tensor
 
 from ..runtime import gini
 
-__all__ = ["block_backward", "gini", "wide", "head_weights", "head_weights_from_flow", "head_weights_from_scores",
-           "positive_flow", "readout_relevance", "skip_gate", "weighted_attention"]
+__all__ = ["block_backward", "filled", "gini", "wide", "head_weights", "head_weights_from_flow",
+           "head_weights_from_scores", "positive_flow", "readout_relevance", "skip_gate", "weighted_attention"]
 
 
 def wide(t: Tensor) -> Tensor:
     """``t`` detached, in float32 if it is a half-precision tensor (float64 stays float64): the propagation runs in
     at least float32 whatever the model's dtype."""
     return t.detach().to(torch.promote_types(t.dtype, torch.float32))
+
+
+_T = TypeVar("_T")
+
+
+def filled(items: Sequence[_T | None]) -> list[_T]:
+    """``items``, a per-block list that the backward filled in (:func:`block_backward` reduces every block, also
+    those the gradient never reached), as a list without ``None``."""
+    out = [v for v in items if v is not None]
+    assert len(out) == len(items), "a block was not reduced"
+    return out
 
 
 def _normalise_heads(v: Tensor) -> Tensor:
@@ -78,6 +89,7 @@ def head_weights_from_scores(attn: Tensor, flow: Tensor | None, mode: str, alpha
     if head_subset is not None:
         side, frac = head_subset
         k = max(1, min(h, int(round(frac * h))))
+        assert sparsity is not None  # needs_sparsity holds whenever head_subset is set
         order = sparsity.argsort(dim=-1, descending=(side == "top"))
         keep = torch.zeros_like(w).scatter_(1, order[:, :k], 1.0)
         w = _normalise_heads(w * keep)

@@ -235,6 +235,7 @@ class LinearTaps:
             raise UnsupportedModelError(f"block {index}: cannot tell which projection gives the values")
         rest = [i for i in range(3) if i != vi[0]]
         ctx = st.ctx
+        assert ctx is not None  # the output-projection hook sets it before calling this
         scale = dh ** -0.5
         v = parts[vi[0]][0]
         # tolerances at least the model's rounding: a half-precision fused kernel rounds differently from this check

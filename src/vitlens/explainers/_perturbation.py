@@ -54,9 +54,10 @@ def target_scores(logits: Tensor, target: Target, index: int, kind: str) -> Tens
         if logits.ndim != 2:
             raise TargetError(f"score='probability' needs classifier logits (B, K), got shape {tuple(logits.shape)}; "
                               "use score='target' (e.g. with a SegmentationTarget)")
-        cls = torch.full((logits.shape[0],), int(target.classes[index]), dtype=torch.long, device=logits.device)
+        cls = torch.full((logits.shape[0],), int(target.resolved_classes()[index]), dtype=torch.long,
+                         device=logits.device)
         return class_score(logits, cls, "probability")
-    rows = torch.full((logits.shape[0],), index, dtype=torch.long, device=target.classes.device)
+    rows = torch.full((logits.shape[0],), index, dtype=torch.long, device=target.resolved_classes().device)
     return target.select(rows)(logits).float()
 
 

@@ -84,6 +84,11 @@ class AHA(Explainer):
         return {"forward": 1.0 + (n_refs + t * inner if t else 0.0), "backward": float(t * inner)}
 
     # -- the explainer network, built once per model --------------------------------------------------------------
+    def prepare(self, model: nn.Module) -> None:
+        """Build (and cache) the explainer network for ``model`` now, so a missing or mismatched explainer is refused
+        before a benchmark writes anything."""
+        self._network(model)
+
     def _network(self, model: nn.Module) -> Any:
         hit = self._cache.get(id(model))
         if hit is not None and hit[0]() is model:
@@ -135,7 +140,7 @@ class AHA(Explainer):
         with adapter.session(capture=False):
             feats, logits = net.features(x)
             tgt = self.resolve_target(target, logits)
-            classes = tgt.classes.to(x.device).long()
+            classes = tgt.resolved_classes().to(x.device).long()
             with torch.no_grad():
                 maps = net(x, classes, feats)
             steps = int(o["refine_steps"])

@@ -25,6 +25,7 @@ import torch
 from torch import Tensor
 
 from ..models import Adapter
+from ..models.base import recorded
 from ..models.capabilities import ATTENTION, BLOCK_IO, LRP_LINEARS, TOKEN_SEQUENCE
 from ..targets import Target
 from ._attention import token_map
@@ -65,6 +66,7 @@ def attention_rule(mode: str) -> Callable[[BlockLinears, Tensor], Tensor]:
 
     def rewrite(lin: BlockLinears, ctx: Tensor) -> Tensor:
         q, k, v = lin.q, lin.k, lin.v
+        assert q is not None and k is not None and v is not None  # LinearTaps resolved them just before this call
         scale = v.shape[-1] ** -0.5
         if mode == "attnlrp":
             attn = ((scale_grad(q, 0.5) * scale) @ scale_grad(k, 0.5).transpose(-2, -1)).softmax(dim=-1)
@@ -112,11 +114,12 @@ class _GradientInputLRP(Explainer):
             for blk in rec.blocks:  # the model's own attention outputs (and graph): the rules replaced them
                 blk.out = blk.query = blk.key = blk.value = blk.attn = None
             tgt = self.resolve_target(target, logits)
-            u0 = rec.blocks[0].u  # a fresh leaf made by the adapter: the backward stops there
+            u0 = recorded(rec.blocks[0].u, "block input")  # a fresh leaf made by the adapter: the backward stops there
             # backward(inputs=…) rather than autograd.grad: the latter refuses leaf inputs that carry module-tracker
             # hooks (e.g. under torch.utils.flop_counter.FlopCounterMode); only u0.grad is written
             torch.autograd.backward(tgt(logits).sum(), inputs=[u0])
-        relevance = (u0.detach() * u0.grad).sum(dim=-1)  # (B, T)
+        grad = u0.grad  # None if the score does not depend on the tokens: zero relevance
+        relevance = (u0.detach() * grad).sum(dim=-1) if grad is not None else u0.detach().new_zeros(u0.shape[:2])
         values, remainder = token_map(adapter, relevance, x)
         return Attribution(values=values, remainder=remainder), logits.detach(), tgt
 

@@ -211,6 +211,8 @@ def validate_batch(x: Any) -> Tensor:
         raise InputError(f"expected a batch of shape (B, C, H, W); got a tensor of shape {tuple(x.shape)}{hint}")
     if x.shape[0] == 0:
         raise InputError("the batch is empty (B = 0)")
+    if x.device.type == "meta":
+        raise InputError("the batch is on the 'meta' device (shapes only, no values): there is nothing to explain")
     if not x.is_floating_point():
         raise InputError(f"expected a floating-point batch, got dtype {x.dtype} (preprocess with vitlens.load_images)")
     if not bool(torch.isfinite(x).all()):
@@ -354,9 +356,18 @@ class Explainer(Method):
         """Explain a batch ``x`` ``(B, C, H, W)`` (preprocessed, as the model expects it) for ``target``.
 
         ``batch_size`` splits the batch into chunks (memory knob; results do not depend on it).
+        Inside ``torch.inference_mode()`` the explanation runs with inference mode switched off for its duration (a
+        batch made there is copied first: inference tensors cannot be differentiated); a model whose parameters
+        were made there is refused in one line, as are (at the end) the caller's modes restored.
         """
+        if torch.is_inference_mode_enabled():
+            with torch.inference_mode(False):
+                if isinstance(x, Tensor) and x.is_inference():
+                    x = x.clone()
+                return self.explain(model, x, target, batch_size)
         adapter = get_adapter(model)
         check(adapter, self)  # the one refusal path: what the method needs and the adapter lacks
+        _refuse_inference_parameters(adapter.model)
         x = validate_batch(x)
         device = _model_device(adapter.model)
         if device is not None and x.device != device:
@@ -383,14 +394,14 @@ class Explainer(Method):
                 sl = slice(start, min(start + chunk, b))
                 parts.append(self.attribute(adapter, x[sl], tgt.chunk(sl, b)))
         values = torch.cat([p[0].values.detach() for p in parts])
-        remainder = None
-        if parts[0][0].remainder is not None:
-            remainder = torch.cat([p[0].remainder.detach() for p in parts])
+        rems = [p[0].remainder for p in parts]  # the same method on every chunk: all or none have one
+        remainder = torch.cat([r.detach() for r in rems if r is not None]) if rems[0] is not None else None
         extras = {k: torch.cat([p[0].extras[k].detach() for p in parts]) for k in parts[0][0].extras}
-        targets = torch.cat([p[2].classes for p in parts])
+        targets = torch.cat([p[2].resolved_classes() for p in parts])
         scores = torch.cat([p[2](p[1]).detach() for p in parts])
         hw = image_size(x)
         has_grid = adapter.patch_size is not None  # a token grid (not only families that can drop tokens)
+        token_maps: Tensor | None
         if self.level == "token":
             token_maps = values
             maps = upsample_tokens(values, hw)
@@ -411,6 +422,17 @@ class Explainer(Method):
         )
 
     __call__ = explain
+
+
+def _refuse_inference_parameters(model: nn.Module) -> None:
+    """One line for a model whose weights are inference tensors (made or loaded inside ``torch.inference_mode()``):
+    autograd cannot record a pass through them, so no explanation can run on it as it is."""
+    for name, t in [*model.named_parameters(), *model.named_buffers()]:
+        if t.is_inference():
+            raise InputError(f"the model's {'parameter' if isinstance(t, nn.Parameter) else 'buffer'} {name} was made "
+                             "inside torch.inference_mode(): its weights are inference tensors, which no explanation "
+                             "can run through; create or load the model outside inference mode (torch.no_grad() is "
+                             "fine)")
 
 
 def _model_device(model: nn.Module) -> torch.device | None:

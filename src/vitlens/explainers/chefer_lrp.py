@@ -17,7 +17,7 @@ from torch import Tensor
 
 from ..errors import InputError, UnsupportedModelError
 from ..models import Adapter
-from ..models.base import Recording
+from ..models.base import Recording, recorded
 from ..models.capabilities import ATTENTION, BLOCK_IO, LINEAR_HEAD, LRP_LINEARS, TOKEN_SEQUENCE
 from ..targets import Target
 from ._attention import readout_row, relevance_rollout, token_map
@@ -178,7 +178,7 @@ class TransformerAttribution(Explainer):
             with taps.installed():
                 logits = adapter.forward(x)
             tgt = self.resolve_target(target, logits)
-            grads = self.gradients(tgt(logits), [blk.attn for blk in rec.blocks] + [logits])
+            grads = self.gradients(tgt(logits), [recorded(blk.attn, "attention") for blk in rec.blocks] + [logits])
         with torch.no_grad():
             cams, totals = self._sweep(adapter, rec, taps, logits.detach(), grads[-1], grads[:-1], alpha)
             row = readout_row(relevance_rollout(cams), adapter.readout_tokens, adapter.num_prefix_tokens)
@@ -194,7 +194,7 @@ class TransformerAttribution(Explainer):
         Returns the per-block maps ``mean_h((∇A ⊙ R_A)⁺)`` (first block first) and the total relevance at every block
         input and at the last block's output, ``(B, L+1)`` (conserved up to the stabilisers and dropped bias terms).
         """
-        final = rec.final.detach()
+        final = recorded(rec.final, "final residual stream").detach()
         relevance = _readout_relevance(adapter, taps, logits, r_logits, final, alpha)
         totals = [relevance.sum(dim=(1, 2))]
         cams: list[Tensor] = []
@@ -203,8 +203,12 @@ class TransformerAttribution(Explainer):
             blk, lin = rec.blocks[i], taps.blocks[i]
             if lin.fc2 is None:
                 raise UnsupportedModelError(f"block {i}: found no two-layer MLP after the attention")
-            u, h = blk.u.detach(), blk.h.detach()
-            out = final if i == n - 1 else rec.blocks[i + 1].u.detach()
+            # LinearTaps enforces the call order q/k/v → proj → fc1 → fc2: a block that reached fc2 has them all
+            assert lin.fc2_in is not None and lin.fc1 is not None and lin.fc1_in is not None and lin.proj is not None
+            assert lin.ctx is not None and lin.n1 is not None and lin.qkv_weights is not None
+            assert lin.q is not None and lin.k is not None and lin.v is not None
+            u, h = recorded(blk.u, "block input").detach(), recorded(blk.h, "post-attention residual").detach()
+            out = final if i == n - 1 else recorded(rec.blocks[i + 1].u, "block input").detach()
             # MLP sub-layer: out = h + m
             r_h, r_m = lrp_add(h, out - h, relevance)
             r_act = lrp_linear_alpha_beta(lin.fc2_in, lin.fc2.weight, r_m, alpha)  # GELU: identity
@@ -212,7 +216,7 @@ class TransformerAttribution(Explainer):
             # attention sub-layer: h = u + a
             r_u, r_a = lrp_add(u, h - u, relevance=r_h)
             r_ctx = lrp_linear_alpha_beta(lin.ctx, lin.proj.weight, r_a, alpha)
-            attn = blk.attn.detach()
+            attn = recorded(blk.attn, "attention").detach()
             b, heads, t, dh = lin.v.shape
             r_ctx = r_ctx.reshape(b, t, heads, dh).transpose(1, 2)
             r_attn, r_v = lrp_matmul(attn, lin.v.detach(), r_ctx)

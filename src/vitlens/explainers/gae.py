@@ -11,6 +11,7 @@ from typing import Any
 from torch import Tensor
 
 from ..models import Adapter
+from ..models.base import recorded
 from ..models.capabilities import ATTENTION, CLASS_ATTENTION, TOKEN_SEQUENCE, WINDOWS
 from ..targets import Target
 from ._attention import readout_row, relevance_rollout, token_map
@@ -39,7 +40,7 @@ class GAE(Explainer):
         with adapter.session(capture=True, conservative=False) as rec:
             logits = adapter.forward(x)
             tgt = self.resolve_target(target, logits)
-            attns = [blk.attn for blk in rec.blocks]
+            attns = [recorded(blk.attn, "attention") for blk in rec.blocks]
             grads = self.gradients(tgt(logits), attns)
         maps = [(grad * attn.detach()).clamp_min(0).mean(dim=1) for attn, grad in zip(attns, grads)]
         if adapter.provides(WINDOWS):  # Swin: R ← R + Ā·R inside each block's windows, merges split evenly

@@ -16,6 +16,7 @@ from torch import Tensor
 
 from ..errors import InputError, TargetError
 from ..models import Adapter
+from ..models.base import recorded
 from ..models.capabilities import ATTENTION, FEATURES, TOKEN_SEQUENCE
 from ..targets import Target
 from .base import Attribution, Explainer, check_choices, image_size
@@ -227,7 +228,7 @@ class FinerCAM(_OneLayer):
         if n_classes < 2:
             raise TargetError("Finer-CAM needs a model with at least 2 classes")
         k = min(int(self.options["references"]), n_classes - 1)
-        versus = similar_classes(class_scores(tgt, logits.detach()), tgt.classes.to(logits.device), k)
+        versus = similar_classes(class_scores(tgt, logits.detach()), tgt.resolved_classes().to(logits.device), k)
         return FinerContrast(tgt, versus, float(self.options["gamma"]), self.options["weighting"])
 
     def attribute(self, adapter: Adapter, x: Tensor, target: Target) -> tuple[Attribution, Tensor, Target]:
@@ -264,8 +265,8 @@ class AttentionGradCAM(_OneLayer):
 
     def attribute(self, adapter: Adapter, x: Tensor, target: Target) -> tuple[Attribution, Tensor, Target]:
         i = self.layer_index(adapter)
-        logits, tgt, (attn,), (grad,) = self.forward_and_gradients(adapter, x, target,
-                                                                   lambda rec: [rec.blocks[i].attn])
+        logits, tgt, (attn,), (grad,) = self.forward_and_gradients(
+            adapter, x, target, lambda rec: [recorded(rec.blocks[i].attn, "attention")])
         p = adapter.num_prefix_tokens
         readout = adapter.readout_tokens
         rows = list(readout) if readout is not None else list(range(p, attn.shape[2]))

@@ -15,11 +15,12 @@ from torch import Tensor, nn
 
 from ..errors import InputError
 from ..models import Adapter
-from ..models.base import int_pair
+from ..models.base import int_pair, recorded
 from ..models.capabilities import ATTENTION, CLASS_ATTENTION, STAGES, TOKEN_SEQUENCE, WINDOWS
 from ..targets import Target
 from ._gradskip_rules import (
     block_backward,
+    filled,
     gini,
     head_weights,
     head_weights_from_scores,
@@ -112,17 +113,19 @@ class GradSkip(Explainer):
             tgt = self.resolve_target(target, logits)
             y = tgt(logits)
             steps.take(rec)
-            grad_final = steps.backward(y.sum(), rec.final)
+            final = recorded(rec.final, "final residual stream")
+            grad_final = steps.backward(y.sum(), final)
         # the propagation runs in at least float32 (fp16/bf16 models and autocast: docs/methods/gradskip.md)
         y = wide(y)
         t = steps.tokens
-        relevance = readout_relevance(wide(rec.final), wide(grad_final), y, adapter.readout_tokens,
+        relevance = readout_relevance(wide(final), wide(grad_final), y, adapter.readout_tokens,
                                       adapter.num_prefix_tokens)
         relevance = _pad_tokens(relevance, t)  # readout path: the final stream holds the readout tokens only
         totals = [relevance.sum(-1)]
-        for li in range(len(steps.w) - 1, -1, -1):
-            beta = steps.beta[li]
-            relevance = (beta * relevance)[:, None, :].bmm(steps.w[li])[:, 0] + (1.0 - beta) * relevance
+        ws, betas = filled(steps.w), filled(steps.beta)
+        for li in range(len(ws) - 1, -1, -1):
+            beta = betas[li]
+            relevance = (beta * relevance)[:, None, :].bmm(ws[li])[:, 0] + (1.0 - beta) * relevance
             totals.append(relevance.sum(-1))
         p = adapter.num_prefix_tokens
         gh, gw = adapter.grid(int_pair(x.shape[-2:]))
@@ -130,8 +133,8 @@ class GradSkip(Explainer):
         if patch.shape[1] != gh * gw:
             raise InputError(f"{patch.shape[1]} patch tokens do not fill the {gh}x{gw} token grid")
         extras = {
-            "head_weights": torch.stack(steps.omega, dim=1),  # (B, L, H)
-            "beta_main": torch.stack(steps.beta, dim=1),  # (B, L, T)
+            "head_weights": torch.stack(filled(steps.omega), dim=1),  # (B, L, H)
+            "beta_main": torch.stack(betas, dim=1),  # (B, L, T)
             "layer_totals": torch.stack(totals[::-1], dim=1),  # (B, L+1): input of block 0 … readout
         }
         att = Attribution(values=patch.reshape(-1, gh, gw), remainder=relevance[:, :p].sum(-1), extras=extras)
@@ -225,13 +228,18 @@ class _BlockSteps:
     def take(self, rec: Any) -> None:
         """Own the forward's captures from here on (they are freed block by block during the backward)."""
         n = len(rec.blocks)
-        self.tokens = int(rec.blocks[0].u.shape[1])
+        self.tokens = int(recorded(rec.blocks[0].u, "block input").shape[1])
         if getattr(rec, "recompute", False):  # "attn": the tensor whose gradient the step receives (see the class)
-            self.saved = [{"attn": b.out, "query": b.query, "key": b.key, "value": b.value, "scale": b.scale,
-                           "u": b.u, "h": b.h} for b in rec.blocks]
+            self.saved = [{"attn": recorded(b.out, "attention output"), "query": recorded(b.query, "queries"),
+                           "key": recorded(b.key, "keys"), "value": recorded(b.value, "values"), "scale": b.scale,
+                           "u": recorded(b.u, "block input"), "h": recorded(b.h, "post-attention residual")}
+                          for b in rec.blocks]
         else:
-            self.saved = [{"attn": b.attn, "vnorm": self.vnorm.pop(i, None) if b.value is None
-                           else b.value.norm(dim=-1), "u": b.u, "h": b.h} for i, b in enumerate(rec.blocks)]
+            self.saved = [{"attn": recorded(b.attn, "attention"),
+                           "vnorm": recorded(self.vnorm.pop(i, None) if b.value is None else b.value.norm(dim=-1),
+                                             "values"),
+                           "u": recorded(b.u, "block input"), "h": recorded(b.h, "post-attention residual")}
+                          for i, b in enumerate(rec.blocks)]
         for b in rec.blocks:
             b.attn = b.value = b.u = b.h = b.query = b.key = b.out = None
         self.w, self.omega, self.beta = [None] * n, [None] * n, [None] * n

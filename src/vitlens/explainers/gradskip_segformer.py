@@ -27,9 +27,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..errors import InputError
-from ..models.base import Adapter
+from ..models.base import Adapter, recorded
 from ..targets import Target
-from ._gradskip_rules import head_weights, readout_relevance, skip_gate, weighted_attention
+from ._gradskip_rules import filled, head_weights, readout_relevance, skip_gate, weighted_attention
 from .base import Attribution, Explainer
 
 if TYPE_CHECKING:
@@ -118,7 +118,8 @@ def attribute_hierarchical(method: Explainer, adapter: Adapter, x: Tensor, targe
     stages = cast("SegformerRecording", rec).stages  # a hierarchical adapter's session records stages
 
     # 1. start: y over the tokens of every readout, in proportion to the direct gradient × activation
-    gxa = [_gxa(st.readout.detach(), grad[id(st.readout)]) for st in stages]
+    readouts = [recorded(st.readout, "stage output the decode head reads") for st in stages]
+    gxa = [_gxa(r.detach(), grad[id(r)]) for r in readouts]
     if start == "last":
         gxa = [torch.zeros_like(g) for g in gxa[:-1]] + gxa[-1:]
     sizes = [g.shape[1] for g in gxa]
@@ -126,7 +127,7 @@ def attribute_hierarchical(method: Explainer, adapter: Adapter, x: Tensor, targe
     starts = readout_relevance(flat[..., None], torch.ones_like(flat[..., None]), y, None, 0).split(sizes, dim=1)
 
     n_blocks = sum(len(st.blocks) for st in stages)
-    max_heads = max(blk.attn.shape[1] for st in stages for blk in st.blocks)
+    max_heads = max(recorded(blk.attn, "attention").shape[1] for st in stages for blk in st.blocks)
     b = x.shape[0]
     layer_totals: list[Tensor | None] = [None] * n_blocks  # filled in backward order
     omegas: list[Tensor | None] = [None] * n_blocks
@@ -140,11 +141,14 @@ def attribute_hierarchical(method: Explainer, adapter: Adapter, x: Tensor, targe
         betas = []
         for blk in reversed(st.blocks):
             index -= 1
-            attn, grad_attn = blk.attn.detach(), grad[id(blk.attn)]
+            probs = recorded(blk.attn, "attention")
+            attn, grad_attn = probs.detach(), grad[id(probs)]
             omega = head_weights(attn, grad_attn, o["head_weighting"], float(o["alpha"]),
                                  float(o["grad_threshold"]), o["head_subset"])
-            wt = weighted_attention(attn, attn * grad_attn, blk.value.norm(dim=-1), omega)  # (B, T, T_k)
-            beta = skip_gate(blk.u.detach(), blk.h.detach(), grad[id(blk.h)], method.options["skip"],
+            value, u = recorded(blk.value, "value vectors"), recorded(blk.u, "block input")
+            h = recorded(blk.h, "post-attention residual")
+            wt = weighted_attention(attn, attn * grad_attn, value.norm(dim=-1), omega)  # (B, T, T_k)
+            beta = skip_gate(u.detach(), h.detach(), grad[id(h)], method.options["skip"],
                              float(method.options["eps"]))
             keys = (beta * relevance)[:, None, :].bmm(wt)[:, 0]  # (B, T_k)
             red = blk.reduction
@@ -156,15 +160,16 @@ def attribute_hierarchical(method: Explainer, adapter: Adapter, x: Tensor, targe
             betas.append(beta)
         gates[f"beta_main_stage{s + 1}"] = torch.stack(betas[::-1], dim=1)
         if s > 0:
-            carried = window_handback(relevance, st.merge.input, grad[id(st.merge.output)], st.merge.conv)
-    gh, gw = stages[0].grid
+            merge = recorded(st.merge, f"patch merging into stage {s + 1}")
+            carried = window_handback(relevance, merge.input, grad[id(merge.output)], merge.conv)
+    gh, gw = recorded(stages[0].grid, "stage-1 token grid")
     if relevance.shape[1] != gh * gw:
         raise InputError(f"{relevance.shape[1]} stage-1 tokens do not fill the {gh}x{gw} token grid")
     extras = {
         "readout_shares": torch.stack([r.sum(-1) for r in starts], dim=1),  # (B, S): y injected at each stage output
         "stage_totals": torch.stack(stage_totals[::-1], dim=1),  # (B, S): total on each stage's output
-        "layer_totals": torch.stack(layer_totals, dim=1),  # (B, L): total entering each block (forward order)
-        "head_weights": torch.stack(omegas, dim=1),  # (B, L, max heads), zero-padded for stages with fewer heads
+        "layer_totals": torch.stack(filled(layer_totals), dim=1),  # (B, L): total entering each block (forward order)
+        "head_weights": torch.stack(filled(omegas), dim=1),  # (B, L, max heads), zero-padded for stages with fewer heads
         **gates,  # beta_main_stage{s}: (B, L_s, T_s)
     }
     att = Attribution(values=relevance.reshape(b, gh, gw), remainder=torch.zeros_like(y), extras=extras)

@@ -48,7 +48,7 @@ def _stack_padded(rows: list[Tensor]) -> Tensor:
 
 def attribute_windowed(method: Explainer, adapter: "Adapter", x: Tensor, target: Target
                        ) -> tuple[Attribution, Tensor, Target]:
-    from ..models.base import int_pair
+    from ..models.base import int_pair, recorded
     from ..models.timm_swin import SwinBlockRecord, SwinRecording, from_windows, to_windows
 
     o = method.options
@@ -59,13 +59,15 @@ def attribute_windowed(method: Explainer, adapter: "Adapter", x: Tensor, target:
         y = tgt(logits)
         blocks = [cast(SwinBlockRecord, b) for b in rec.blocks]
         merges = [(s, m) for s, m in enumerate(rec.merges) if m is not None]
-        wanted = [rec.final] + [b.attn for b in blocks] + [b.h for b in blocks] + [m for _, m in merges]
+        final_rec = recorded(rec.final, "final residual stream")
+        wanted = [final_rec] + [recorded(b.attn, "attention") for b in blocks] + \
+            [recorded(b.h, "post-attention residual") for b in blocks] + [m for _, m in merges]
         grads = torch.autograd.grad(y.sum(), wanted, allow_unused=True)
     n = len(blocks)
     g_final = grads[0]
     g_attn, g_h, g_merge = grads[1:1 + n], grads[1 + n:1 + 2 * n], dict(zip([s for s, _ in merges], grads[1 + 2 * n:]))
     y = wide(y)
-    final = wide(rec.final)
+    final = wide(final_rec)
     relevance = readout_relevance(final, torch.zeros_like(final) if g_final is None else wide(g_final), y, None, 0)
     bsz = x.shape[0]
     lost = torch.zeros_like(y)
@@ -74,6 +76,7 @@ def attribute_windowed(method: Explainer, adapter: "Adapter", x: Tensor, target:
     for li in range(n - 1, -1, -1):
         b = blocks[li]
         assert isinstance(b, SwinBlockRecord) and b.attn is not None and b.vnorm is not None
+        assert b.u is not None and b.h is not None  # the Swin capture fills every block
         attn, vnorm = wide(b.attn), wide(b.vnorm)
         nw = attn.shape[0] // bsz
         heads, tok = attn.shape[1], attn.shape[2]

@@ -34,6 +34,7 @@ from torch import Tensor
 
 from ..errors import InputError
 from ..models import Adapter
+from ..models.base import recorded
 from ..models.capabilities import ATTENTION, TOKENS, TOKEN_SEQUENCE
 from ..targets import Target
 from ._perturbation import score_needs, check_positive_int, check_score, coverage_average, resolve, score_token_subsets
@@ -195,7 +196,7 @@ class MUTEX(Explainer):
             for xi in x:  # one by one: the graphs do not depend on the batch
                 with adapter.session(capture=True) as rec:
                     rows.append(adapter.forward(xi[None]))
-                    attn = torch.stack([b.attn[0].detach() for b in rec.blocks])  # (L, H, T, T)
+                    attn = torch.stack([recorded(b.attn, "attention")[0].detach() for b in rec.blocks])  # (L, H, T, T)
                 node_scores.append(multiplex_scores(attn, p, o["aggregations"], o["centralities"], o["statistics"],
                                                     o["edge_cut"], bool(o["weighted"])))
         logits = torch.cat(rows)

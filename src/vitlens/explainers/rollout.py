@@ -11,8 +11,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ..errors import InputError
+from ..errors import InputError, UnsupportedModelError
 from ..models import Adapter
+from ..models.base import recorded
 from ..models.capabilities import ATTENTION, CLASS_ATTENTION, TOKEN_SEQUENCE, WINDOWS
 from ..targets import Target
 from ._attention import DISCARD_PER, FUSIONS, discard_lowest, fuse_heads, readout_row, token_map
@@ -64,7 +65,7 @@ class AttentionRollout(Explainer):
             logits = adapter.forward(x)
             tgt = self.resolve_target(target, logits)
             tgt(logits)  # validates the target against the batch (the map itself does not depend on it)
-            attns = [blk.attn for blk in rec.blocks]
+            attns = [recorded(blk.attn, "attention") for blk in rec.blocks]
         protect = adapter.readout_tokens or ()
         if adapter.provides(WINDOWS):  # Swin: the row through shifted windows and merges (docs/methods/gradskip_swin.md)
             from ._windows import windowed_row
@@ -87,6 +88,8 @@ class AttentionRollout(Explainer):
             a = 0.5 * fused + 0.5 * eye
             a = a / a.sum(dim=-1, keepdim=True)
             joint = a if joint is None else a.bmm(joint)
+        if joint is None:
+            raise UnsupportedModelError("the model has no transformer blocks: there is no attention to roll out")
         row = readout_row(joint, adapter.readout_tokens, adapter.num_prefix_tokens)
         values, remainder = token_map(adapter, row, x)
         return Attribution(values=values, remainder=remainder), logits.detach(), tgt

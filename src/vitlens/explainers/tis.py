@@ -27,6 +27,7 @@ from torch import Tensor
 
 from ..errors import InputError
 from ..models import Adapter
+from ..models.base import recorded
 from ..models.capabilities import BLOCK_IO, TOKENS, TOKEN_SEQUENCE
 from ..targets import Target
 from ._perturbation import score_needs, check_positive_int, check_score, coverage_average, resolve, score_token_subsets
@@ -68,7 +69,8 @@ def kmeans(points: Tensor, k: int, generator: torch.Generator, max_iter: int = 1
 def block_outputs(rec) -> Tensor:
     """Outputs of all blocks concatenated over channels ``(B, T, L·D)`` from a capture :class:`Recording`
     (block ``i``'s output is block ``i+1``'s residual input ``u``; the last one is ``final``)."""
-    return torch.cat([b.u.detach() for b in rec.blocks[1:]] + [rec.final.detach()], dim=-1)
+    outputs = [recorded(b.u, "block input") for b in rec.blocks[1:]] + [recorded(rec.final, "final residual stream")]
+    return torch.cat([t.detach() for t in outputs], dim=-1)
 
 
 @register

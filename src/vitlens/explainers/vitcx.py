@@ -28,6 +28,7 @@ from torch import Tensor
 
 from ..errors import InputError, VitlensError
 from ..models import Adapter
+from ..models.base import recorded
 from ..models.capabilities import BLOCK_IO, TOKEN_SEQUENCE
 from ..targets import Target
 from ._perturbation import score_needs, check_positive_int, check_score, resolve, target_scores
@@ -155,7 +156,7 @@ class ViTCX(Explainer):
             for xi in x:  # one by one: features (and so the clusters) do not depend on the batch
                 with adapter.session(capture=True) as rec:
                     rows.append(adapter.forward(xi[None]))
-                    feats.append(rec.blocks[layer].u[0, p:].detach())
+                    feats.append(recorded(rec.blocks[layer].u, "block input")[0, p:].detach())
         logits = torch.cat(rows)
         tgt = resolve(target, logits)
         maps, counts = [], []

@@ -236,10 +236,60 @@ def check_target_range(t: Tensor, k: int) -> None:
         )
 
 
+class SharedScores:
+    """The target's logits on the inputs of one batch ``x`` that no map changes — the unperturbed images and the
+    fully perturbed ones (every feature from a baseline: the end of a deletion curve, the start of an insertion
+    curve) — computed once and reused by every metric and every method scored on the same batch (``vitlens bench``
+    runs k methods × its metrics on each batch).
+
+    Pass it as ``shared=`` to a perturbation metric. It holds one batch: a call with other images, another model or
+    another dtype/device does not use it (it is checked, not assumed). The shared logits come from a forward of the
+    whole source batch, so a metric's results with and without it differ by float rounding only (the batch
+    composition of the model's matrix products).
+    """
+
+    def __init__(self, x: Tensor) -> None:
+        self.x = x.detach()
+        self._logits: dict[tuple[Any, ...], Tensor] = {}
+        self.forwards = 0  # images run through the model for the shared logits (what a caller saved k−1 times)
+
+    def fits(self, x: Tensor) -> bool:
+        return (x.shape == self.x.shape and x.dtype == self.x.dtype and x.device == self.x.device
+                and bool(torch.equal(x, self.x)))
+
+    def logits(self, key: tuple[Any, ...], images: Tensor, adapter: Adapter, batch_size: int) -> Tensor:
+        """Logits ``(B, K)`` of ``images`` (the source batch named by ``key``), computed on first use."""
+        key = (id(adapter.model), *key)
+        if key not in self._logits:
+            parts = []
+            for s in range(0, images.shape[0], batch_size):
+                parts.append(adapter.forward(images[s:s + batch_size].to(adapter.dtype())))
+            out = torch.cat(parts)
+            if out.ndim != 2 or out.shape[0] != images.shape[0]:
+                raise InputError(f"the model must return logits (B, K); got shape {tuple(out.shape)}")
+            self._logits[key] = out
+            self.forwards += int(images.shape[0])
+        return self._logits[key]
+
+
+def independent_sources(jobs: dict[str, Tensor], pixel_ranks: Tensor) -> Tensor:
+    """For every job, the source it is entirely made of (``−1`` where the map decides): ``top == rest``, no pixel
+    from ``top`` (``lo = hi = 0``), or every pixel from ``top`` (``lo = 0`` and ``hi`` above the row's largest rank)."""
+    top, rest, lo, hi = jobs["top"], jobs["rest"], jobs["lo"], jobs["hi"]
+    largest = pixel_ranks.amax(dim=1).long()[jobs["row"]]
+    out = torch.full_like(top, -1)
+    none = (lo == 0) & (hi == 0)
+    full = (lo == 0) & (hi > largest)
+    out = torch.where(full, top, out)
+    out = torch.where(none, rest, out)
+    return torch.where(top == rest, top, out)
+
+
 class MetricInputs:
     """Validated inputs of one metric call (maps, x, targets, adapter, data config) on the maps' device."""
 
-    def __init__(self, metric: PerturbationMetric, maps: Tensor, model: Any, x: Any, targets: Any) -> None:
+    def __init__(self, metric: PerturbationMetric, maps: Tensor, model: Any, x: Any, targets: Any,
+                 shared: SharedScores | None = None) -> None:
         if not isinstance(x, Tensor) or x.ndim != 4 or x.shape[1] != 3:
             shape = tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__
             raise InputError(f"x must be the normalised model input (B, 3, H, W); got {shape}")
@@ -257,6 +307,10 @@ class MetricInputs:
         self.adapter = get_adapter(model)
         self.adapter.check_input(self.x)
         self.targets = class_targets(targets, x.shape[0], self.device, self.adapter, self.x)
+        if shared is not None and not isinstance(shared, SharedScores):
+            raise InputError(f"shared must be a vitlens SharedScores, got {type(shared).__name__}")
+        self.shared = shared if shared is not None and shared.fits(self.x) else None
+        self.source_keys: list[tuple[Any, ...]] = []
         cfg_setting = metric.settings.get("data_config")
         try:
             self.cfg = self.adapter.data_config() if cfg_setting is None else data_config(cfg_setting)
@@ -299,6 +353,9 @@ class MetricInputs:
     def sources(self, kinds: Sequence[str], settings: Mapping[str, Any]) -> Tensor:
         """The perturbation sources: the images, then one baseline batch per entry of ``kinds`` (``(B·(1 + len(kinds)),
         C, H, W)``; source ``i + k·B`` is image ``i``'s ``k``-th baseline)."""
+        names = ("mean_color", "blur_kernel", "blur_sigma", "noise_seed")
+        self.source_keys = [("image",)] + [("baseline", kind, tuple(self.cfg.mean), tuple(self.cfg.std),
+                                            *(repr(settings.get(n)) for n in names)) for kind in kinds]
         return torch.cat([self.x] + [self.baseline(kind, settings) for kind in kinds])
 
     def baseline(self, kind: str, settings: Mapping[str, Any]) -> Tensor:
@@ -315,9 +372,31 @@ class MetricInputs:
         return jobs, jobs.add(row=img, lo=zero, hi=zero, top=img, rest=img, target=self.targets), img
 
     def score(self, sources: Tensor, ranks: Tensor, jobs: Jobs, kind: str, batch_size: int) -> Tensor:
-        """:func:`score_jobs` of every job, without gradient, inside an adapter session (model state restored)."""
+        """:func:`score_jobs` of every job, without gradient, inside an adapter session (model state restored).
+
+        With :class:`SharedScores` (``shared=``) the jobs that no map changes are read from the shared logits of
+        their source batch instead of being run again; only the others go through the model."""
+        cols = jobs.tensors()
         with torch.no_grad(), self.adapter.session(capture=False):
-            return score_jobs(self.adapter, sources, ranks, jobs.tensors(), kind, batch_size, self.targets)
+            if self.shared is None or len(self.source_keys) * self.batch != sources.shape[0]:
+                return score_jobs(self.adapter, sources, ranks, cols, kind, batch_size, self.targets)
+            whole = independent_sources(cols, ranks)
+            fixed = whole >= 0
+            out = torch.empty(whole.shape[0], dtype=torch.float32, device=sources.device)
+            rows = []
+            for block in sorted(set((whole[fixed] // self.batch).tolist())):
+                imgs = sources[block * self.batch:(block + 1) * self.batch]
+                logits = self.shared.logits(self.source_keys[block], imgs, self.adapter, batch_size)
+                check_target_range(self.targets, int(logits.shape[1]))
+                rows.append((block, logits))
+            for block, logits in rows:
+                sel = fixed & (whole // self.batch == block)
+                out[sel] = class_score(logits[whole[sel] % self.batch], cols["target"][sel], kind)
+            rest = ~fixed
+            if bool(rest.any()):
+                out[rest] = score_jobs(self.adapter, sources, ranks, {k: v[rest] for k, v in cols.items()}, kind,
+                                       batch_size, self.targets)
+            return out
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -391,6 +470,8 @@ class PerturbationMetric(Metric):
     (validated, after the metric's own settings in the protocol) and the resolved protocol."""
 
     needs = frozenset({"model", "x", "targets"})
+    #: accepts ``shared=`` (:class:`SharedScores`): the scores of the inputs no map changes, shared across calls
+    shares_scores = True
 
     def __init__(self, batch_size: int, settings: dict[str, Any], baseline: tuple[Any, Any, Any, Any],
                  data_config: Any) -> None:

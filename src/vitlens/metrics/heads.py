@@ -29,7 +29,7 @@ def head_statistics(model: nn.Module, x: Tensor, batch: int = 100) -> dict[str, 
     """
     from ..runtime import gini
     from ..models import get_adapter
-    from ..models.base import int_pair
+    from ..models.base import int_pair, recorded
 
     adapter = get_adapter(model, require="attention")
     if adapter.windowed or adapter.class_attention:  # per-window / two-phase attention: not one (T, T) grid per block
@@ -51,7 +51,7 @@ def head_statistics(model: nn.Module, x: Tensor, batch: int = 100) -> dict[str, 
             adapter.forward(xb)
             gs, ds = [], []
             for b in rec.blocks:
-                a = b.attn.detach().double()  # (B, H, T, T_k)
+                a = recorded(b.attn, "attention").detach().double()  # (B, H, T, T_k)
                 gs.append(gini(a).mean(-1).sum(0))
                 pa = a[:, :, p:, p:]
                 pa = pa / pa.sum(-1, keepdim=True).clamp_min(1e-30)

@@ -41,6 +41,7 @@ from ._perturbation_engine import (
     BASELINES,
     MetricInputs,
     PerturbationMetric,
+    SharedScores,
     choice,
     feature_ranks,
     feature_scores,
@@ -57,6 +58,7 @@ __all__ = [
     "InsertionDeletion",
     "PositiveNegativePerturbation",
     "FaithfulnessViolation",
+    "SharedScores",
     "BASELINES",
     "make_baseline",
     "gaussian_blur",
@@ -160,8 +162,8 @@ class InsertionDeletion(PerturbationMetric):
         return {k: dict(v) for k, v in ID_PRESETS.items()}
 
     def compute(self, maps: Tensor, *, model: nn.Module | None = None, x: Tensor | None = None,
-                targets: TargetSpec = None, **_: Any) -> MetricResult:
-        inp = MetricInputs(self, maps, model, x, targets)
+                targets: TargetSpec = None, shared: SharedScores | None = None, **_: Any) -> MetricResult:
+        inp = MetricInputs(self, maps, model, x, targets, shared)
         s, b = self.settings, inp.batch
         scores, grid, size, hw = inp.features(s["granularity"])
         n = grid[0] * grid[1]
@@ -243,8 +245,8 @@ class PositiveNegativePerturbation(PerturbationMetric):
         super().__init__(batch_size, settings, (mean_color, blur_kernel, blur_sigma, noise_seed), data_config)
 
     def compute(self, maps: Tensor, *, model: nn.Module | None = None, x: Tensor | None = None,
-                targets: TargetSpec = None, **_: Any) -> MetricResult:
-        inp = MetricInputs(self, maps, model, x, targets)
+                targets: TargetSpec = None, shared: SharedScores | None = None, **_: Any) -> MetricResult:
+        inp = MetricInputs(self, maps, model, x, targets, shared)
         s, b = self.settings, inp.batch
         scores, grid, size, hw = inp.features(s["granularity"])
         n = scores.shape[1]
@@ -311,8 +313,8 @@ class FaithfulnessViolation(PerturbationMetric):
         super().__init__(batch_size, settings, (mean_color, blur_kernel, blur_sigma, noise_seed), data_config)
 
     def compute(self, maps: Tensor, *, model: nn.Module | None = None, x: Tensor | None = None,
-                targets: TargetSpec = None, **_: Any) -> MetricResult:
-        inp = MetricInputs(self, maps, model, x, targets)
+                targets: TargetSpec = None, shared: SharedScores | None = None, **_: Any) -> MetricResult:
+        inp = MetricInputs(self, maps, model, x, targets, shared)
         s, b = self.settings, inp.batch
         w, grid, size, hw = inp.features(s["patch_size"])
         n = w.shape[1]

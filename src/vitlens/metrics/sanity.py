@@ -313,7 +313,7 @@ def randomisation_check(model: nn.Module, x: Tensor, method: str = "gradskip", t
         "spearman_mean": torch.nanmean(r, dim=1),
         "original_maps": original,
         "maps": torch.stack(all_maps),
-        "targets": target.classes.detach().clone(),
+        "targets": target.resolved_classes().detach().clone(),
         "protocol": {
             "check": "model-parameter randomisation, cascading from the top",
             "method": method if isinstance(method, str) else getattr(method, "name", repr(method)),

@@ -13,19 +13,21 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..errors import InputError, UnsupportedModelError, WeightsUnavailableError
+from ..errors import InputError, UnsupportedModelError, VitlensError, WeightsUnavailableError
 from .base import Adapter, BlockRecord, Recording, int_pair
 from .capabilities import ATTENTION, CLASS_LOGITS, FEATURE_MAPS, TOKEN_GRID, describe_need
 from .feature_maps import feature_maps_reason
 from .hf_segformer import SegformerAdapter
 from .hf_families import HFSequenceAdapter
 from .hf_swin import HFSwinAdapter
+from .hf_swinv2 import HFSwinV2Adapter
 from .hf_vit import HFViTAdapter
 from .probe import LinearProbe
 from .timm_cait import TimmCaitAdapter
 from .timm_cnn import TimmCNNAdapter
 from .timm_families import REFUSED, TimmBeitAdapter, TimmEvaAdapter, TimmRelPosAdapter
 from .timm_swin import TimmSwinAdapter
+from .timm_swinv2 import TimmSwinV2Adapter
 from .timm_vit import TimmViTAdapter
 
 __all__ = [
@@ -41,9 +43,11 @@ __all__ = [
     "TimmBeitAdapter",
     "TimmRelPosAdapter",
     "TimmSwinAdapter",
+    "TimmSwinV2Adapter",
     "TimmCaitAdapter",
     "HFSequenceAdapter",
     "HFSwinAdapter",
+    "HFSwinV2Adapter",
     "LinearProbe",
     "get_adapter",
     "refusal",
@@ -120,8 +124,8 @@ def _refused_note(model: nn.Module) -> str | None:
 
 
 _ADAPTERS: list[type[Adapter]] = [TimmViTAdapter, TimmEvaAdapter, TimmBeitAdapter, TimmRelPosAdapter, TimmSwinAdapter,
-                                  TimmCaitAdapter, HFViTAdapter, HFSequenceAdapter, HFSwinAdapter, SegformerAdapter,
-                                  TimmCNNAdapter]
+                                  TimmSwinV2Adapter, TimmCaitAdapter, HFViTAdapter, HFSequenceAdapter, HFSwinAdapter,
+                                  HFSwinV2Adapter, SegformerAdapter, TimmCNNAdapter]
 
 
 def register_adapter(cls: type[Adapter], first: bool = True) -> type[Adapter]:
@@ -153,6 +157,7 @@ def get_adapter(model: nn.Module | Adapter, require: str | None = None) -> Adapt
     it does not know) gets the :class:`GenericAdapter`, with the adapter's reason recorded as its
     :attr:`~Adapter.fallback_reason`, so model-agnostic methods work on any ``nn.Module``.
     """
+    adapter: Adapter | None
     if isinstance(model, Adapter):
         adapter = model
     elif not isinstance(model, nn.Module):
@@ -187,7 +192,7 @@ def refusal(adapter: Adapter, need: str | tuple[str, ...], who: str = "this") ->
 
 
 def load_model(name: str | nn.Module, pretrained: bool = True, weights: str | os.PathLike | None = None,
-               device: str | torch.device | None = None, **kwargs: Any) -> nn.Module:
+               device: str | torch.device | None = None, seed: int | None = None, **kwargs: Any) -> nn.Module:
     """Load a model by name, in eval mode. Never touches the network.
 
     Names:
@@ -202,14 +207,50 @@ def load_model(name: str | nn.Module, pretrained: bool = True, weights: str | os
     Extra ``kwargs`` go to ``timm.create_model`` / ``from_pretrained``. An argument a name does not use (options,
     ``weights=`` or ``pretrained=False`` for a bundled model, anything but ``device`` for a module) is refused, never
     ignored; so is a device this machine does not have.
+
+    ``seed``: the random initialisation of ``timm:``, ``hf:`` and ``efficientnet_lite0`` models (all weights with
+    ``pretrained=False``, a new head otherwise) is drawn from ``torch.manual_seed(seed)``, so the same call gives
+    the same weights in any process; the global random state is left as it was. ``None``: the global random state.
+
+    The loaded model carries ``model.vitlens_source``: the name, ``pretrained``, ``weights``, ``seed`` and options it
+    was loaded with (what provenance records write next to every map).
     """
     _check_load_arguments(name, pretrained, weights, device, kwargs)
+    if seed is not None:
+        if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+            raise InputError(f"load_model: seed must be an integer >= 0; got {seed!r}")
+        if not (isinstance(name, str) and (name.startswith(("timm:", "hf:")) or name == "efficientnet_lite0")):
+            what = "an nn.Module" if isinstance(name, nn.Module) else f"{name!r}"
+            raise InputError(f"load_model({what}) takes no seed: its weights are not drawn at random (seed applies "
+                             "to timm:<arch>, hf:<dir> and efficientnet_lite0)")
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            model = _load_named(name, pretrained, weights, kwargs)
+    else:
+        model = _load_named(name, pretrained, weights, kwargs)
+    model.eval()
+    if device is not None:
+        model.to(device)
+    source = {"name": name if isinstance(name, str) else type(name).__name__, "pretrained": pretrained,
+              "weights": None if weights is None else str(weights), "seed": seed, "options": dict(kwargs)}
+    if isinstance(name, str):  # a module passed in is the caller's object: left as it is
+        model.__dict__["vitlens_source"] = source  # plain instance data: not a parameter, buffer or submodule
+    return model
+
+
+def _load_named(name: str | nn.Module, pretrained: bool, weights: str | os.PathLike | None,
+                kwargs: dict[str, Any]) -> nn.Module:
     if isinstance(name, nn.Module):
         model = name
     elif not isinstance(name, str):
         raise UnsupportedModelError(f"load_model expects a name or an nn.Module, got {type(name).__name__}")
     elif name.startswith("timm:"):
-        model = _load_timm(name[5:], pretrained, weights, **kwargs)
+        try:
+            model = _load_timm(name[5:], pretrained, weights, **kwargs)
+        except (TypeError, ValueError, AssertionError, ArithmeticError) as e:
+            if not kwargs or isinstance(e, VitlensError):
+                raise
+            raise _build_error(name, kwargs, e) from None
     elif name.startswith("hf:"):
         model = _load_hf(name[3:], pretrained, **kwargs)
     elif name == "efficientnet_lite0":
@@ -220,10 +261,16 @@ def load_model(name: str | nn.Module, pretrained: bool = True, weights: str | os
         from . import zoo
 
         model = zoo.load_bundled(name)
-    model.eval()
-    if device is not None:
-        model.to(device)
     return model
+
+
+def _build_error(name: str, kwargs: dict, e: Exception) -> InputError:
+    """One line for a constructor that cannot take the options given (``patch_size=0``, ``img_size='big'``)."""
+    given = ", ".join(f"{k}={v!r}" for k, v in sorted(kwargs.items()))
+    if "unexpected keyword argument" in str(e):
+        return InputError(f"{name} does not take {str(e).split('argument')[-1].strip()} (given: {given})")
+    why = (str(e).splitlines() or [type(e).__name__])[0][:160]
+    return InputError(f"{name} cannot be built with {given} ({type(e).__name__}: {why})")
 
 
 def _check_load_arguments(name: Any, pretrained: bool, weights: Any, device: Any, kwargs: dict) -> None:
@@ -234,6 +281,10 @@ def _check_load_arguments(name: Any, pretrained: bool, weights: Any, device: Any
     if not isinstance(pretrained, bool):
         raise InputError(f"load_model: pretrained must be True or False; got {pretrained!r}")
     if isinstance(name, str) and (name.startswith("timm:") or name.startswith("hf:")):
+        k = kwargs.get("num_classes", 0)
+        if isinstance(k, bool) or not isinstance(k, int) or k < 0:
+            raise InputError(f"load_model({name!r}): num_classes must be an integer >= 0 (0: no classifier head); "
+                             f"got {k!r}")
         if name.startswith("hf:") and weights is not None:
             raise InputError(f"load_model({name!r}): weights= applies to timm:<arch> and efficientnet_lite0; an hf: "
                              "model reads its weights from its directory")
@@ -296,8 +347,8 @@ def _cached_timm_weights(arch: str) -> str | None:
         try:
             from huggingface_hub import try_to_load_from_cache
         except ImportError:  # pragma: no cover
-            try_to_load_from_cache = None
-        if try_to_load_from_cache is not None:
+            pass
+        else:
             names = [cfg.hf_hub_filename] if cfg.hf_hub_filename else ["model.safetensors", "pytorch_model.bin"]
             for fname in names:
                 found = try_to_load_from_cache(cfg.hf_hub_id, fname)

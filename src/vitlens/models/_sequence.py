@@ -133,6 +133,9 @@ def _probs_hook(rec: Recording, index: int, at: int | None) -> Callable:
 def _value_hook(rec: Recording, index: int, parts: BlockParts) -> Callable:
     def hook(module: nn.Module, args: tuple, kwargs: dict) -> None:
         x = args[0] if args else kwargs.get("hidden_states", kwargs.get("x"))
+        if x is None:
+            raise UnsupportedModelError(f"block {index}: the attention module was called without its input (no "
+                                        "positional argument, hidden_states or x)")
         weight, bias = parts.value
         with torch.no_grad():
             v = F.linear(x.detach(), weight, bias)

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence, TypeVar
 
 import torch
 from torch import Tensor, nn
@@ -33,7 +33,7 @@ from ..preprocessing import int_pair  # re-exported: how sizes are passed around
 from .capabilities import CLASS_ATTENTION, CLASS_LOGITS, STAGES, WINDOWS
 from .data_configs import model_data_config
 
-__all__ = ["Adapter", "BlockRecord", "LRPLinears", "Recording", "conservative_layernorm_hook", "int_pair",
+__all__ = ["Adapter", "BlockRecord", "LRPLinears", "Recording", "recorded", "conservative_layernorm_hook", "int_pair",
            "logits_of", "linears_at", "switched", "normalisation_layers"]
 
 
@@ -112,6 +112,19 @@ class Recording:
         if self.final is not None:
             out.append(self.final)
         return out
+
+
+_T = TypeVar("_T")
+
+
+def recorded(value: _T | None, what: str) -> _T:
+    """``value`` as the capture hooks filled it in (a :class:`BlockRecord` or :class:`Recording` field), or an
+    :class:`UnsupportedModelError` naming ``what`` was not recorded: an adapter that declares a capability its capture
+    hooks do not fill fails here with one clear line, not with an ``AttributeError`` on ``None`` in a method."""
+    if value is None:
+        raise UnsupportedModelError(f"the model's recording has no {what}: its adapter declares the capability but "
+                                    "its capture hooks did not fill it")
+    return value
 
 
 def _is_rms_norm(module: nn.Module) -> bool:
@@ -346,7 +359,7 @@ class Adapter:
             yield
             return
         saved = getattr(self, "_caller_amp", None)
-        self._caller_amp = (device_type, torch.get_autocast_dtype(device_type))
+        self._caller_amp: tuple[str, torch.dtype] | None = (device_type, torch.get_autocast_dtype(device_type))
         try:
             with torch.autocast(device_type, enabled=False):
                 yield

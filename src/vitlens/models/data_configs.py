@@ -45,7 +45,7 @@ def processor_defaults(model: nn.Module) -> dict | None:
     the HF image processor a model of a family in this module is published with, or ``None`` for other models."""
     cfg = getattr(model, "config", None)
     kind = getattr(cfg, "model_type", None)
-    if kind not in _PREPROCESS:
+    if cfg is None or kind not in _PREPROCESS:
         return None
     vcfg = getattr(cfg, "vision_config", None) or cfg
     s = vcfg.image_size

@@ -11,7 +11,7 @@ from typing import Callable
 import torch
 from torch import nn
 
-__all__ = ["Family", "FAMILIES", "family", "build"]
+__all__ = ["Family", "FAMILIES", "family", "build", "trained_like"]
 
 _T = dict(img_size=32, patch_size=8, embed_dim=48, depth=2, num_heads=4, num_classes=5)
 _H = dict(image_size=32, patch_size=8, hidden_size=48, num_hidden_layers=2, num_attention_heads=4,
@@ -81,7 +81,8 @@ def _sharpen(model: nn.Module, gain: float = 3.0) -> nn.Module:
                 p.normal_(0.0, 1.0)
             elif name.endswith("qkv.weight") and p.shape[0] % 3 == 0:
                 p[: 2 * (p.shape[0] // 3)].mul_(gain)
-            elif name.endswith(("q_proj.weight", "k_proj.weight")):
+            elif name.endswith(("q_proj.weight", "k_proj.weight", "attention.attention.query.weight",
+                                "attention.attention.key.weight")):
                 p.mul_(gain)
             elif name.endswith(("attn.proj_l.weight", "attn.proj_w.weight")):  # CaiT talking heads: near identity,
                 p.add_(torch.eye(p.shape[0], dtype=p.dtype))  # as trained ones are (random init makes A' ≈ 0)
@@ -106,6 +107,12 @@ FAMILIES: list[Family] = [
            _hf("Dinov2WithRegistersForImageClassification", "Dinov2WithRegistersConfig", num_register_tokens=2)),
     Family("HF BEiT", "transformers BeitForImageClassification (relative position bias)",
            _hf("BeitForImageClassification", "BeitConfig", use_relative_position_bias=True)),
+    Family("HF ViTMSN", "transformers ViTMSNForImageClassification", _hf("ViTMSNForImageClassification", "ViTMSNConfig")),
+    Family("HF I-JEPA", "transformers IJepaForImageClassification (no CLS token, token-mean readout)",
+           _hf("IJepaForImageClassification", "IJepaConfig")),
+    Family("HF Data2VecVision", "transformers Data2VecVisionForImageClassification (relative position bias, layer "
+           "scale)", _hf("Data2VecVisionForImageClassification", "Data2VecVisionConfig",
+                         use_relative_position_bias=True)),
     Family("HF CLIP", "transformers CLIPForImageClassification",
            _hf("CLIPForImageClassification", "CLIPConfig", vision=True)),
     Family("HF SigLIP", "transformers SiglipForImageClassification",
@@ -119,9 +126,15 @@ FAMILIES: list[Family] = [
     Family("timm Swin", "timm SwinTransformer (shifted windows, patch merging)",
            _timm("swin_tiny_patch4_window7_224", False, img_size=32, patch_size=4, window_size=4, embed_dim=24,
                  depths=(2, 2), num_heads=(2, 4), num_classes=5)),
+    Family("timm SwinV2", "timm SwinTransformerV2 (scaled-cosine attention, log-spaced continuous position bias, "
+           "residual post-norm)", _timm("swinv2_tiny_window8_256", False, img_size=32, patch_size=4, window_size=4,
+                                        embed_dim=24, depths=(2, 2), num_heads=(2, 4), num_classes=5)),
     Family("HF Swin", "transformers SwinForImageClassification (shifted windows, patch merging)",
            _hf("SwinForImageClassification", "SwinConfig", plain=False, image_size=32, patch_size=4, embed_dim=24,
                depths=[2, 2], num_heads=[2, 4], window_size=4)),
+    Family("HF Swinv2", "transformers Swinv2ForImageClassification (scaled-cosine attention, continuous position "
+           "bias, residual post-norm)", _hf("Swinv2ForImageClassification", "Swinv2Config", plain=False, image_size=32,
+                                            patch_size=4, embed_dim=24, depths=[2, 2], num_heads=[2, 4], window_size=4)),
     Family("HF SegFormer", "transformers SegformerForSemanticSegmentation (hierarchical stages, per-pixel logits)",
            _hf("SegformerForSemanticSegmentation", "SegformerConfig", plain=False, num_encoder_blocks=2, depths=[1, 1],
                sr_ratios=[2, 1], hidden_sizes=[16, 32], num_attention_heads=[1, 2], decoder_hidden_size=32,
@@ -147,7 +160,40 @@ def family(name: str) -> Family:
     raise KeyError(name)
 
 
-def build(name: str, seed: int = 0) -> nn.Module:
-    """A tiny random model of family ``name``, seeded, sharpened attention, eval mode."""
+#: parameter names (last component) of layer scales: timm ``gamma``/``gamma_1``, HF ``lambda1``/``lambda_1``
+_SCALES = ("gamma", "gamma_1", "gamma_2", "lambda1", "lambda2", "lambda_1", "lambda_2")
+#: learned tokens that initialisers leave at (near) zero
+_TOKENS = ("cls_token", "dist_token", "reg_token", "register_tokens", "class_embedding", "mask_token")
+
+
+def trained_like(model: nn.Module, seed: int = 1) -> nn.Module:
+    """Give ``model`` parameters as a trained model has them, not as initialised (in place; returns it): every bias
+    (``bias``, ``q_bias``, ``v_bias``, ...) and every position or relative-position table shifted by
+    ``0.05·N(0, 1)``, layer scales set to ``0.1 + 0.02·N(0, 1)``, learned tokens (CLS, distillation, registers)
+    shifted by ``0.02·N(0, 1)`` and normalisation weights set to ``1 + 0.1·N(0, 1)``. Initialisers leave biases,
+    position and relative-bias tables at zero, layer scales at their init value and norms at one, where a rule that
+    drops or mishandles any of them still looks conservative; the support sweep and the family tests run on both."""
+    gen = torch.Generator().manual_seed(seed)
+    norms = {id(m.weight) for m in model.modules()
+             if isinstance(getattr(m, "weight", None), nn.Parameter) and "norm" in type(m).__name__.lower()}
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            leaf = name.rsplit(".", 1)[-1]
+            noise = torch.randn(p.shape, generator=gen).to(p.dtype)
+            if leaf in _SCALES or "layer_scale" in name or ".ls" in name:
+                p.copy_(0.1 + 0.02 * noise)
+            elif id(p) in norms:
+                p.copy_(1.0 + 0.1 * noise)
+            elif leaf in _TOKENS:
+                p.add_(0.02 * noise)
+            elif leaf.endswith("bias") or "pos" in name or "position" in name or "bias_table" in name:
+                p.add_(0.05 * noise)
+    return model
+
+
+def build(name: str, seed: int = 0, trained: bool = False) -> nn.Module:
+    """A tiny random model of family ``name``, seeded, sharpened attention, eval mode; ``trained``: with
+    :func:`trained_like` parameters."""
     torch.manual_seed(seed)
-    return _sharpen(family(name).build()).eval()
+    model = _sharpen(family(name).build()).eval()
+    return trained_like(model) if trained else model

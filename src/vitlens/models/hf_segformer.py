@@ -159,9 +159,10 @@ class SegformerAdapter(Adapter):
         self.in_chans = int(cfg.num_channels)
         self.stages = list(self.model.segformer.stages)
         self.readouts = list(self.model.decode_head.linear_projections)
-        self.classifier = getattr(self.model.decode_head, "classifier", None)
-        if not isinstance(self.classifier, nn.Conv2d) or self.classifier.kernel_size != (1, 1):
+        classifier = getattr(self.model.decode_head, "classifier", None)
+        if not isinstance(classifier, nn.Conv2d) or classifier.kernel_size != (1, 1):
             raise UnsupportedModelError("the SegFormer decode head has no 1x1 classifier convolution")
+        self.classifier = classifier
         if len(self.readouts) != len(self.stages):
             raise UnsupportedModelError(
                 f"the SegFormer decode head reads {len(self.readouts)} stages, the encoder has {len(self.stages)}"

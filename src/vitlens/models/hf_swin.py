@@ -59,7 +59,7 @@ class HFSwinAdapter(SwinAdapter):
     def __init__(self, model: nn.Module) -> None:
         super().__init__(model)
         cfg = self.model.config
-        self.backbone = self.model.swin
+        self.backbone = getattr(self.model, self._backbone_name)
         self.num_classes = int(cfg.num_labels)
         self.patch_size = int_pair(cfg.patch_size)
         self.in_chans = int(cfg.num_channels)
@@ -68,20 +68,38 @@ class HFSwinAdapter(SwinAdapter):
         self.stages: list[Any] = list(self.backbone.encoder.layers)
         for s, stage in enumerate(self.stages):
             for j, blk in enumerate(stage.blocks):
-                att = getattr(blk, "attention", None)
-                if not (isinstance(getattr(att, "v_proj", None), nn.Linear)
-                        and hasattr(att, "relative_position_bias") and hasattr(blk, "layernorm_after")
-                        and hasattr(blk, "shift_size") and hasattr(blk, "window_size")):
-                    raise UnsupportedModelError(
-                        f"HF Swin stage {s} block {j} ({type(blk).__name__}) is not a transformers 5.x SwinLayer with "
-                        "a SwinAttention (v_proj, relative_position_bias)")
+                self._check_block(s, j, blk)
             ds = stage.downsample
-            if ds is not None and type(ds).__name__ != "SwinPatchMerging":
+            if ds is not None and type(ds).__name__ != self._merging:
                 raise UnsupportedModelError(f"HF Swin stage {s}: downsampling {type(ds).__name__} is not "
-                                            "SwinPatchMerging")
+                                            f"{self._merging}")
         if not isinstance(getattr(self.backbone, "pooler", None), nn.AdaptiveAvgPool1d):
             raise UnsupportedModelError("HF Swin without its average-pool classifier (add_pooling_layer=False) is not "
                                         "supported")
+
+    #: the model's backbone attribute and the class name of its patch merging
+    _backbone_name = "swin"
+    _merging = "SwinPatchMerging"
+
+    def _check_block(self, s: int, j: int, blk: Any) -> None:
+        """Raise :class:`UnsupportedModelError` if block ``j`` of stage ``s`` is not the layer this adapter reads."""
+        att = getattr(blk, "attention", None)
+        if not (isinstance(getattr(att, "v_proj", None), nn.Linear)
+                and hasattr(att, "relative_position_bias") and hasattr(blk, "layernorm_after")
+                and hasattr(blk, "shift_size") and hasattr(blk, "window_size")):
+            raise UnsupportedModelError(
+                f"HF Swin stage {s} block {j} ({type(blk).__name__}) is not a transformers 5.x SwinLayer with "
+                "a SwinAttention (v_proj, relative_position_bias)")
+
+    def _h_site(self, blk: Any) -> nn.Module:
+        """The module whose input is ``h``, the residual stream after the attention residual (v1: the MLP's
+        pre-norm ``layernorm_after``)."""
+        return blk.layernorm_after
+
+    def _value_of(self, blk: Any) -> tuple[nn.Module, int, int]:
+        """The value projection of a layer's attention, its number of heads and the head width."""
+        att = blk.attention
+        return att.v_proj, int(att.num_attention_heads), int(att.head_dim)
 
     # -- layout ----------------------------------------------------------------------------------------------------
     def grid(self, input_hw: tuple[int, int]) -> tuple[int, int]:
@@ -161,8 +179,9 @@ class HFSwinAdapter(SwinAdapter):
             for blk in stage.blocks:
                 rec.blocks.append(SwinBlockRecord(stage=s, pad_first=True))
                 hooks.append(blk.register_forward_pre_hook(self._layer_hook(rec, index), with_kwargs=True))
-                hooks.append(blk.layernorm_after.register_forward_pre_hook(self._record_h_hook(rec, index)))
-                hooks.append(blk.attention.register_forward_pre_hook(_window_hook(rec, index, blk), with_kwargs=True))
+                hooks.append(self._h_site(blk).register_forward_pre_hook(self._record_h_hook(rec, index)))
+                hooks.append(blk.attention.register_forward_pre_hook(_window_hook(rec, index, blk, self._value_of(blk)),
+                                                                     with_kwargs=True))
                 hooks.append(blk.attention.register_forward_hook(_attn_hook(rec, index)))
                 index += 1
             if stage.downsample is not None and s + 1 < len(self.stages):
@@ -186,11 +205,10 @@ class HFSwinAdapter(SwinAdapter):
         return hook
 
 
-def _window_hook(rec: SwinRecording, index: int, layer: Any) -> Callable:
+def _window_hook(rec: SwinRecording, index: int, layer: Any, value: tuple[nn.Module, int, int]) -> Callable:
     """Pre-hook on a layer's attention: the shift and window the layer uses now (``set_shift_and_window_size`` has
     run) and the value norms ``(B·nW, heads, N)`` of its windows ``(B·nW, N, C)``."""
-    att = layer.attention
-    heads, d = int(att.num_attention_heads), int(att.head_dim)
+    v_proj, heads, d = value
 
     def hook(module: nn.Module, args: tuple, kwargs: dict) -> None:
         brec = rec.blocks[index]
@@ -198,7 +216,7 @@ def _window_hook(rec: SwinRecording, index: int, layer: Any) -> Callable:
         brec.shift, brec.window = int_pair(layer.shift_size), int_pair(layer.window_size)
         x = _arg(args, kwargs, 0, "hidden_states").detach()
         with torch.no_grad():
-            v = att.v_proj(x)
+            v = v_proj(x)
             b, n, _ = v.shape
             brec.vnorm = v.reshape(b, n, heads, d).norm(dim=-1).permute(0, 2, 1)
 

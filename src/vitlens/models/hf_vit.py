@@ -38,6 +38,9 @@ class HFViTAdapter(Adapter):
     #: the wrapped model; typed ``Any`` because the family's submodules and config are reached by attribute
     #: (``nn.Module.__getattr__`` types them loosely), after :meth:`matches` and ``__init__`` checked the layout
     model: Any
+    #: read from the config in ``__init__``: never ``None`` for this family
+    patch_size: tuple[int, int]
+    default_size: tuple[int, int]
 
     family = "hf-vit"
     capabilities = frozenset({CLASS_LOGITS, ATTENTION, BLOCK_IO, TOKEN_SEQUENCE, LRP_LINEARS, LINEAR_HEAD, TOKENS,
@@ -74,7 +77,7 @@ class HFViTAdapter(Adapter):
     def _value_linear(layer: nn.Module) -> nn.Linear | None:
         att = layer.attention
         for path in ("v_proj", "attention.value", "value"):  # transformers 5.x, 4.x
-            mod = att
+            mod: Any = att
             for part in path.split("."):
                 mod = getattr(mod, part, None)
             if isinstance(mod, nn.Linear):
@@ -169,7 +172,9 @@ class HFViTAdapter(Adapter):
                 rec.blocks[i].value = output.detach().reshape(b, n, heads, d // heads).permute(0, 2, 1, 3)
 
             hooks.append(self._attention_module(layer).register_forward_hook(attn_hook))
-            hooks.append(self._value_linear(layer).register_forward_hook(value_hook))
+            value = self._value_linear(layer)
+            assert value is not None  # __init__ refused layers without a value projection
+            hooks.append(value.register_forward_hook(value_hook))
 
         def final_hook(module, args, output):
             rec.final = output[0] if isinstance(output, tuple) else output

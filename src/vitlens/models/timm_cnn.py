@@ -14,6 +14,7 @@ from typing import Any
 
 from torch import Tensor, nn
 
+from ..errors import UnsupportedModelError
 from .base import Adapter, BlockRecord, Recording
 from .capabilities import ATTENTION, BLOCK_IO, CLASS_LOGITS, FEATURE_MAPS, FEATURES, TOKEN_SEQUENCE, TOKENS
 
@@ -54,7 +55,11 @@ class TimmCNNAdapter(Adapter):
         self.num_classes = int(getattr(model, "num_classes", 0) or 0)
         last = self.model.feature_info[-1]
         self.reduction = int(last["reduction"] if isinstance(last, dict) else last.reduction)
-        self.pool = _pool_module(model)
+        pool = _pool_module(model)
+        if pool is None:
+            raise UnsupportedModelError(f"{type(model).__name__}: no global-pool module (model.global_pool or "
+                                        "model.head.global_pool)")
+        self.pool = pool
         self.in_chans = None
         first = getattr(model, "pretrained_cfg", {}).get("first_conv") if hasattr(model, "pretrained_cfg") else None
         if first:

@@ -103,6 +103,7 @@ class SwinAdapter(Adapter):
     recording type; each family fills in where its parts are."""
 
     model: Any  # a Swin classifier: its parts are read by attribute after __init__ checked the layout
+    patch_size: tuple[int, int]  # set by each family's __init__ from its patch embedding: never None
     capabilities = frozenset({CLASS_LOGITS, ATTENTION, BLOCK_IO, WINDOWS, STAGES, FEATURES, TOKEN_GRID})
     capability_notes = {**SWIN_CAPABILITY_NOTES, FEATURE_MAPS: "the model has no timm feature_info to read "
                         "multi-depth feature maps from"}
@@ -205,9 +206,10 @@ class TimmSwinAdapter(SwinAdapter):
             for blk in stage.blocks:
                 rec.blocks.append(SwinBlockRecord(stage=s, shift=int_pair(blk.shift_size), window=int_pair(blk.window_size)))
                 hooks.append(blk.register_forward_pre_hook(self._swin_u_hook(rec, index), with_kwargs=True))
-                hooks.append(blk.norm2.register_forward_pre_hook(self._record_h_hook(rec, index)))
+                hooks.append(self._h_site(blk).register_forward_pre_hook(self._record_h_hook(rec, index)))
                 hooks.append(blk.attn.softmax.register_forward_hook(_attn_hook(rec, index)))
-                hooks.append(blk.attn.register_forward_pre_hook(_vnorm_hook(rec, index, blk.attn)))
+                hooks.append(blk.attn.register_forward_pre_hook(
+                    _vnorm_hook(rec, index, int(blk.attn.num_heads), self._value_of(blk.attn))))
                 index += 1
 
         def final_hook(module: nn.Module, args: tuple) -> tuple:
@@ -218,6 +220,17 @@ class TimmSwinAdapter(SwinAdapter):
             return (tokens.reshape(f.shape), *args[1:])
 
         hooks.append(self.model.norm.register_forward_pre_hook(final_hook))
+
+    def _h_site(self, blk: Any) -> nn.Module:
+        """The module whose input is the residual stream after the attention residual, ``h`` (v1: ``norm2``, the
+        pre-norm of the MLP branch)."""
+        return blk.norm2
+
+    def _value_of(self, attn: Any) -> tuple[Tensor, Tensor | None]:
+        """``(W_v, b_v)`` of a window attention: the value third of its fused ``qkv`` (and of its bias)."""
+        qkv = attn.qkv
+        d = qkv.out_features // 3
+        return qkv.weight[2 * d:], None if qkv.bias is None else qkv.bias[2 * d:]
 
     def _swin_u_hook(self, rec: SwinRecording, index: int) -> Any:
         leaf = self._leaf_first_block_hook(rec, index)
@@ -241,17 +254,14 @@ def _attn_hook(rec: SwinRecording, index: int) -> Any:
     return hook
 
 
-def _vnorm_hook(rec: SwinRecording, index: int, attn: Any) -> Any:
-    heads = int(attn.num_heads)
+def _vnorm_hook(rec: SwinRecording, index: int, heads: int, value: tuple[Tensor, Tensor | None]) -> Any:
+    weight, bias = value
 
     def hook(module: nn.Module, args: tuple) -> None:
         x = args[0].detach()
-        qkv = attn.qkv
-        d = qkv.out_features // 3
-        bias = None if qkv.bias is None else qkv.bias[2 * d:]
         with torch.no_grad():
-            v = F.linear(x, qkv.weight[2 * d:], bias)
-            b, n, _ = v.shape
+            v = F.linear(x, weight, bias)
+            b, n, d = v.shape
             brec = rec.blocks[index]
             assert isinstance(brec, SwinBlockRecord)
             brec.vnorm = v.reshape(b, n, heads, d // heads).norm(dim=-1).permute(0, 2, 1)  # (B·nW, H, N)

@@ -44,6 +44,7 @@ class TimmViTAdapter(Adapter):
     #: the wrapped model; typed ``Any`` because the family's submodules and config are reached by attribute
     #: (``nn.Module.__getattr__`` types them loosely), after :meth:`matches` and ``__init__`` checked the layout
     model: Any
+    patch_size: tuple[int, int]  # set in __init__ from the patch embedding: never None for this family
 
     family = "timm-vit"
     capabilities = frozenset({CLASS_LOGITS, ATTENTION, BLOCK_IO, TOKEN_SEQUENCE, LRP_LINEARS, LINEAR_HEAD, TOKENS,

@@ -264,7 +264,8 @@ def bundled_names() -> list[str]:
 
 def _spec(name: str) -> BundledModel:
     if not isinstance(name, str) or name not in BUNDLED:
-        raise UnsupportedModelError(f"unknown bundled model {name!r}; bundled models: {', '.join(bundled_names())}")
+        raise UnsupportedModelError(f"unknown model {name!r}; `vitlens models` lists what loads: the bundled "
+                                    f"{', '.join(bundled_names())}, efficientnet_lite0, timm:<arch>, hf:<dir>")
     return BUNDLED[name]
 
 

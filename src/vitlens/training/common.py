@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from ..models import get_adapter
+from ..models.base import recorded
 from ..runtime import atomic_write, gini, warmup_cosine
 
 __all__ = [
@@ -93,7 +94,8 @@ def attention_gini(model: torch.nn.Module, images: torch.Tensor, normalise: Call
     for i in range(0, len(images), batch):
         with adapter.session() as rec:
             adapter.forward(normalise(images[i : i + batch]))
-            g = torch.stack([gini(b.attn.detach().float()).mean(-1).sum(0) for b in rec.blocks])  # (depth, heads)
+            attns = [recorded(b.attn, "attention").detach().float() for b in rec.blocks]
+            g = torch.stack([gini(a).mean(-1).sum(0) for a in attns])  # (depth, heads)
         total = g if total is None else total + g
     assert total is not None
     return (total / len(images)).double().numpy()

@@ -66,7 +66,7 @@ def _ticks(scale: Scale, relative: bool) -> tuple[list[float], list[str]]:
 
 
 def _add_colorbar(fig: Figure, axes: Any, cmap: Colormap, scale: Scale, units: str, relative: bool,
-                  location: str = "right", fontsize: float = 8) -> None:
+                  location: str = "right", fontsize: float = 8, wrap: int = 34) -> None:
     """A colour bar beside ``axes`` (``location='right'``) or drawn into the axes ``axes`` (``'bottom'``)."""
     mappable = ScalarMappable(norm=Normalize(0.0, 1.0), cmap=cmap)
     if location == "right":
@@ -79,7 +79,7 @@ def _add_colorbar(fig: Figure, axes: Any, cmap: Colormap, scale: Scale, units: s
     if location == "right":  # wrap to the bar's height so the label is never cut
         label = textwrap.fill(label, max(20, int(fig.get_figheight() * 10)))
     else:
-        label = textwrap.fill(label, 34)
+        label = textwrap.fill(label, wrap)
     bar.set_label(label, fontsize=fontsize)
 
 
@@ -96,6 +96,12 @@ def _clean_axes(ax: Any) -> None:
     ax.set_yticks([])
     for spine in ax.spines.values():
         spine.set_visible(False)
+
+
+def _check_dpi(dpi: Any) -> None:
+    """A figure's resolution: an integer in [1, 1200] (a larger one makes gigapixel rasters of a few-inch figure)."""
+    if isinstance(dpi, bool) or not isinstance(dpi, (int, float)) or not 1 <= dpi <= 1200:
+        raise InputError(f"dpi must be a number in [1, 1200], got {dpi!r}")
 
 
 def _check_suffix(path: str | Path) -> None:
@@ -161,6 +167,7 @@ def save_figure(
         The path written.
     """
     _check_suffix(path)
+    _check_dpi(dpi)
     pixels = display_image(image, min_side, max_side)
     arr = map_array(heatmap, allow_nan=True)
     arr = smooth_map(np.abs(arr) if style == "abs" else arr, smooth)  # |h| is smoothed: signs never cancel
@@ -267,6 +274,7 @@ def save_grid(
     units: str = "relevance",
     dpi: int = 100,
     metadata: Mapping[str, str] | None = None,
+    text_size: float = 7.5,
 ) -> Path:
     """Write a comparison grid: one row per image; the image, then one overlay column per method.
 
@@ -288,11 +296,16 @@ def save_grid(
         units: what the maps' values are, for the colour bars.
         dpi: resolution of the written raster.
         metadata: provenance stored in the file (PNG text chunks).
+        text_size: size of captions and colour-bar labels in points (column titles 1.5 pt larger, tick labels 1 pt
+            smaller); lines are wrapped to the columns' width at that size. Raise it for a grid shown scaled down.
 
     Returns:
         The path written.
     """
     _check_suffix(path)
+    if not 4.0 <= float(text_size) <= 40.0:
+        raise InputError(f"save_grid: text_size must be between 4 and 40 points; got {text_size!r}")
+    _check_dpi(dpi)
     image_list = _image_list(images)
     if not image_list:
         raise InputError("save_grid got no images")
@@ -303,10 +316,13 @@ def save_grid(
              ("signed" if any(is_signed(m) for m in maps) else "minmax") for name, maps in columns.items()}
 
     ncols = 1 + len(columns)
-    chars = max(8, int(col_size * 11))
+    grow = float(text_size) / 7.5  # text sizes and wrap widths relative to the defaults
+    chars = max(8, int(col_size * 11 / grow))
     heads = [_column_title(t, chars) for t in column_titles]
-    extra = (0.6 if colorbar and columns else 0.0) + (0.45 if captions is not None else 0.0)
-    extra += 0.17 * max(h.count("\n") + 1 for h in heads)
+    notes = [textwrap.fill(str(c), chars + int(10 / grow)) for c in captions] if captions is not None else None
+    extra = (0.6 * grow if colorbar and columns else 0.0)
+    extra += max(0.45, 0.15 * max(n.count("\n") + 1 for n in notes)) * grow if notes else 0.0
+    extra += 0.17 * grow * max(h.count("\n") + 1 for h in heads)
     fig = Figure(figsize=(col_size * ncols + (0.4 if row_labels else 0), col_size * rows + 0.3 + extra),
                  dpi=dpi, layout="constrained")
     FigureCanvasAgg(fig)
@@ -331,17 +347,17 @@ def save_grid(
             ax.imshow(cell, interpolation="antialiased")
             _clean_axes(ax)
             if r == 0:
-                ax.set_title(heads[c], fontsize=9)
+                ax.set_title(heads[c], fontsize=text_size + 1.5)
             if c == 0 and row_labels is not None:
-                ax.set_ylabel(textwrap.fill(str(row_labels[r]), chars), fontsize=8)
-            if c == 0 and captions is not None:
-                ax.set_xlabel(textwrap.fill(str(captions[r]), chars + 10), fontsize=7.5)
+                ax.set_ylabel(textwrap.fill(str(row_labels[r]), chars), fontsize=text_size + 0.5)
+            if c == 0 and notes is not None:
+                ax.set_xlabel(notes[r], fontsize=text_size)
     if with_bars:
         fig.add_subplot(grid[rows, 0]).set_axis_off()
         for c, name in enumerate(columns, start=1):
             scale, colormap = scales[name]
             _add_colorbar(fig, fig.add_subplot(grid[rows, c]), colormap, scale, units, relative=True,
-                          location="bottom", fontsize=7.5)
+                          location="bottom", fontsize=text_size, wrap=max(12, int(34 / grow)))
     path = prepare_path(path)
     with atomic_path(path) as tmp:  # no half-written picture survives an error or a kill
         fig.savefig(tmp, dpi=dpi, format=path.suffix.lstrip(".").lower() or None,

@@ -106,6 +106,8 @@ def to_uint8(image: ImageLike) -> np.ndarray:
             arr = np.moveaxis(arr, 0, -1)
     if arr.ndim != 3 or arr.shape[-1] not in (1, 3, 4) or arr.size == 0:
         raise InputError(f"image of shape {shape} is not an image; expected (3, H, W), (H, W, 3) or (H, W)")
+    if arr.dtype == np.uint8 and arr.shape[-1] in (1, 3):  # already 8-bit: no float copy (8 bytes per value)
+        return np.ascontiguousarray(np.repeat(arr, 3, axis=-1) if arr.shape[-1] == 1 else arr)
     if arr.dtype == np.uint8:
         pixels = arr.astype(np.float64) / 255.0
     elif np.issubdtype(arr.dtype, np.floating):
@@ -146,6 +148,20 @@ def map_array(heatmap: MapLike, allow_nan: bool = False) -> np.ndarray:
     if np.isnan(arr).all():
         raise InputError("heatmap is NaN everywhere")
     return arr
+
+
+def warn_if_stretched(map_hw: tuple[int, int], image_hw: tuple[int, int]) -> None:
+    """Warn when a ``map_hw`` map drawn over an ``image_hw`` image would be stretched: its aspect ratio is not the
+    image's, beyond the rounding of one map cell (a 10x20 map on a 64x64 picture; a 14x14 map on 224x224 is fine)."""
+    (h, w), (ih, iw) = map_hw, image_hw
+    if (h, w) == (ih, iw) or round(h * iw / ih) == w or round(w * ih / iw) == h:
+        return
+    import warnings
+
+    warnings.warn(f"a {h}x{w} map is stretched onto a {ih}x{iw} image (aspect ratio {w / h:.3g} vs {iw / ih:.3g}): "
+                  "the map was not computed on this image's geometry; for an explanation of a preprocessed input "
+                  "use viz.map_to_original(map, original_hw, model) to place it on the original picture",
+                  UserWarning, stacklevel=3)
 
 
 def _resize_map(heatmap: np.ndarray, size_hw: tuple[int, int]) -> np.ndarray:
@@ -369,6 +385,7 @@ def overlay_with_scale(
     mode = scale.mode
     default = "inferno" if style == "abs" and mode == "abs" else default_cmap(mode)
     colormap = _colormap(cmap if cmap is not None else default)
+    warn_if_stretched(arr.shape, pixels.shape[:2])
     scaled = apply_scale(_resize_map(arr, pixels.shape[:2]), scale)
     valid = ~np.isnan(scaled)  # areas the model did not see (map_to_original): the image shows through
     scaled = np.where(valid, scaled, 0.0)
@@ -398,7 +415,8 @@ def overlay(
 
     Args:
         image: the picture (see :data:`ImageLike`), pixels in ``[0, 1]`` or uint8.
-        heatmap: ``(h, w)`` real values; resized bilinearly to the image's ``(H, W)`` if the sizes differ. NaN
+        heatmap: ``(h, w)`` real values; resized bilinearly to the image's ``(H, W)`` if the sizes differ (a
+            ``UserWarning`` when that stretches it: aspect ratios that differ beyond one map cell). NaN
             marks pixels without a value (outside what the model saw, see :func:`map_to_original`): left uncoloured.
         alpha: heatmap opacity in ``[0, 1]``; 0 returns the image unchanged, 1 the coloured map alone.
         cmap: matplotlib colormap name or object; default :func:`default_cmap` of the scaling mode.

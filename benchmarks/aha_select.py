@@ -1,0 +1,152 @@
+"""Choose which AHA explainer to ship for a model on the *validation* matrix, never on evaluation images.
+
+Each candidate explainer file (the shipped one and retrained ones) is scored with the validation that ``train-aha``
+runs (:func:`vitlens.aha.validation.validate`): hard deletion/insertion of the predicted class on the held-out
+validation images of the model's training data (scenes/planted: seed 20,000 + 0; digits: the first MNIST-5k test
+digits), under the four deletion references {mean colour, black, blur, per-pixel mean image}, with pixel and token
+pooling. The candidate with the best mean over the references (its better pooling) is the one to ship; the
+protocol matrix of ``benchmarks/aha_protocols.py`` then scores it on evaluation images no choice has seen.
+
+``--refine N`` also chooses the refinement's default deletion reference on the first ``N`` validation images: the
+first candidate's maps at T = 0 and at T = 3 refined with each of ``--refine-references`` are scored with the hard
+metric (pixel ranking, 21 points) under each of the four references, next to GradSkip, paired over images.
+
+Usage::
+
+    python benchmarks/aha_select.py --model planted-vit \\
+        --candidates shipped=src/vitlens/aha/weights/planted-vit-aha.safetensors \\
+                     retrain=runs/aha-planted-vit/planted-vit-aha.safetensors
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+import vitlens
+from vitlens.aha import load_explainer
+from vitlens.aha.config import AHATrainConfig
+from vitlens.aha.data import datasets, mean_image, mean_std
+from vitlens.aha.validation import validate
+from vitlens.runtime import DistributedRun
+
+DATA = {"shapes-vit": "scenes", "shapes-deit": "scenes", "shapes-vit-gap-reg": "scenes", "digits-vit": "digits",
+        "planted-vit": "planted"}
+REFS = ("mean", "black", "blur", "meanimage")
+
+
+def score(model_name: str, path: Path, n_val: int) -> dict[str, float]:
+    model = vitlens.load_model(model_name)
+    net = load_explainer(path, model)
+    net.eval()
+    cfg = AHATrainConfig(n_val=n_val, steps=1, batch_size=1)
+    train_set, val_set, _ = datasets(DATA[model_name], model, cfg, net.num_classes)
+    mimg = mean_image(train_set) if len(train_set) else None  # type: ignore[arg-type]
+    return validate(net, val_set, DistributedRun(), pools=["tokens", "none"], references=REFS,
+                    mean_std=mean_std(model), mean_img=mimg)
+
+
+def validation_images(model_name: str, model: torch.nn.Module, n: int, num_classes: int) -> torch.Tensor:
+    cfg = AHATrainConfig(n_val=n, steps=1, batch_size=1)
+    _, val_set, _ = datasets(DATA[model_name], model, cfg, num_classes)
+    return torch.stack([val_set[i][0] for i in range(min(n, len(val_set)))])
+
+
+def refine_choice(model_name: str, path: Path, n: int, kinds: list[str], batch: int = 8) -> dict[str, dict]:
+    """Insertion − deletion per validation image (pixel ranking, 21 points) under each reference, for GradSkip, AHA
+    T = 0 and AHA T = 3 refined with each reference kind in ``kinds``."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from aha_protocols import ins_minus_del, maps_of  # noqa: E402
+
+    from vitlens.aha.soft_metrics import reference
+    from vitlens.images import data_config
+
+    model = vitlens.load_model(model_name).eval()
+    net = load_explainer(path, model)
+    x = validation_images(model_name, model, n, net.num_classes)
+    with torch.no_grad():
+        cls = model(x).argmax(-1)
+    cfg = AHATrainConfig(n_val=1, steps=64, batch_size=8)
+    train_set, _, _ = datasets(DATA[model_name], model, cfg, net.num_classes)
+    mi = mean_image(train_set)
+    dc = data_config(model)
+    refs = {r: reference(x, r, tuple(dc.mean), tuple(dc.std), mean_image=mi) for r in REFS}
+    rows = {"gradskip": maps_of(model, x, "gradskip", batch),
+            "T=0": maps_of(model, x, "aha", batch, refine_steps=0, explainer=str(path))}
+    for kind in kinds:
+        rows[f"T=3 {kind}"] = maps_of(model, x, "aha", batch, refine_steps=3, reference=kind, explainer=str(path))
+    out: dict[str, dict] = {}
+    for label, maps in rows.items():
+        out[label] = {r: torch.cat([ins_minus_del(model, x[s:s + batch], maps[s:s + batch], cls[s:s + batch],
+                                                  refs[r][s:s + batch], 1, 21) for s in range(0, len(x), batch)
+                                    ]).tolist() for r in REFS}
+    return out
+
+
+def print_refine(res: dict[str, dict], n: int) -> None:
+    import numpy as np
+    from scipy.stats import t as student
+
+    print(f"\nRefinement on {n} validation images: insertion − deletion (pixel, 21 pts), row − GradSkip, paired 95 % t "
+          "interval\n")
+    print("| row | " + " | ".join(REFS) + " | worst cell |")
+    print("|---" * (len(REFS) + 2) + "|")
+    for label, v in res.items():
+        if label == "gradskip":
+            continue
+        cells, worst = [], 1e9
+        for r in REFS:
+            d = np.asarray(v[r]) - np.asarray(res["gradskip"][r])
+            h = float(student.ppf(0.975, len(d) - 1) * d.std(ddof=1) / np.sqrt(len(d))) if len(d) > 1 else 0.0
+            worst = min(worst, float(d.mean()))
+            cells.append(f"{d.mean():+.3f} ± {h:.3f}")
+        print(f"| {label} | " + " | ".join(cells) + f" | {worst:+.3f} |")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", required=True, choices=sorted(DATA))
+    p.add_argument("--candidates", nargs="+", required=True, metavar="LABEL=PATH")
+    p.add_argument("--n-val", type=int, default=96)
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--refine", type=int, default=0, metavar="N", help="also compare refinement references on N images")
+    p.add_argument("--refine-references", nargs="+", default=["mean", "mixed"])
+    p.add_argument("--json", type=Path, default=None, help="also write the scores here")
+    args = p.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    rows = {}
+    for item in args.candidates:
+        label, _, path = item.partition("=")
+        t0 = time.perf_counter()
+        rows[label] = score(args.model, Path(path), args.n_val)
+        rows[label]["seconds"] = round(time.perf_counter() - t0, 1)
+        print(f"{label}: {rows[label]['difference']:.4f} ({rows[label]['seconds']} s)", file=sys.stderr)
+    print(f"Validation matrix of {args.model} ({args.n_val} validation images; insertion − deletion, hard, "
+          "predicted class)\n")
+    heads = [f"{pool} @{r}" for pool in ("tokens", "pixel") for r in REFS]
+    print("| candidate | mean (tokens) | mean (pixel) | " + " | ".join(heads) + " |")
+    print("|---" * (3 + len(heads)) + "|")
+    for label, v in rows.items():
+        cells = [v[f"difference@{r}"] for r in REFS] + [v[f"difference_none@{r}"] for r in REFS]
+        print(f"| {label} | {v['difference']:.4f} | {v['difference_none']:.4f} | "
+              + " | ".join(f"{c:.4f}" for c in cells) + " |")
+    best = max(rows, key=lambda k: max(rows[k]["difference"], rows[k]["difference_none"]))
+    print(f"\nBest on validation: **{best}**")
+    refine = {}
+    if args.refine:
+        first = Path(args.candidates[0].partition("=")[2])
+        refine = refine_choice(args.model, first, args.refine, args.refine_references)
+        print_refine(refine, args.refine)
+    if args.json:
+        args.json.write_text(json.dumps({"model": args.model, "n_val": args.n_val, "rows": rows, "best": best,
+                                         "refine": refine}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,137 @@
+"""The ranking table of a benchmark run as text for a paper: Markdown (``summary.md``) and LaTeX (``summary.tex``).
+
+Both show per method (display name, settings in words) and per quality column the mean with its 95% interval
+(``0.444 ± 0.137`` for a mean, ``0.83 [0.44, 0.97]`` Wilson for a proportion), the best value of each column and the
+methods statistically tied with it (:mod:`vitlens.bench.report_stats`), then the cost per image. Markdown: best in
+bold, tied in italics; LaTeX: best ``\\textbf``, tied ``\\underline`` (a ``tabular`` with ``booktabs`` rules).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from ..explainers.registry import display_label, is_baseline
+from .naming import Column
+from .report_stats import PAIRED_TEST
+
+__all__ = ["cell_text", "mark", "markdown_table", "latex_table", "table_note"]
+
+
+def cell_text(v: dict[str, Any] | None, latex: bool = False) -> str:
+    """``'0.444 ± 0.137'`` (t interval) or ``'0.833 [0.436, 0.970]'`` (Wilson); ``'—'`` for no value."""
+    if not isinstance(v, dict) or math.isnan(float(v["mean"])):
+        return "--" if latex else "—"
+    mean = float(v["mean"])
+    pm = r"$\pm$" if latex else "±"
+    if v.get("interval") == "wilson":
+        return f"{mean:.3f} [{float(v['low']):.3f}, {float(v['high']):.3f}]"
+    ci = float(v["ci95"])
+    return f"{mean:.3f}" + ("" if math.isnan(ci) else f" {pm} {ci:.3f}")
+
+
+def mark(v: Any, best: float | None) -> str:
+    """``'best'``, ``'tied'`` (statistically tied with the best) or ``''`` for a table cell. Summaries written
+    before the paired test (no ``best`` flag) mark the best mean only."""
+    if not isinstance(v, dict):
+        return "best" if best is not None and v is not None and float(v) == best else ""
+    if "best" in v:
+        return "best" if v["best"] else ("tied" if v.get("tied_with_best") else "")
+    return "best" if best is not None and float(v["mean"]) == best else ""
+
+
+def _cost(row: dict[str, Any], key: str) -> float:
+    v = row.get(key)
+    return float("nan") if v is None else float(v["mean"] if isinstance(v, dict) else v)
+
+
+def table_note(headline: Column | None, latex: bool = False) -> str:
+    """What the marks and intervals mean (the sentence under the table)."""
+    best, tied = (r"\textbf{bold}", r"\underline{underlined}") if latex else ("**bold**", "*italic*")
+    ranked = f"Ranked by {headline.title}" + (f" ({headline.settings})" if headline.settings else "") + "; " \
+        if headline else ""
+    return (f"{ranked}mean ± 95% interval over images (Student t; Wilson score interval [low, high] for "
+            f"proportions); {best}: best in its column; {tied}: statistically tied with it ({PAIRED_TEST}); "
+            "↑ higher is better, ↓ lower is better; cost: passes through the model and median ms per image "
+            "(baselines are never marked).")
+
+
+def markdown_table(rows: list[dict[str, Any]], cols: list[Column], best: dict[str, float],
+                   headline: Column | None) -> str:
+    """The ranked table in Markdown, with its note."""
+    head = ["rank", "method"] + [c.title + (f" ({c.settings})" if c.settings else "") for c in cols]
+    head += ["fwd/bwd passes", "ms per image"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for k, row in enumerate(rows, start=1):
+        cells = [str(k), display_label(str(row["method"])).replace("|", "/")]
+        for c in cols:
+            text, how = cell_text(row.get(c.key)), mark(row.get(c.key), best.get(c.key))
+            cells.append(f"**{text}**" if how == "best" else f"*{text}*" if how == "tied" else text)
+        ms = _cost(row, "ms_per_image")
+        ms_text = f"{ms:.1f}"
+        if not is_baseline(str(row["method"])) and best.get("ms_per_image") == ms:
+            ms_text = f"**{ms_text}**"
+        cells += [f"{_cost(row, 'forward_passes'):g}/{_cost(row, 'backward_passes'):g}", ms_text]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n\n" + table_note(headline)
+
+
+_LATEX_SPECIAL = {"\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#", "_": r"\_",
+                  "{": r"\{", "}": r"\}", "~": r"\textasciitilde{}", "^": r"\textasciicircum{}"}
+_LATEX_UNICODE = {"×": r"$\times$", "−": "$-$", "±": r"$\pm$", "↑": r"$\uparrow$", "↓": r"$\downarrow$",
+                  "≈": r"$\approx$", "α": r"$\alpha$", "β": r"$\beta$", "γ": r"$\gamma$", "ε": r"$\varepsilon$",
+                  "σ": r"$\sigma$", "τ": r"$\tau$", "λ": r"$\lambda$", "²": r"$^2$", "—": "---", "–": "--"}
+
+
+def latex_escape(text: str) -> str:
+    """Plain text as LaTeX: special characters escaped, the symbols display names use as math."""
+    return "".join(_LATEX_SPECIAL.get(ch) or _LATEX_UNICODE.get(ch) or ch for ch in str(text))
+
+
+def latex_table(rows: list[dict[str, Any]], cols: list[Column], best: dict[str, float],
+                headline: Column | None) -> str:
+    """The ranked table as a LaTeX ``tabular`` (``booktabs`` rules), with its note as a comment above it."""
+    head = ["Method"] + [latex_escape(c.title) + (f" ({latex_escape(c.settings)})" if c.settings else "")
+                         for c in cols] + ["Fwd/bwd", "ms / image"]
+    lines = ["% " + line for line in _wrap(table_note(headline, latex=True))]
+    lines += ["% needs \\usepackage{booktabs}", "\\begin{tabular}{l" + "c" * len(cols) + "rr}", "\\toprule",
+              " & ".join(head) + r" \\", "\\midrule"]
+    for row in rows:
+        cells = [latex_escape(display_label(str(row["method"])))]
+        for c in cols:
+            text, how = cell_text(row.get(c.key), latex=True), mark(row.get(c.key), best.get(c.key))
+            cells.append(f"\\textbf{{{text}}}" if how == "best" else f"\\underline{{{text}}}" if how == "tied"
+                         else text)
+        ms = _cost(row, "ms_per_image")
+        ms_text = "--" if math.isnan(ms) else f"{ms:.1f}"
+        if not is_baseline(str(row["method"])) and best.get("ms_per_image") == ms:
+            ms_text = f"\\textbf{{{ms_text}}}"
+        cells += [f"{_cost(row, 'forward_passes'):g}/{_cost(row, 'backward_passes'):g}", ms_text]
+        lines.append(" & ".join(cells) + r" \\")
+    lines += ["\\bottomrule", "\\end{tabular}"]
+    return "\n".join(lines)
+
+
+def _wrap(text: str, width: int = 110) -> list[str]:
+    import textwrap
+
+    return textwrap.wrap(text, width)
+
+
+def headline_sentence(rows: list[dict[str, Any]], headline: Column | None) -> str:
+    """The report's answer in one or two sentences: the best method by the headline column, and which methods are
+    statistically tied with it (or that every other one is worse), naming the test."""
+    if headline is None or not rows or not isinstance(rows[0].get(headline.key), dict):
+        return ""
+    top = rows[0][headline.key]
+    first = f"{display_label(str(rows[0]['method']))} has the best {headline.name} ({cell_text(top)})"
+    scored = [r for r in rows[1:] if isinstance(r.get(headline.key), dict)]
+    if "tied_with_best" not in top or not scored:
+        return first + "."
+    tied = [r for r in scored if r[headline.key].get("tied_with_best")]
+    if not tied:
+        return f"{first}; every other method scores lower ({PAIRED_TEST})."
+    names = "; ".join(f"{display_label(str(r['method']))}, p = {float(r[headline.key]['p_vs_best']):.2g}"
+                      for r in tied)
+    return (f"{first}, but it is not significantly better than {len(tied)} other method"
+            f"{'s' if len(tied) > 1 else ''} ({names}; {PAIRED_TEST}): these are tied with it.")

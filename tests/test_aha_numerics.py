@@ -1,0 +1,72 @@
+"""The AHA training step after the cost work of issue #26 computes what it computed before, up to float rounding.
+
+The same few steps (the bundled ``shapes-vit``, every deletion reference, one class per image and the authors' two
+classes with Gumbel noise) run through :func:`vitlens.aha.loop.training_loss` and through the earlier code kept in
+``tests/aha_reference.py``: at every step the losses and the gradients agree to rounding at the gradients' scale.
+Adam turns a gradient at rounding level into a whole step of either sign (``tests/test_aha.py``, the distributed
+test), so the two paths are compared step by step from the same weights, not over a whole run.
+The loss values of the earlier code are pinned as well, so that the two paths cannot drift together.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import vitlens
+from vitlens.aha.network import AHANet
+from vitlens.aha.train import AHATrainConfig, mean_std, training_loss
+
+import aha_reference
+
+pytestmark = pytest.mark.usefixtures("one_thread_per_module")
+
+#: (recipe, the reference of each step): every reference with one class per image (mean and black twice: the second
+#: time from the logits kept by the first); the authors' recipe (two classes per image, Gumbel noise)
+CASES = [("tracked", ("mean", "black", "blur", "meanimage", "mean", "black")), ("authors", ("black", "blur"))]
+
+#: the losses of the code before issue #26 (computed with it on the same inputs), per case and step
+PINNED = {"tracked": [1.0935892, 0.7422731, 0.6091455, 0.9059185, 0.7315534, 0.8183661], "authors": [1.0710479, 0.9226714]}
+
+
+def _inputs():
+    model = vitlens.load_model("shapes-vit")
+    scenes = vitlens.data.make_scenes(n=4, seed=3)
+    x = vitlens.load_images(scenes.images, model)
+    return model, x, torch.as_tensor(scenes.labels)
+
+
+def _loss(net: AHANet, x, labels, step: int, cfg: AHATrainConfig, fast: bool, cache: dict):
+    norm = mean_std(net.target)
+    if fast:
+        return training_loss(net, net.decoder, x, labels, list(range(4)), step, cfg, 0.1, norm, mean_img=x.mean(0),
+                             ref_cache=cache)[0]
+    return aha_reference.training_loss(net, x, labels, list(range(4)), step, cfg, 0.1, norm, mean_img=x.mean(0))[0]
+
+
+@pytest.mark.parametrize("recipe,refs", CASES)
+def test_training_steps_equal_the_earlier_code(recipe, refs):
+    """Every step from the same weights: the loss and the decoder's gradients of both paths agree to rounding (at
+    the gradients' scale); the run then steps with the earlier code's gradients (AdamW, clipping as in training)."""
+    model, x, labels = _inputs()
+    net = AHANet(model, width=8, seed=0)
+    opt = torch.optim.AdamW(net.decoder.parameters(), lr=1e-3, weight_decay=1e-3)
+    losses, cache = [], {}
+    with net.target_adapter.session(capture=False):
+        for step, ref in enumerate(refs):
+            cfg = AHATrainConfig.preset(recipe, m=4, references=(ref,), batch_size=4, width=8)
+            got = {}
+            for fast in (True, False):
+                opt.zero_grad(set_to_none=True)
+                loss = _loss(net, x, labels, step, cfg, fast, cache)
+                loss.backward()
+                got[fast] = (float(loss.detach()), {k: p.grad.clone() for k, p in net.decoder.named_parameters()})
+            assert got[True][0] == pytest.approx(got[False][0], rel=1e-5, abs=1e-7), (step, ref)
+            scale = max(float(g.abs().max()) for g in got[False][1].values())
+            for name, g in got[False][1].items():
+                torch.testing.assert_close(got[True][1][name], g, rtol=0, atol=1e-4 * scale, msg=f"{step} {ref} {name}")
+            torch.nn.utils.clip_grad_norm_(net.decoder.parameters(), 1.0)
+            opt.step()
+            losses.append(got[False][0])
+    assert losses == pytest.approx(PINNED[recipe], rel=1e-4)
+    assert sorted(cache) == (["black", "mean", "meanimage"] if recipe == "tracked" else ["black"])
