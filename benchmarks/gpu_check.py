@@ -1,9 +1,9 @@
 """GPU check, ready for when a GPU is lent: three throughput figures in one run of under five minutes.
 
-1. GradSkip ÷ floor on ViT-B/16 (timm, random weights, explicit attention) at batch 64, in fp32 and in bf16 (model
-   and input cast to ``torch.bfloat16``): paired medians of interleaved repeats (the rows of
-   ``benchmarks/gradskip_cost.py``: forward, forward + activation backward = the floor, GradSkip), and the peak
-   CUDA memory of each row above what the model and input hold.
+1. GradSkip ÷ floor on ViT-B/16 (timm, random weights) at batch 64, in fp32 and in bf16 (model and input cast to
+   ``torch.bfloat16``): paired medians of interleaved repeats of the rows of ``benchmarks/gradskip_cost.py
+   --attention both`` (forward, forward + activation backward = the floor, GradSkip; each on timm's default fused
+   attention and on explicit attention), and the peak CUDA memory of each row above what the model and input hold.
 2. AHA training images per second (``vitlens.aha.train.train_aha`` on synthetic scenes, no files written), timed
    from the end of the first step to the end of the last one (the first step pays for warm-up).
 3. Bench throughput: images per second of ``vitlens.bench.run_benchmark`` (GradSkip maps + insertion/deletion) on
@@ -67,19 +67,26 @@ def _peak_bytes(fn, device: torch.device) -> float:
 
 
 def gradskip_vs_floor(spec: str, batch: int, repeats: int, device: torch.device, dtype: torch.dtype) -> dict:
-    """Paired median ratios GradSkip ÷ floor and ÷ forward, and peak memory ratio, for one precision."""
-    model = gc.build_model(spec, device).to(dtype)
+    """Paired median ratios for one precision: GradSkip on the model as timm builds it (fused attention) ÷ the
+    default-attention floor and ÷ its forward; GradSkip ÷ the floor with explicit attention on both; the explicit
+    floor ÷ the default one; peak memory of the rows and GradSkip's ÷ the default floor's."""
+    model = gc.build_model(spec, device, fused=True).to(dtype)
     x = gc.make_batch(model, batch, device).to(dtype)
-    times, _ = gc.time_rows(model, x, repeats, warmup=1)
-    mem = {row: _peak_bytes(lambda row=row: gc.RUNNERS[row](model, x), device) for row in gc.ROWS}
-    per_img = {row: 1e3 * statistics.median(times[row]) / batch for row in gc.ROWS}
+    rows = gc.ATTENTION_ROWS["both"]
+    times, _ = gc.time_rows(model, x, repeats, warmup=1, rows=rows)
+    mem = {row: _peak_bytes(lambda row=row: gc.RUNNERS[row](model, x), device) for row in rows}
+    per_img = {row: 1e3 * statistics.median(times[row]) / batch for row in rows}
+    f = gc.FUSED
     return {
         "ms_per_image": per_img,
-        "gradskip_x_floor": gc._paired_ratio(times["gradskip"], times["forward+backward"]),
-        "gradskip_x_forward": gc._paired_ratio(times["gradskip"], times["forward"]),
-        "floor_x_forward": gc._paired_ratio(times["forward+backward"], times["forward"]),
+        "gradskip_x_floor": gc._paired_ratio(times["gradskip" + f], times["forward+backward" + f]),
+        "gradskip_x_forward": gc._paired_ratio(times["gradskip" + f], times["forward" + f]),
+        "floor_x_forward": gc._paired_ratio(times["forward+backward" + f], times["forward" + f]),
+        "gradskip_x_explicit_floor": gc._paired_ratio(times["gradskip"], times["forward+backward"]),
+        "explicit_floor_x_floor": gc._paired_ratio(times["forward+backward"], times["forward+backward" + f]),
         "peak_mib": {row: v / 2**20 for row, v in mem.items()},
-        "mem_x_floor": mem["gradskip"] / mem["forward+backward"] if mem["forward+backward"] > 0 else float("nan"),
+        "mem_x_floor": (mem["gradskip" + f] / mem["forward+backward" + f] if mem["forward+backward" + f] > 0
+                        else float("nan")),
     }
 
 
@@ -132,16 +139,22 @@ def render(res: dict, args: argparse.Namespace, sizes: dict, command: str, secon
              f"({seconds:.0f} s)", "",
              f"- date: {_dt.datetime.now().astimezone().strftime('%Y-%m-%d %H:%M %Z')}",
              f"- torch {torch.__version__}, python {platform.python_version()}; device: {dev}",
-             f"- GradSkip rows: `{sizes['model']}` (random weights, explicit attention), batch {sizes['batch']}, "
-             f"{sizes['repeats']} interleaved repeats after one warm-up round; ratios are paired medians", "",
-             "| precision | forward ms/img | floor ms/img | GradSkip ms/img | GradSkip ÷ floor | GradSkip ÷ forward "
-             "| floor ÷ forward | peak MiB floor | peak MiB GradSkip | memory ÷ floor |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             f"- GradSkip rows: `{sizes['model']}` (random weights), batch {sizes['batch']}, "
+             f"{sizes['repeats']} interleaved repeats after one warm-up round; ratios are paired medians. Default "
+             "floor: forward + activation backward of the model as timm builds it (fused attention); explicit "
+             "floor: the same with `fused_attn=False`; GradSkip on the fused model (probabilities recomputed in "
+             "the backward) and on the explicit one", "",
+             "| precision | default floor ms/img | explicit floor ms/img | GradSkip ms/img | GradSkip ÷ default floor "
+             "| GradSkip ÷ forward | explicit GradSkip ÷ explicit floor | explicit ÷ default floor "
+             "| peak MiB default floor | peak MiB GradSkip | memory ÷ default floor |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    f = gc.FUSED
     for name, r in res["gradskip"].items():
         ms, pk = r["ms_per_image"], r["peak_mib"]
-        lines.append(f"| {name} | {ms['forward']:.2f} | {ms['forward+backward']:.2f} | {ms['gradskip']:.2f} "
-                     f"| {r['gradskip_x_floor']:.3f} | {r['gradskip_x_forward']:.3f} | {r['floor_x_forward']:.3f} "
-                     f"| {gc._fmt(pk['forward+backward'], 1)} | {gc._fmt(pk['gradskip'], 1)} "
+        lines.append(f"| {name} | {ms['forward+backward' + f]:.2f} | {ms['forward+backward']:.2f} "
+                     f"| {ms['gradskip' + f]:.2f} | **{r['gradskip_x_floor']:.3f}** | {r['gradskip_x_forward']:.3f} "
+                     f"| {r['gradskip_x_explicit_floor']:.3f} | {r['explicit_floor_x_floor']:.3f} "
+                     f"| {gc._fmt(pk['forward+backward' + f], 1)} | {gc._fmt(pk['gradskip' + f], 1)} "
                      f"| {gc._fmt(r['mem_x_floor'], 3)} |")
     a, b = res["aha"], res["bench"]
     lines += ["", f"- AHA training (`{sizes['aha']['model']}`, batch {a['batch_size']}, m = {sizes['aha']['m']}): "

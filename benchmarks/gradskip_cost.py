@@ -1,6 +1,6 @@
 """Cost of one GradSkip map next to two references on the same model, measured in one run.
 
-Rows, per model (all three with explicit attention, ``blk.attn.fused_attn = False``, so the FLOPs are comparable):
+Rows, per model, with ``--attention explicit`` (``blk.attn.fused_attn = False`` in every row):
 
   (a) ``forward``          a plain forward pass under ``torch.no_grad()``;
   (b) ``forward+backward`` the physical floor of any gradient method: a forward and an activation-only backward
@@ -10,6 +10,11 @@ Rows, per model (all three with explicit attention, ``blk.attn.fused_attn = Fals
   (d) ``gradskip-reference`` (with ``--reference``) the implementation before the cost work of issue #15, kept in
                            ``tests/gradskip_reference.py`` (the tests compare the maps): before and after side by
                            side in one run.
+
+With ``--attention fused`` the rows (a′) ``forward (fused)``, (b′) ``forward+backward (fused)`` and (c′)
+``gradskip (fused)`` run the model as a user builds it: timm's default fused ``scaled_dot_product_attention``
+(``fused_attn = True``); (b′) is the *default-attention floor*. ``--attention both`` (the default) runs both sets in
+the same interleaved repeats, so "GradSkip ÷ default-attention floor" and "÷ explicit floor" are paired in one run.
 
 Columns: GFLOPs per image (``torch.utils.flop_counter.FlopCounterMode``, batch 1) and their ratio to the forward;
 median wall time per image over ``--repeats`` interleaved repeats after a warm-up (a, b, c run one after another in
@@ -26,6 +31,7 @@ Usage::
     python benchmarks/gradskip_cost.py --out docs/benchmarks/gradskip_cost.md
     python benchmarks/gradskip_cost.py --quick                # ViT-Ti only, 3 repeats
     python benchmarks/gradskip_cost.py --reference            # add row (d), the pre-#15 implementation
+    python benchmarks/gradskip_cost.py --attention fused      # only the default-attention rows (a′, b′, c′)
     python benchmarks/gradskip_cost.py --models "vit_tiny_patch16_224:img_size=64,depth=2" --batch 2
 
 ``--models`` takes timm names, each optionally followed by ``:key=value,key=value`` keyword arguments for
@@ -41,7 +47,6 @@ import datetime as _dt
 import json
 import os
 import platform
-import resource
 import shlex
 import statistics
 import subprocess
@@ -53,12 +58,19 @@ from typing import Any, Callable
 import torch
 from torch import Tensor, nn
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _cost_helpers import _peak_rss_bytes, _reset_peak_rss, _rss_bytes, attention_path, custom_flops  # noqa: E402
+
 DEFAULT_MODELS = ("vit_tiny_patch16_224", "vit_small_patch16_224", "vit_base_patch16_224")
 QUICK_MODELS = ("vit_tiny_patch16_224",)
 ROWS = ("forward", "forward+backward", "gradskip")
+FUSED = " (fused)"
+FUSED_ROWS = tuple(r + FUSED for r in ROWS)
 REFERENCE_ROW = "gradskip-reference"
 ROW_LABELS = {"forward": "(a) forward", "forward+backward": "(b) forward+backward", "gradskip": "(c) GradSkip",
-              REFERENCE_ROW: "(d) GradSkip before #15"}
+              REFERENCE_ROW: "(d) GradSkip before #15", "forward (fused)": "(a′) forward, fused attention",
+              "forward+backward (fused)": "(b′) forward+backward, fused", "gradskip (fused)": "(c′) GradSkip, fused"}
+ATTENTION_ROWS = {"explicit": ROWS, "fused": FUSED_ROWS, "both": FUSED_ROWS + ROWS}
 #: the seed's figure for one GradSkip map on ViT-B/16 at 224 px (spec/gradskip.md, "Cost")
 SEED_MODEL = "vit_base_patch16_224"
 SEED_GFLOPS = 69.39
@@ -82,8 +94,10 @@ def parse_model_spec(spec: str) -> tuple[str, dict[str, Any]]:
     return name.strip(), kwargs
 
 
-def build_model(spec: str, device: torch.device) -> nn.Module:
-    """A timm model with random weights (seeded), in eval mode, with explicit (non-fused) attention everywhere."""
+def build_model(spec: str, device: torch.device, fused: bool = False) -> nn.Module:
+    """A timm model with random weights (seeded), in eval mode, with explicit (non-fused) attention everywhere, or
+    with ``fused`` timm's fused attention everywhere (what ``timm.create_model`` gives by default). The rows of this
+    script set the path themselves (:func:`attention_path`)."""
     import timm
 
     name, kwargs = parse_model_spec(spec)
@@ -91,7 +105,7 @@ def build_model(spec: str, device: torch.device) -> nn.Module:
     model = timm.create_model(name, pretrained=False, **kwargs).eval().to(device)
     for m in model.modules():
         if hasattr(m, "fused_attn"):
-            m.fused_attn = False  # the same attention path in all rows: FLOPs comparable, attention matrix explicit
+            m.fused_attn = fused
     return model
 
 
@@ -170,12 +184,29 @@ def run_gradskip_reference(model: nn.Module, x: Tensor) -> dict:
     return {"forward_passes": 1.0, "backward_passes": 1.0}
 
 
+def _on_path(run: Callable[[nn.Module, Tensor], dict], fused: bool) -> Callable[[nn.Module, Tensor], dict]:
+    def runner(model: nn.Module, x: Tensor) -> dict:
+        with attention_path(model, fused):
+            return run(model, x)
+
+    return runner
+
+
+_RUN = {"forward": run_forward, "forward+backward": run_floor, "gradskip": run_gradskip}
 RUNNERS: dict[str, Callable[[nn.Module, Tensor], dict]] = {
-    "forward": run_forward,
-    "forward+backward": run_floor,
-    "gradskip": run_gradskip,
-    REFERENCE_ROW: run_gradskip_reference,
+    **{row: _on_path(fn, False) for row, fn in _RUN.items()},
+    **{row + FUSED: _on_path(fn, True) for row, fn in _RUN.items()},
+    REFERENCE_ROW: _on_path(run_gradskip_reference, False),
 }
+
+
+def _floor_of(row: str) -> str:
+    """The floor row on the same attention path as ``row``."""
+    return "forward+backward" + (FUSED if row.endswith(FUSED) else "")
+
+
+def _forward_of(row: str) -> str:
+    return "forward" + (FUSED if row.endswith(FUSED) else "")
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -185,7 +216,7 @@ def count_flops(model: nn.Module, x: Tensor, row: str) -> tuple[float, dict[str,
     """FLOPs of one call of ``row`` on ``x`` per image, and their split by ATen operator."""
     from torch.utils.flop_counter import FlopCounterMode
 
-    counter = FlopCounterMode(display=False)
+    counter = FlopCounterMode(display=False, custom_mapping=custom_flops())
     with counter:
         RUNNERS[row](model, x)
     n = x.shape[0]
@@ -222,39 +253,6 @@ def time_rows(model: nn.Module, x: Tensor, repeats: int, warmup: int = 1, rows: 
             if i >= warmup:
                 times[row].append(now() - t0)
     return times, info
-
-
-def _peak_rss_bytes() -> int:
-    """Peak resident set size of this process.
-
-    Linux: ``VmHWM`` from ``/proc/self/status``, the address space's high-water mark, which ``clear_refs`` can reset.
-    ``getrusage(RUSAGE_SELF).ru_maxrss`` reports the same high-water mark but also keeps the maximum of the address
-    space replaced at ``exec`` -- in a subprocess that is the *parent's* resident size at fork time, which would
-    hide the call's peak. Elsewhere: ``ru_maxrss``.
-    """
-    with contextlib.suppress(OSError):
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) * 1024
-    ru = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return ru if sys.platform == "darwin" else ru * 1024  # kilobytes on Linux
-
-
-def _reset_peak_rss() -> bool:
-    """Reset this process's peak RSS (``VmHWM``) to its current RSS; Linux only (``clear_refs``)."""
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-        return True
-    except OSError:
-        return False
-
-
-def _rss_bytes() -> int:
-    """Current resident set size of this process (Linux ``/proc/self/statm``)."""
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
 def peak_memory_child(spec: str, row: str, batch: int, device_name: str, threads: int | None) -> dict:
@@ -349,11 +347,13 @@ def benchmark_model(spec: str, batch: int, repeats: int, device: str, threads: i
             ms_per_image=[1e3 * t / batch for t in times[row]], peak_mib=mem[row],
             forward_passes=float(passes[row]["forward_passes"]), backward_passes=float(passes[row]["backward_passes"]),
         )
-        r.extra["flops_x_forward"] = flops[row] / flops["forward"]
-        r.extra["flops_x_floor"] = flops[row] / flops["forward+backward"]
-        r.extra["time_x_forward"] = _paired_ratio(times[row], times["forward"])
-        r.extra["time_x_floor"] = _paired_ratio(times[row], times["forward+backward"])
-        r.extra["mem_x_floor"] = mem[row] / mem["forward+backward"] if mem["forward+backward"] > 0 else float("nan")
+        fwd, floor, fused = _forward_of(row), _floor_of(row), "forward+backward" + FUSED
+        r.extra["flops_x_forward"] = flops[row] / flops[fwd]
+        r.extra["flops_x_floor"] = flops[row] / flops[floor]
+        r.extra["time_x_forward"] = _paired_ratio(times[row], times[fwd])
+        r.extra["time_x_floor"] = _paired_ratio(times[row], times[floor])
+        r.extra["time_x_fused_floor"] = _paired_ratio(times[row], times[fused]) if fused in times else float("nan")
+        r.extra["mem_x_floor"] = mem[row] / mem[floor] if mem[floor] > 0 else float("nan")
         if REFERENCE_ROW in times:
             r.extra["time_x_reference"] = _paired_ratio(times[row], times[REFERENCE_ROW])
         results.append(r)
@@ -383,8 +383,12 @@ def header(args: argparse.Namespace) -> list[str]:
         f"- device: {dev}; torch threads: {torch.get_num_threads()}",
         f"- batch {args.batch} for time and memory, batch 1 for FLOPs; {args.repeats} timed repeats after 1 warm-up "
         f"round, rows interleaved; clock: {args.clock}" + (" (process CPU time)" if args.clock == "cpu" else ""),
-        "- models: " + ", ".join(f"`{m}`" for m in args.models) + " (timm, random weights, `pretrained=False`, "
-        "explicit attention `fused_attn=False` in all rows)",
+        "- models: " + ", ".join(f"`{m}`" for m in args.models) + " (timm, random weights, `pretrained=False`); "
+        + {"explicit": "explicit attention `fused_attn=False` in all rows",
+           "fused": "timm's default fused attention `fused_attn=True` in all rows",
+           "both": "rows (a′–c′) with timm's default fused attention (`fused_attn=True`, the model as a user builds "
+                   "it), rows (a–d) with explicit attention (`fused_attn=False`), all in the same repeats"}[
+            getattr(args, "attention", "explicit")],
     ]
 
 
@@ -395,15 +399,16 @@ def _fmt(v: float, nd: int = 2) -> str:
 def markdown_table(results: list[Result], device: str) -> list[str]:
     mem_col = "peak mem (MiB)" + ("¹" if device == "cpu" else "²")
     lines = [
-        f"| model | row | GFLOPs / image | FLOPs × fwd | ms / image (median) | time × (a) | time × (b) | {mem_col} "
-        "| mem × (b) | fwd / bwd passes per image |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        f"| model | row | GFLOPs / image | FLOPs × fwd | ms / image (median) | time × fwd | time × floor "
+        f"| time × (b′) | {mem_col} | mem × floor | fwd / bwd passes per image |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in results:
         lines.append(
             f"| `{r.model}` | {ROW_LABELS[r.row]} | {r.gflops:.3f} | {r.extra['flops_x_forward']:.3f} "
-            f"| {r.median_ms:.1f} | {r.extra['time_x_forward']:.2f} | {r.extra['time_x_floor']:.2f} "
-            f"| {_fmt(r.peak_mib, 1)} | {_fmt(r.extra['mem_x_floor'])} | {r.forward_passes:g} / {r.backward_passes:g} |"
+            f"| {r.median_ms:.1f} | {r.extra['time_x_forward']:.3f} | {r.extra['time_x_floor']:.3f} "
+            f"| {_fmt(r.extra['time_x_fused_floor'], 3)} | {_fmt(r.peak_mib, 1)} | {_fmt(r.extra['mem_x_floor'])} "
+            f"| {r.forward_passes:g} / {r.backward_passes:g} |"
         )
     return lines
 
@@ -412,6 +417,18 @@ def summary_lines(results: list[Result]) -> list[str]:
     out = []
     by = {(r.model, r.row): r for r in results}
     for model in dict.fromkeys(r.model for r in results):
+        bf, cf = by.get((model, "forward+backward" + FUSED)), by.get((model, "gradskip" + FUSED))
+        if bf is not None and cf is not None:
+            line = (f"- `{model}`, default (fused) attention: GradSkip ÷ default-attention floor "
+                    f"**{cf.extra['time_x_floor']:.3f}** in time, {cf.gflops / bf.gflops:.4f} in FLOPs, "
+                    f"{_fmt(cf.extra['mem_x_floor'], 3)} in peak memory")
+            b = by.get((model, "forward+backward"))
+            if b is not None:
+                line += (f"; explicit floor ÷ default-attention floor {b.extra['time_x_fused_floor']:.3f} in time, "
+                         f"{_fmt(b.peak_mib / bf.peak_mib if bf.peak_mib > 0 else float('nan'), 3)} in memory")
+            out.append(line + ".")
+        if (model, "gradskip") not in by:
+            continue
         a, b, c = (by[(model, row)] for row in ROWS)
         d = by.get((model, REFERENCE_ROW))
         if d is not None:
@@ -422,20 +439,22 @@ def summary_lines(results: list[Result]) -> list[str]:
                 f"new ÷ old time {c.extra['time_x_reference']:.3f}."
             )
         out.append(
-            f"- `{model}`: GradSkip / forward+backward = {c.gflops / b.gflops:.4f} in FLOPs "
-            f"({c.gflops - b.gflops:+.3f} GFLOPs), {c.extra['time_x_floor']:.2f} in time; "
+            f"- `{model}`, explicit attention: GradSkip / forward+backward = {c.gflops / b.gflops:.4f} in FLOPs "
+            f"({c.gflops - b.gflops:+.3f} GFLOPs), **{c.extra['time_x_floor']:.3f}** in time; "
             f"GradSkip / forward = {c.gflops / a.gflops:.3f} in FLOPs, {c.extra['time_x_forward']:.2f} in time."
         )
-    for model in dict.fromkeys(r.model for r in results):
-        b, c = by[(model, "forward+backward")], by[(model, "gradskip")]
+    for model, suffix in ((m, f) for m in dict.fromkeys(r.model for r in results) for f in (FUSED, "")):
+        if (model, "gradskip" + suffix) not in by:
+            continue
+        b, c = by[(model, "forward+backward" + suffix)], by[(model, "gradskip" + suffix)]
         ops = sorted(set(b.gflops_by_op) | set(c.gflops_by_op))
         diff = [f"`{op}` {c.gflops_by_op.get(op, 0.0) - b.gflops_by_op.get(op, 0.0):+.4f}" for op in ops
                 if abs(c.gflops_by_op.get(op, 0.0) - b.gflops_by_op.get(op, 0.0)) > 5e-5]
-        out.append(f"- `{model}`: GradSkip − forward+backward by operator (GFLOPs / image): "
+        out.append(f"- `{model}`{suffix}: GradSkip − forward+backward by operator (GFLOPs / image): "
                    + (", ".join(diff) if diff else "none"))
-    seed = by.get((SEED_MODEL, "gradskip"))
+    seed = by.get((SEED_MODEL, "gradskip" + FUSED)) or by.get((SEED_MODEL, "gradskip"))
     if seed is not None:
-        floor = by[(SEED_MODEL, "forward+backward")]
+        floor = by[(SEED_MODEL, _floor_of(seed.row))]
         out.append(
             f"- seed reference (ViT-B/16, 224 px, one GradSkip map): {SEED_GFLOPS:.2f} GFLOPs; ours "
             f"{seed.gflops:.2f} GFLOPs (ours / seed = {seed.gflops / SEED_GFLOPS:.4f}); "
@@ -453,7 +472,8 @@ def op_breakdown_lines(results: list[Result]) -> list[str]:
 
 
 FOOTNOTES = [
-    "Time ratios are medians of the per-repeat ratios (a, b and c run back to back in every repeat); absolute "
+    "Time ratios are medians of the per-repeat ratios (all rows run back to back in every repeat; \"floor\" is "
+    "(b′) for the fused rows and (b) for the explicit ones, (b′) the default-attention floor); absolute "
     "times depend on the machine and are not the claim. FLOPs are counted by "
     "`torch.utils.flop_counter.FlopCounterMode` (matmul-class ops and convolutions, 2 FLOPs per multiply-add; "
     "elementwise ops, softmax, LayerNorm and sorting are not counted) at batch 1, in forward and backward.",
@@ -510,6 +530,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--no-memory", action="store_true", help="skip the peak-memory subprocesses")
     p.add_argument("--clock", choices=sorted(CLOCKS), default="wall",
                    help="wall time (default) or this process's CPU time (one thread, loaded machine; CPU only)")
+    p.add_argument("--attention", choices=sorted(ATTENTION_ROWS), default="both",
+                   help="floor(s) to measure against: timm's default fused attention, explicit attention, or both "
+                        "in the same repeats (default)")
     p.add_argument("--reference", action="store_true",
                    help="add row (d): the pre-#15 GradSkip (tests/gradskip_reference.py), before/after in one run")
     p.add_argument("--out", default=None, help="write the Markdown report here and a CSV next to it")
@@ -553,7 +576,7 @@ def _run(args: argparse.Namespace, argv: list[str] | None) -> dict[str, Any]:
     results: list[Result] = []
     t0 = time.perf_counter()
     for spec in args.models:
-        rows = ROWS + ((REFERENCE_ROW,) if args.reference else ())
+        rows = ATTENTION_ROWS[args.attention] + ((REFERENCE_ROW,) if args.reference else ())
         results += benchmark_model(spec, args.batch, args.repeats, args.device, args.threads,
                                    memory=not args.no_memory, log=log, rows=rows, clock=args.clock)
     log(f"  done in {time.perf_counter() - t0:.0f} s")

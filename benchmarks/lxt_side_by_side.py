@@ -2,7 +2,8 @@
 
 Rows (one map per image for the predicted class, the same images, the same weights):
 
-  floor            forward + activation-only backward of the timm ViT (``benchmarks/gradskip_cost.py`` row b);
+  floor            forward + activation-only backward of the timm ViT as timm builds it (fused attention;
+                   ``benchmarks/gradskip_cost.py`` row b′), the model every vitlens row explains;
   vitlens attnlrp  ``vitlens.explain(timm_vit, x, method="attnlrp")``;
   vitlens cplrp    ``vitlens.explain(timm_vit, x, method="cplrp")``;
   vitlens gradskip ``vitlens.explain(timm_vit, x, method="gradskip")``;
@@ -95,7 +96,8 @@ def _child_rows(side: str, spec: str, batch: int) -> tuple[dict[str, Any], Any]:
     import gradskip_cost as gc
     import vitlens
 
-    model = gc.build_model(spec, torch.device("cpu"))
+    # the vitlens side runs the model as timm builds it (fused attention); LXT needs HF's eager attention
+    model = gc.build_model(spec, torch.device("cpu"), fused=side == "vitlens")
     x = gc.make_batch(model, batch, torch.device("cpu"))
     if side == "vitlens":
         def method(name: str):

@@ -35,7 +35,7 @@ def test_quick_benchmark_table_and_flops(tmp_path):
     assert torch.get_num_threads() == threads  # main restores the thread count
 
     rows = {r.row: r for r in res["results"]}
-    assert list(rows) == ["forward", "forward+backward", "gradskip"]
+    assert list(rows) == [r + " (fused)" for r in bench.ROWS] + list(bench.ROWS)  # --attention both (default)
     for r in rows.values():
         assert r.gflops > 0
         assert len(r.ms_per_image) == 3 and all(t > 0 for t in r.ms_per_image)
@@ -51,9 +51,40 @@ def test_quick_benchmark_table_and_flops(tmp_path):
     assert 1.5 * fwd < floor < 2.5 * fwd
 
     md = res["markdown"]
-    for label in ("(a) forward", "(b) forward+backward", "(c) GradSkip"):
+    for label in ("(a) forward", "(b) forward+backward", "(c) GradSkip", "(b′) forward+backward, fused",
+                  "(c′) GradSkip, fused", "default-attention floor"):
         assert label in md
     assert f"torch {torch.__version__}" in md and "torch threads: 1" in md
     assert out.read_text() == md
     csv_lines = out.with_suffix(".csv").read_text().strip().splitlines()
-    assert len(csv_lines) == 4 and csv_lines[0].startswith("model,row,gflops_per_image")
+    assert len(csv_lines) == 7 and csv_lines[0].startswith("model,row,gflops_per_image")
+
+
+TINY = "vit_tiny_patch16_224:img_size=32,patch_size=8,depth=2"
+
+
+def test_fused_rows_count_the_fused_kernels_flops_as_the_explicit_products():
+    bench = load_benchmark("gradskip_cost")
+    model = bench.build_model(TINY, torch.device("cpu"), fused=True)
+    assert all(blk.attn.fused_attn for blk in model.blocks)
+    x = bench.make_batch(model, 1, torch.device("cpu"))
+    for row in ("forward", "forward+backward"):
+        fused, by_op = bench.count_flops(model, x, row + bench.FUSED)
+        explicit, _ = bench.count_flops(model, x, row)
+        assert fused == explicit  # same matrix products, counted once by aten.bmm, once by the kernel formulas
+        assert any("scaled_dot_product" in op for op in by_op)
+    assert all(blk.attn.fused_attn for blk in model.blocks)  # the rows restore the model's attention path
+
+
+@pytest.mark.parametrize("attention", ["fused", "explicit"])
+def test_one_attention_path_runs_alone(attention):
+    bench = load_benchmark("gradskip_cost")
+    res = bench.main(["--models", TINY, "--batch", "1", "--repeats", "1", "--threads", "1", "--no-memory",
+                      "--attention", attention])
+    rows = [r.row for r in res["results"]]
+    assert rows == list(bench.ATTENTION_ROWS[attention])
+    for r in res["results"]:
+        assert r.gflops > 0 and r.extra["time_x_floor"] > 0
+    floor = next(r for r in res["results"] if r.row.startswith("forward+backward"))
+    assert floor.extra["time_x_floor"] == 1.0
+    assert ("GradSkip ÷ default-attention floor" in res["markdown"]) == (attention == "fused")

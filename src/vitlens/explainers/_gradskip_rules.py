@@ -12,7 +12,8 @@ from torch import Tensor
 
 from ..runtime import gini
 
-__all__ = ["block_backward", "filled", "gini", "wide", "head_weights", "head_weights_from_flow", "readout_relevance", "skip_gate", "weighted_attention"]
+__all__ = ["block_backward", "filled", "gini", "wide", "head_weights", "head_weights_from_flow",
+           "head_weights_from_scores", "positive_flow", "readout_relevance", "skip_gate", "weighted_attention"]
 
 
 def wide(t: Tensor) -> Tensor:
@@ -55,14 +56,32 @@ def head_weights(attn: Tensor, grad: Tensor, mode: str = "adaptive", alpha: floa
 def head_weights_from_flow(attn: Tensor, flow_terms: Tensor, mode: str, alpha: float, grad_threshold: float,
                   head_subset: tuple[str, float] | None) -> Tensor:
     """:func:`head_weights` from ``A ⊙ ∇A`` (``flow_terms``), which the caller computes once for both uses."""
+    flow = flow_terms.abs().sum(dim=-1).mean(dim=-1) if mode != "uniform" else None  # (B, H)
+    return head_weights_from_scores(attn, flow, mode, alpha, grad_threshold, head_subset)
+
+
+def positive_flow(flow_terms: Tensor) -> Tensor:
+    """The flow score ``mean_i Σ_j |A ⊙ ∇A|_ij`` per head ``(B, H)``, leaving ``flow_terms`` clamped at 0 in place.
+
+    ``Σ_j |f_ij| = 2·Σ_j f⁺_ij − Σ_j f_ij``: two row sums around the clamp that :func:`weighted_attention` needs
+    anyway, instead of a separate ``|f|`` tensor (the same sum of non-negative parts, up to float rounding).
+    """
+    total = flow_terms.sum(dim=-1)
+    pos = flow_terms.clamp_min_(0).sum(dim=-1)
+    return (2.0 * pos - total).clamp_min_(0).mean(dim=-1)
+
+
+def head_weights_from_scores(attn: Tensor, flow: Tensor | None, mode: str, alpha: float, grad_threshold: float,
+                             head_subset: tuple[str, float] | None) -> Tensor:
+    """:func:`head_weights` from the flow score per head ``(B, H)`` (``mean_i Σ_j |A ⊙ ∇A|_ij``; unused in
+    ``uniform`` mode)."""
     b, h = attn.shape[:2]
     needs_sparsity = head_subset is not None or mode == "sparsity" or (mode == "adaptive" and alpha < 1.0)
     sparsity = gini(attn).mean(dim=-1) if needs_sparsity else None  # (B, H): per query row, then mean over rows
-    if mode == "uniform":
+    if mode == "uniform" or flow is None:
         w = torch.full((b, h), 1.0 / h, device=attn.device, dtype=attn.dtype)
     else:
         a = {"gradient": 1.0, "sparsity": 0.0}.get(mode, alpha)
-        flow = flow_terms.abs().sum(dim=-1).mean(dim=-1)  # (B, H)
         flow = torch.where(flow < grad_threshold * flow.amax(dim=-1, keepdim=True), torch.zeros_like(flow), flow)
         w = a * _normalise_heads(flow)
         if sparsity is not None and a < 1.0:
@@ -108,14 +127,18 @@ def readout_relevance(final: Tensor, grad_final: Tensor, y: Tensor, readout: tup
     return w * y[:, None]
 
 
-def weighted_attention(attn: Tensor, flow_terms: Tensor, vnorm: Tensor, omega: Tensor) -> Tensor:
+def weighted_attention(attn: Tensor, flow_terms: Tensor, vnorm: Tensor, omega: Tensor,
+                       clamped: bool = False) -> Tensor:
     """``W̃ = rownorm(Σ_q ω_q · (A_q ⊙ ∇A_q)⁺ ⊙ ‖v_q,j‖)``, zero rows falling back to ``Σ_q ω_q A_q``.
 
-    ``flow_terms`` is ``A ⊙ ∇A`` ``(B, H, T, T_k)``; it is consumed (clamped and scaled in place). ``vnorm``:
-    the value norms ``‖v_q,j‖`` ``(B, H, T_k)``.
+    ``flow_terms`` is ``A ⊙ ∇A`` ``(B, H, T, T_k)`` (``clamped``: already clamped at 0, see :func:`positive_flow`);
+    it is consumed (clamped and scaled in place). ``vnorm``: the value norms ``‖v_q,j‖`` ``(B, H, T_k)``.
     """
     scale = omega[:, :, None] * vnorm  # (B, H, T_k): ω_q · ‖v_q,j‖
-    m = flow_terms.clamp_min_(0).mul_(scale[:, :, None, :]).sum(dim=1)  # (B, T, T_k)
+    pos = flow_terms if clamped else flow_terms.clamp_min_(0)
+    m = pos[:, 0] * scale[:, 0, None, :]  # (B, T, T_k); head by head: one pass over each head's entries
+    for q in range(1, pos.shape[1]):
+        m.addcmul_(pos[:, q], scale[:, q, None, :])
     rows = m.sum(dim=-1, keepdim=True)
     w = m.div_(rows.clamp_min(torch.finfo(m.dtype).tiny))
     empty = rows[..., 0] <= 0

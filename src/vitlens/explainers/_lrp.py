@@ -16,7 +16,26 @@ from ..errors import UnsupportedModelError
 from ..models import Adapter
 from ..models.base import Recording
 
-__all__ = ["BlockLinears", "LinearTaps"]
+__all__ = ["BlockLinears", "LinearTaps", "Rerouted"]
+
+#: query rows on which the q/k/v identification recomputes the attention output
+_CHECK_ROWS = 8
+
+
+class Rerouted(torch.autograd.Function):
+    """Value of ``value`` (no gradient), gradient ``factor · g`` to ``t`` (``factor``: a number or a tensor that
+    broadcasts against ``t``; ``None``: ``g`` itself). One autograd node instead of the detach arithmetic
+    ``d + factor·(t − d)``, which costs three elementwise passes in the forward and three nodes in the backward;
+    the value is the same (``t − d`` is exactly zero) and so is the gradient."""
+
+    @staticmethod
+    def forward(ctx: Any, value: Tensor, t: Tensor, factor: Any) -> Tensor:
+        ctx.factor = factor
+        return value.view_as(value)
+
+    @staticmethod
+    def backward(ctx: Any, g: Tensor) -> tuple[None, Tensor, None]:
+        return None, g if ctx.factor is None else g * ctx.factor, None
 
 
 # -- the hooks that find a block's linear maps ------------------------------------------------------------------
@@ -36,7 +55,6 @@ class BlockLinears:
     k: Tensor | None = None
     v: Tensor | None = None
     qkv_weights: tuple[Tensor, Tensor, Tensor] | None = None
-    attn: Tensor | None = None  # softmax(q·kᵀ/√d) recomputed without gradient when q/k/v were identified
     proj: nn.Linear | None = None
     ctx: Tensor | None = None  # input of the output projection, (B, T, heads·d_head)
     fc1: nn.Linear | None = None
@@ -44,6 +62,7 @@ class BlockLinears:
     fc1_out: Tensor | None = None
     fc2: nn.Linear | None = None
     fc2_in: Tensor | None = None
+    order: tuple[int, int, int] = (0, 1, 2)  # which projected tensor is query, key, value (in projection order)
 
 
 class LinearTaps:
@@ -58,15 +77,24 @@ class LinearTaps:
 
     ``rewrite_ctx(block_linears, ctx) -> ctx'`` and ``rewrite_act(fc1_out, fc2_in) -> fc2_in'`` may replace the
     inputs of the output projection and of the second MLP map (used by :mod:`.attnlrp` to impose LRP rules on the
-    backward pass).
+    backward pass). ``keep=False`` (for methods that need nothing of a block after its rewrites, as :mod:`.attnlrp`)
+    drops a block's recorded tensors as soon as its rewrites are done, so they are not all held to the end of the
+    forward pass (``q``, ``k``, ``v`` are then cleared too; the rewrites' autograd graph keeps what it needs).
+    ``qkv_grad=(f_q, f_k, f_v)`` multiplies the gradient of the projected queries, keys and values by these factors
+    (the model's own attention then carries a rule's gradient, see :mod:`.attnlrp`); the projections are taken in
+    the declared order query, key, value, which the numerical check must confirm (else
+    :class:`UnsupportedModelError`).
     Linear calls outside the blocks that happen after the last block are the classifier head(s): ``heads`` holds
     ``(module, input, output)`` for each, detached.
     """
 
     def __init__(self, adapter: Adapter, rec: Recording,
                  rewrite_ctx: Callable[["BlockLinears", Tensor], Tensor] | None = None,
-                 rewrite_act: Callable[[Tensor, Tensor], Tensor] | None = None) -> None:
+                 rewrite_act: Callable[[Tensor, Tensor], Tensor] | None = None, keep: bool = True,
+                 qkv_grad: tuple[float, float, float] | None = None) -> None:
         self.adapter = adapter
+        self.keep = keep
+        self.qkv_grad = qkv_grad
         self.rec = rec
         self.rewrite_ctx = rewrite_ctx
         self.rewrite_act = rewrite_act
@@ -74,6 +102,8 @@ class LinearTaps:
         self.heads: list[tuple[nn.Linear, Tensor, Tensor]] = []
         self._after_blocks = False
         self._roles: dict[int, str] = {}  # id(linear) → "qkv" | "proj" | "fc1" | "fc2"
+        self._qkv_width: list[int] = []
+        self._qkv_start: dict[int, int] = {}
 
     @contextlib.contextmanager
     def installed(self) -> Iterator["LinearTaps"]:
@@ -82,6 +112,16 @@ class LinearTaps:
         try:
             blocks = list(self.adapter.blocks())
             declared = self.adapter.lrp_linears()
+            # width of one of q, k, v per block (heads · d_head): a third of the declared projections' outputs
+            self._qkv_width = [sum(m.out_features for m in maps.qkv) // 3 for maps in declared]
+            # where each projection's output starts among (query, key, value) in the declared order (a model may
+            # call them in another order, e.g. key, value, query)
+            self._qkv_start = {}
+            for maps, width in zip(declared, self._qkv_width):
+                start = 0
+                for m in maps.qkv:
+                    self._qkv_start[id(m)] = start
+                    start += m.out_features // max(width, 1)
             self._roles = {id(m): role for maps in declared for role, ms in
                            (("qkv", maps.qkv), ("proj", (maps.proj,)), ("fc1", (maps.fc1,)), ("fc2", (maps.fc2,)))
                            for m in ms}
@@ -139,9 +179,11 @@ class LinearTaps:
             if role == "proj":
                 st.stage, st.proj, st.ctx = "proj", module, x.detach()
                 self._resolve_qkv(index, st)
-                if self.rewrite_ctx is not None:
-                    return (self.rewrite_ctx(st, x), *args[1:])
-                return None
+                self._check_order(index, st)
+                new = None if self.rewrite_ctx is None else self.rewrite_ctx(st, x)
+                if not self.keep:
+                    st.n1, st.group_out, st.ctx, st.q, st.k, st.v = None, [], None, None, None, None
+                return None if new is None else (new, *args[1:])
             if role == "fc1":
                 st.stage, st.fc1, st.fc1_in = "fc1", module, x.detach()
                 return None
@@ -150,19 +192,23 @@ class LinearTaps:
                 raise UnsupportedModelError(
                     f"block {index}: the second MLP map's input is not an elementwise function of the first's "
                     "output (gated MLPs are not supported); vitlens supports pre-norm blocks with a two-layer MLP")
-            if self.rewrite_act is not None:
-                return (self.rewrite_act(st.fc1_out, x), *args[1:])
-            return None
+            new = None if self.rewrite_act is None else self.rewrite_act(st.fc1_out, x)
+            if not self.keep:
+                st.fc1_in, st.fc1_out, st.fc2_in = None, None, None
+            return None if new is None else (new, *args[1:])
 
         return hook
 
     def _post_hook(self, index: int) -> Callable:
-        def hook(module: nn.Module, args: tuple, output: Tensor) -> None:
+        def hook(module: nn.Module, args: tuple, output: Tensor) -> Tensor | None:
             st = self.blocks[index]
             if st.stage == "qkv":
                 st.group_out.append(output)
+                if self.qkv_grad is not None:
+                    return self._scaled_projection(index, st, output)
             elif st.stage == "fc1" and module is st.fc1:
                 st.fc1_out = output
+            return None
 
         return hook
 
@@ -192,20 +238,60 @@ class LinearTaps:
         assert ctx is not None  # the output-projection hook sets it before calling this
         scale = dh ** -0.5
         v = parts[vi[0]][0]
-        exact = 1e-5 * float(ctx.abs().max()) + 1e-7
-        loose = 1e-3 * float(ctx.abs().max()) + 1e-6
-        tried: list[tuple[float, tuple[int, int], Tensor]] = []
+        # tolerances at least the model's rounding: a half-precision fused kernel rounds differently from this check
+        # (which runs in float32)
+        top, eps = float(ctx.abs().max()), float(torch.finfo(ctx.dtype).eps)
+        exact = max(1e-5, eps) * top + 1e-7
+        loose = max(1e-3, 4 * eps) * top + 1e-6
+        # checked on a few query rows spread over the sequence (every key and value): enough to tell query from key
+        # and to catch variants that change every row (q/k norms, gates, biases), at a fraction of a full attention
+        rows = torch.linspace(0, t - 1, steps=min(t, _CHECK_ROWS), device=ctx.device).round().long().unique()
+        tried: list[tuple[float, tuple[int, int]]] = []
         with torch.no_grad():
             for qi, ki in (rest, rest[::-1]):  # call order first; the swap only if that is not exact
-                attn = ((parts[qi][0] * scale) @ parts[ki][0].transpose(-2, -1)).softmax(dim=-1)
-                err = float(((attn @ v).transpose(1, 2).reshape(ctx.shape) - ctx).abs().max())
-                tried.append((err, (qi, ki), attn))
+                wide = torch.promote_types(ctx.dtype, torch.float32)
+                q, k = parts[qi][0][:, :, rows].to(wide), parts[ki][0].to(wide)
+                attn = ((q * scale) @ k.transpose(-2, -1)).softmax(dim=-1)
+                got = (attn @ v.to(wide)).transpose(1, 2).reshape(b, len(rows), width)
+                err = float((got - ctx[:, rows].to(wide)).abs().max())
+                tried.append((err, (qi, ki)))
                 if err <= exact:
                     break
-        err, (qi, ki), attn = min(tried, key=lambda e: e[0])
+        err, (qi, ki) = min(tried, key=lambda e: e[0])
         if err > loose:
             raise UnsupportedModelError(
                 f"block {index}: softmax(q·kᵀ/√d)·v does not reproduce the attention output (max error "
                 f"{err:.2e}); attention variants (q/k norms, gates, biases) are not supported")
-        st.q, st.k, st.v, st.attn = parts[qi][0], parts[ki][0], v, attn
+        st.q, st.k, st.v = parts[qi][0], parts[ki][0], v
+        st.order = (qi, ki, vi[0])
         st.qkv_weights = (parts[qi][1], parts[ki][1], parts[vi[0]][1])
+
+    def _declared(self, index: int, st: BlockLinears) -> list[int]:
+        """For each projected tensor in call order (as :meth:`_resolve_qkv` lists them), its place among (query,
+        key, value) in the adapter's declared order."""
+        width = self._qkv_width[index] if index < len(self._qkv_width) else 0
+        return [self._qkv_start.get(id(m), 0) + j for m, o in zip(st.group, st.group_out)
+                for j in range(o.shape[-1] // width if width > 0 else 0)]
+
+    def _scaled_projection(self, index: int, st: BlockLinears, out: Tensor) -> Tensor | None:
+        """``out`` (one query/key/value projection's output) with the gradient of each of its parts scaled by
+        ``qkv_grad`` (parts in the declared order query, key, value; ``None``: left to the check)."""
+        width = self._qkv_width[index] if index < len(self._qkv_width) else 0
+        if self.qkv_grad is None or width <= 0 or out.shape[-1] % width:
+            return None  # _resolve_qkv refuses the block with a clear message
+        first = self._qkv_start.get(id(st.group[-1]), 0)
+        factors = [self.qkv_grad[j] if j < 3 else 1.0 for j in range(first, first + out.shape[-1] // width)]
+        factor: Any = factors[0] if len(factors) == 1 else out.new_tensor(factors).repeat_interleave(width)
+        return Rerouted.apply(out.detach(), out, factor)
+
+    def _check_order(self, index: int, st: BlockLinears) -> None:
+        if self.qkv_grad is None:
+            return
+        declared = self._declared(index, st)
+        qi, ki, vi = (declared[i] if i < len(declared) else -1 for i in st.order)
+        fq, fk, _ = self.qkv_grad
+        if vi != 2 or ((qi, ki) != (0, 1) and fq != fk):
+            raise UnsupportedModelError(
+                f"block {index}: the projections are not query, key, value in the declared order (found "
+                f"{st.order}); vitlens cannot scale their gradients for the LRP rule")
+

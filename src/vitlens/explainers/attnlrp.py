@@ -1,11 +1,15 @@
 """AttnLRP (Achtibat et al., ICML 2024) and CP-LRP (Ali et al., ICML 2022) in gradient × input form.
 
-Both are one forward and one (activation-only) backward pass. During the forward pass, hooks replace the inputs of
-two linear maps per block by tensors with the *same value* whose backward follows the LRP rules:
+Both are one forward and one (activation-only) backward pass. During the forward pass, hooks replace the outputs
+of the query/key/value projection(s) and the input of the second MLP map by tensors with the *same value* whose
+backward follows the LRP rules:
 
-- the output projection's input ``ctx = softmax(q·kᵀ/√d)·v`` is recomputed from the captured ``q, k, v`` with the
-  rule's gradient path (``ctx' = stop(ctx) + (f(q, k, v) − stop(f(q, k, v)))``, value unchanged);
-- the second MLP map's input ``z = act(p)`` becomes ``stop(z) + stop(z/p)·(p − stop(p))`` (identity rule);
+- the attention rule: the projected ``q``, ``k``, ``v`` pass their gradient scaled by :data:`QKV_GRADIENT`, so the
+  model's own attention (fused, as the model runs it) back-propagates the rule's gradient (AttnLRP's uniform rule:
+  ``q, k`` ¼, ``v`` ½; CP-LRP: constant probabilities, ``v`` only). :func:`attention_rule` is the same rule written
+  as an explicit recomputation of ``softmax(q·kᵀ/√d)·v`` at the output projection's input (kept for callers; it
+  costs a second attention per block);
+- the second MLP map's input ``z = act(p)`` keeps its value and passes ``(z/p)·grad`` to ``p`` (identity rule);
 - every LayerNorm divides by a constant standard deviation in the backward (the adapter's conservative mode).
 
 Relevance is then gradient × input at the first block's input (patch embeddings with position embeddings), summed
@@ -25,11 +29,11 @@ from ..models.base import recorded
 from ..models.capabilities import ATTENTION, BLOCK_IO, LRP_LINEARS, TOKEN_SEQUENCE
 from ..targets import Target
 from ._attention import token_map
-from ._lrp import BlockLinears, LinearTaps
+from ._lrp import BlockLinears, LinearTaps, Rerouted
 from .base import Attribution, Explainer, check_choices
 from .registry import register
 
-__all__ = ["AttnLRP", "CPLRP", "scale_grad", "identity_rule", "attention_rule"]
+__all__ = ["AttnLRP", "CPLRP", "QKV_GRADIENT", "scale_grad", "identity_rule", "attention_rule"]
 
 _ACTIVATION_RULES = ("identity", "gradient")
 #: stabiliser of the identity rule's ratio ``act(p) / p`` (LXT uses 1e-10).
@@ -38,16 +42,16 @@ RATIO_EPS = 1e-10
 
 def scale_grad(t: Tensor, factor: float) -> Tensor:
     """``t`` in the forward pass; its gradient is multiplied by ``factor`` in the backward pass."""
-    d = t.detach()
-    return d + factor * (t - d)
+    return Rerouted.apply(t.detach(), t, float(factor))
 
 
 def identity_rule(p: Tensor, z: Tensor, eps: float = RATIO_EPS) -> Tensor:
     """Value ``z = act(p)``; backward ``∂/∂p = (z / p)·grad`` — relevance ``z·grad`` passes unchanged to ``p``."""
     pd = p.detach()
-    sign = torch.where(pd >= 0, torch.ones_like(pd), -torch.ones_like(pd))
-    ratio = torch.where(pd == 0, torch.zeros_like(pd), z.detach() / (pd + eps * sign))
-    return z.detach() + ratio * (p - pd)
+    # p + eps·sign(p) with sign(0) = +1 (−0.0 gets −eps, but its ratio is set to 0 below anyway)
+    ratio = torch.empty_like(pd).fill_(eps).copysign_(pd).add_(pd)
+    ratio = torch.div(z.detach(), ratio, out=ratio).masked_fill_(pd == 0, 0.0)  # one (B, T, 4D) buffer
+    return Rerouted.apply(z.detach(), p, ratio)
 
 
 def attention_rule(mode: str) -> Callable[[BlockLinears, Tensor], Tensor]:
@@ -57,22 +61,32 @@ def attention_rule(mode: str) -> Callable[[BlockLinears, Tensor], Tensor]:
     ``attnlrp``: uniform rule on both bilinear products — the gradient is halved into each factor of ``A·v`` and of
     ``q·kᵀ`` (so ``q`` and ``k`` get ¼, ``v`` ½, as in LXT), softmax with its plain gradient (AttnLRP's softmax rule in
     gradient × input form). ``cplrp``: the attention probabilities are constants; the gradient flows through ``v`` only.
+    The value stays the model's own ``ctx``; only its gradient takes the rule's path.
     """
 
     def rewrite(lin: BlockLinears, ctx: Tensor) -> Tensor:
         q, k, v = lin.q, lin.k, lin.v
         assert q is not None and k is not None and v is not None  # LinearTaps resolved them just before this call
+        scale = v.shape[-1] ** -0.5
         if mode == "attnlrp":
-            scale = v.shape[-1] ** -0.5
             attn = ((scale_grad(q, 0.5) * scale) @ scale_grad(k, 0.5).transpose(-2, -1)).softmax(dim=-1)
             out = scale_grad(attn, 0.5) @ scale_grad(v, 0.5)
         else:
-            assert lin.attn is not None
-            out = lin.attn @ v  # probabilities computed without gradient when q/k/v were identified
+            with torch.no_grad():  # constants: the probabilities without gradient
+                attn = ((q * scale) @ k.transpose(-2, -1)).softmax(dim=-1)
+            out = attn @ v
         out = out.transpose(1, 2).reshape(ctx.shape)
-        return ctx.detach() + (out - out.detach())
+        return Rerouted.apply(ctx.detach(), out, None)
 
     return rewrite
+
+
+#: gradient factors of the projected (query, key, value) under each attention rule. AttnLRP: the uniform rule halves
+#: the gradient into each factor of ``A·v`` and of ``q·kᵀ``; ``A``'s half reaches ``q·kᵀ`` through the (plain)
+#: softmax gradient, which is linear, so ``q`` and ``k`` get ¼ of their gradient and ``v`` ½. CP-LRP: ``A`` is a
+#: constant, so ``q`` and ``k`` get none and ``v`` all. Same gradients as :func:`attention_rule`'s rewrite, which
+#: recomputes the attention explicitly; here the model's own attention backward computes them.
+QKV_GRADIENT = {"attnlrp": (0.25, 0.25, 0.5), "cplrp": (0.0, 0.0, 1.0)}
 
 
 class _GradientInputLRP(Explainer):
@@ -89,10 +103,16 @@ class _GradientInputLRP(Explainer):
 
     def attribute(self, adapter: Adapter, x: Tensor, target: Target) -> tuple[Attribution, Tensor, Target]:
         act = identity_rule if self.options["activation_rule"] == "identity" else None
-        with adapter.session(capture=True, conservative=True) as rec:
-            taps = LinearTaps(adapter, rec, rewrite_ctx=attention_rule(self.mode), rewrite_act=act)
+        # recompute: the model's own attention keeps its fused kernel (only its value is used; the rule path
+        # computes the gradient) and no attention probabilities are recorded
+        with adapter.session(capture=True, conservative=True, recompute=True) as rec:
+            # the rule's attention gradient is the model's own attention gradient with the projected q, k, v
+            # scaled (QKV_GRADIENT): the model's attention (fused, as it runs) carries it, nothing is recomputed
+            taps = LinearTaps(adapter, rec, rewrite_act=act, keep=False, qkv_grad=QKV_GRADIENT[self.mode])
             with taps.installed():
                 logits = adapter.forward(x)
+            for blk in rec.blocks:  # the model's own attention outputs (and graph): the rules replaced them
+                blk.out = blk.query = blk.key = blk.value = blk.attn = None
             tgt = self.resolve_target(target, logits)
             u0 = recorded(rec.blocks[0].u, "block input")  # a fresh leaf made by the adapter: the backward stops there
             # backward(inputs=…) rather than autograd.grad: the latter refuses leaf inputs that carry module-tracker

@@ -23,7 +23,8 @@ from ._gradskip_rules import (
     filled,
     gini,
     head_weights,
-    head_weights_from_flow,
+    head_weights_from_scores,
+    positive_flow,
     readout_relevance,
     skip_gate,
     weighted_attention,
@@ -106,7 +107,7 @@ class GradSkip(Explainer):
         o = self.options
         fast = adapter.readout_only(all_queries=True) if o["readout_path"] else contextlib.nullcontext(False)
         steps = _BlockSteps(self)  # reduces each block's gradients as the backward produces them
-        with adapter.session(capture=True, conservative=bool(o["conservative"])) as rec, fast, \
+        with adapter.session(capture=True, conservative=bool(o["conservative"]), recompute=True) as rec, fast, \
                 steps.value_norms(adapter, rec):
             logits = adapter.forward(x)
             tgt = self.resolve_target(target, logits)
@@ -155,12 +156,35 @@ def _pad_tokens(v: Tensor, t: int) -> Tensor:
     return out
 
 
+def _recomputed(cap: dict[str, Any], grad: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
+    """``A``, ``A ⊙ ∂y/∂A`` and the value norms of one block from its recorded queries, keys, values and the
+    gradient of its attention output ``(B, T_q, H·d)`` (on the readout path ``T_q`` is the readout tokens: the rows
+    below get zero gradient, as in the explicit path). Pops the block's tensors from ``cap``."""
+    q, k, v = wide(cap.pop("query")), wide(cap.pop("key")), wide(cap.pop("value"))
+    cap.pop("attn")
+    attn = ((q * cap.pop("scale")) @ k.transpose(-2, -1)).softmax(dim=-1)  # as timm's explicit path computes it
+    vnorm = v.norm(dim=-1)
+    if grad is None:
+        return attn, torch.zeros_like(attn), vnorm
+    b, tq = grad.shape[:2]
+    g = wide(grad).reshape(b, tq, v.shape[1], v.shape[-1]).transpose(1, 2)  # (B, H, T_q, d)
+    flow = g @ v.transpose(-2, -1)  # ∂y/∂A on the first T_q rows
+    if tq == attn.shape[2]:
+        return attn, flow.mul_(attn), vnorm
+    flow_terms = torch.zeros_like(attn)
+    flow_terms[:, :, :tq] = flow.mul_(attn[:, :, :tq])
+    return attn, flow_terms, vnorm
+
+
 class _BlockSteps:
     """Per-block propagation terms (``ω``, ``W̃``, ``β_main``), computed inside the backward pass.
 
     A tensor hook on each block's attention probabilities and on its post-attention residual ``h`` turns the
     gradient into the block's ``(B, T, T)`` weighted attention and ``(B, T)`` gate as soon as autograd produces it,
     and drops the block's captured tensors; the ``(B, H, T, T)`` attention gradients are never held all at once.
+    When the model runs fused attention (``Recording.recompute``) the hook sits on the block's attention output
+    ``O`` instead: the step recomputes ``A = softmax(q·kᵀ·scale)`` from the recorded queries and keys and
+    ``∂y/∂A = (∂y/∂O)·vᵀ``, one block at a time (no ``(B, H, T, T)`` tensor is kept by the forward).
     The backward asks only for ``∂y/∂x_L`` and block 0's ``∂y/∂A``, ``∂y/∂h`` (nothing below block 0's attention
     runs). A block whose tensors get no gradient (it cannot reach ``y``) is reduced with zero gradients.
     """
@@ -182,6 +206,9 @@ class _BlockSteps:
         copies of keys and values); holding the view would keep a ``(B, T, 3D)`` tensor per block alive.
         """
         hooks = []
+        if getattr(rec, "recompute", False):  # the values are needed in the backward (∂y/∂A = ∂y/∂O·vᵀ)
+            yield
+            return
 
         def hook(module: nn.Module, args: tuple, out: Any, i: int) -> None:
             v = rec.blocks[i].value
@@ -202,12 +229,19 @@ class _BlockSteps:
         """Own the forward's captures from here on (they are freed block by block during the backward)."""
         n = len(rec.blocks)
         self.tokens = int(recorded(rec.blocks[0].u, "block input").shape[1])
-        self.saved = [{"attn": recorded(b.attn, "attention"),
-                       "vnorm": recorded(self.vnorm.pop(i, None) if b.value is None else b.value.norm(dim=-1), "values"),
-                       "u": recorded(b.u, "block input"), "h": recorded(b.h, "post-attention residual")}
-                      for i, b in enumerate(rec.blocks)]
+        if getattr(rec, "recompute", False):  # "attn": the tensor whose gradient the step receives (see the class)
+            self.saved = [{"attn": recorded(b.out, "attention output"), "query": recorded(b.query, "queries"),
+                           "key": recorded(b.key, "keys"), "value": recorded(b.value, "values"), "scale": b.scale,
+                           "u": recorded(b.u, "block input"), "h": recorded(b.h, "post-attention residual")}
+                          for b in rec.blocks]
+        else:
+            self.saved = [{"attn": recorded(b.attn, "attention"),
+                           "vnorm": recorded(self.vnorm.pop(i, None) if b.value is None else b.value.norm(dim=-1),
+                                             "values"),
+                           "u": recorded(b.u, "block input"), "h": recorded(b.h, "post-attention residual")}
+                          for i, b in enumerate(rec.blocks)]
         for b in rec.blocks:
-            b.attn = b.value = b.u = b.h = None
+            b.attn = b.value = b.u = b.h = b.query = b.key = b.out = None
         self.w, self.omega, self.beta = [None] * n, [None] * n, [None] * n
 
     def backward(self, y: Tensor, final: Tensor) -> Tensor:
@@ -219,12 +253,16 @@ class _BlockSteps:
     def _attn_step(self, li: int, grad: Tensor | None) -> None:
         o = self.explainer.options
         cap = self.saved[li]
-        attn, vnorm = wide(cap.pop("attn")), wide(cap.pop("vnorm"))
         with torch.no_grad():
-            flow_terms = attn * wide(grad) if grad is not None else torch.zeros_like(attn)
-            omega = head_weights_from_flow(attn, flow_terms, o["head_weighting"], float(o["alpha"]),
-                                  float(o["grad_threshold"]), o["head_subset"])
-            self.w[li] = self.explainer._weighted_attention(attn, flow_terms, vnorm, omega)
+            if "query" in cap:
+                attn, flow_terms, vnorm = _recomputed(cap, grad)
+            else:
+                attn, vnorm = wide(cap.pop("attn")), wide(cap.pop("vnorm"))
+                flow_terms = attn * wide(grad) if grad is not None else torch.zeros_like(attn)
+            flow = positive_flow(flow_terms)  # flow_terms clamped at 0 in place
+            omega = head_weights_from_scores(attn, flow, o["head_weighting"], float(o["alpha"]),
+                                             float(o["grad_threshold"]), o["head_subset"])
+            self.w[li] = weighted_attention(attn, flow_terms, vnorm, omega, clamped=True)
             self.omega[li] = omega
 
     def _h_step(self, li: int, grad: Tensor | None) -> None:

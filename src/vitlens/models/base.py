@@ -9,6 +9,12 @@ and (2) how to *capture*, during one forward pass, the tensors that relevance me
 - ``h``     (B, T, D): the residual stream after the attention add, ``h = u + attention_branch(u)``;
 - ``final`` (B, T, D): the residual stream after the last block (before the final norm).
 
+A session opened with ``recompute=True`` on a family that offers it (:meth:`Adapter.recomputes_attention`) keeps the
+model's fused attention and records, instead of ``attn``, what the probabilities can be recomputed from:
+``query``/``key`` (B, heads, T, d_head) (detached, after everything that enters the logits ``q·kᵀ``), ``scale`` and
+``out`` (B, T_q, heads·d_head), the attention output before the output projection, part of the autograd graph (its
+gradient ``g`` gives ``∂y/∂A = g·vᵀ`` per head). ``Recording.recompute`` says which of the two was recorded.
+
 Everything an adapter changes on the model (hooks, fused/eager attention switches, train/eval mode, parameter
 ``requires_grad``) is undone when the :meth:`Adapter.session` context exits, also when an exception is raised inside.
 """
@@ -84,6 +90,10 @@ class BlockRecord:
     h: Tensor | None = None
     attn: Tensor | None = None
     value: Tensor | None = None
+    query: Tensor | None = None
+    key: Tensor | None = None
+    out: Tensor | None = None
+    scale: float = 1.0
 
 
 @dataclass
@@ -92,12 +102,13 @@ class Recording:
 
     blocks: list[BlockRecord] = field(default_factory=list)
     final: Tensor | None = None
+    recompute: bool = False
 
     def graph_tensors(self) -> list[Tensor]:
         """All captured tensors that are part of the autograd graph (for :func:`torch.autograd.grad`)."""
         out: list[Tensor] = []
         for b in self.blocks:
-            out += [t for t in (b.u, b.h, b.attn) if t is not None]
+            out += [t for t in (b.u, b.h, b.attn, b.out) if t is not None]
         if self.final is not None:
             out.append(self.final)
         return out
@@ -391,6 +402,11 @@ class Adapter:
         context, restoring it on exit. Default: nothing to switch."""
         yield
 
+    def recomputes_attention(self) -> bool:
+        """Whether a ``session(recompute=True)`` keeps this model's attention as it runs (fused) and records queries,
+        keys, values and the attention output instead of the probabilities. Default: no (explicit attention)."""
+        return False
+
     @contextlib.contextmanager
     def explicit_attention(self) -> Iterator[None]:
         """Run the model's attention on its explicit path (timm ``fused_attn = False``, HF eager attention) within
@@ -408,10 +424,13 @@ class Adapter:
         yield False
 
     @contextlib.contextmanager
-    def session(self, capture: bool = True, conservative: bool = False) -> Iterator[Recording]:
+    def session(self, capture: bool = True, conservative: bool = False,
+                recompute: bool = False) -> Iterator[Recording]:
         """Context in which :meth:`forward` records a :class:`Recording`.
 
-        Puts the model in eval mode, switches on explicit attention (if ``capture``), makes the residual stream at the
+        Puts the model in eval mode, switches on explicit attention (if ``capture``; with ``recompute`` where
+        :meth:`recomputes_attention`, the attention runs as the model has it and the record holds what the
+        probabilities are recomputed from, see the module docstring), makes the residual stream at the
         first block a fresh leaf that requires grad (so the backward stops there and works with frozen parameters),
         and optionally makes LayerNorms conservative. Parameters are frozen for the duration (activation gradients
         only). Everything is restored on exit, also after an exception.
@@ -427,7 +446,10 @@ class Adapter:
                 p.requires_grad_(False)
             with contextlib.ExitStack() as stack:
                 if capture:
-                    stack.enter_context(self._explicit_attention())
+                    if recompute and self.recomputes_attention():
+                        rec.recompute = True
+                    else:
+                        stack.enter_context(self._explicit_attention())
                     self._install_capture(rec, hooks)
                 if conservative:
                     for ln in self.layernorms():

@@ -148,12 +148,19 @@ class TimmViTAdapter(Adapter):
         with switched([blk.attn for blk in self.model.blocks], "fused_attn", False):
             yield
 
+    def recomputes_attention(self) -> bool:
+        """Every block runs timm's fused ``scaled_dot_product_attention`` (``fused_attn``, the default)."""
+        return all(bool(blk.attn.fused_attn) for blk in self.model.blocks)
+
     def _install_capture(self, rec: Recording, hooks: list) -> None:
         blocks = list(self.model.blocks)
         rec.blocks.extend(BlockRecord() for _ in blocks)
         for i, blk in enumerate(blocks):
             hooks.append(blk.register_forward_pre_hook(self._leaf_first_block_hook(rec, i), with_kwargs=True))
             hooks.append(blk.norm2.register_forward_pre_hook(self._record_h_hook(rec, i)))
+            if rec.recompute:
+                _install_fused_capture(rec, i, blk.attn, hooks)
+                continue
 
             def attn_hook(module, args, output, i=i):
                 rec.blocks[i].attn = output
@@ -170,3 +177,32 @@ class TimmViTAdapter(Adapter):
             rec.final = output
 
         hooks.append(blocks[-1].register_forward_hook(final_hook))
+
+
+def _install_fused_capture(rec: Recording, i: int, attn: Any, hooks: list) -> None:
+    """Record block ``i``'s queries and keys (after ``q_norm``/``k_norm``, as they enter the fused attention),
+    values, the softmax scale and the attention output (the input of ``attn.norm``, before the output projection).
+
+    The queries, keys and values are detached views of the ``qkv`` output, which the fused attention saves for its
+    backward anyway: holding them until the block's backward costs no memory.
+    """
+    rec.blocks[i].scale = float(attn.scale)
+
+    def query_hook(module, args, output):
+        rec.blocks[i].query = output.detach()
+
+    def key_hook(module, args, output):
+        rec.blocks[i].key = output.detach()
+
+    def value_hook(module, args, output):
+        b, n, _ = output.shape
+        v = output.detach().reshape(b, n, 3, attn.num_heads, attn.head_dim)[:, :, 2]
+        rec.blocks[i].value = v.permute(0, 2, 1, 3)
+
+    def out_hook(module, args):
+        rec.blocks[i].out = args[0]
+
+    hooks.append(attn.q_norm.register_forward_hook(query_hook))
+    hooks.append(attn.k_norm.register_forward_hook(key_hook))
+    hooks.append(attn.qkv.register_forward_hook(value_hook))
+    hooks.append(attn.norm.register_forward_pre_hook(out_hook))

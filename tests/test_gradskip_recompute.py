@@ -1,0 +1,100 @@
+"""GradSkip on a model with timm's fused attention (the default a user gets) keeps that attention and recomputes
+each block's probabilities in the backward (issue #26): same maps as on the explicit path up to float rounding,
+the fused path really runs, nothing of the recording outlives the session, and the model is left as it was.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import vitlens
+from vitlens.models.base import switched
+
+from conftest import VARIANTS, model_fingerprint, tiny_vit
+
+
+def batch(n: int = 3, size: int = 32, seed: int = 2) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(n, 3, size, size, generator=g)
+
+
+def close(new: torch.Tensor, ref: torch.Tensor, rel: float) -> None:
+    torch.testing.assert_close(new, ref, rtol=0.0, atol=rel * (float(ref.abs().max()) or 1.0))
+
+
+@pytest.mark.parametrize("name", sorted(VARIANTS))
+@pytest.mark.parametrize("opts", [{}, {"readout_path": False}, {"head_subset": "bottom50", "skip": "fixed"}],
+                         ids=["defaults", "full-last-block", "subset"])
+def test_recomputed_probabilities_give_the_explicit_maps(name, opts):
+    model = VARIANTS[name]()
+    assert all(blk.attn.fused_attn for blk in model.blocks)  # timm's default
+    x = batch()
+    fused = vitlens.explain(model, x, method="gradskip", **opts)
+    with switched([blk.attn for blk in model.blocks], "fused_attn", False):
+        explicit = vitlens.explain(model, x, method="gradskip", **opts)
+    close(fused.token_maps, explicit.token_maps, 1e-5)
+    close(fused.remainder, explicit.remainder, 1e-5)
+    for key in ("head_weights", "layer_totals"):
+        close(fused.extras[key], explicit.extras[key], 1e-5)
+    close(fused.extras["beta_main"], explicit.extras["beta_main"], 1e-4)
+    torch.testing.assert_close(fused.scores, explicit.scores, rtol=1e-5, atol=1e-6)
+
+
+def test_the_fused_attention_runs_and_no_probabilities_are_recorded():
+    model = tiny_vit()
+    seen: list[bool] = []
+    # on qkv: the readout path runs the last block's attention parts without calling the attention module
+    handles = [blk.attn.qkv.register_forward_pre_hook(lambda m, a, at=blk.attn: seen.append(bool(at.fused_attn)))
+               for blk in model.blocks]
+    try:
+        vitlens.explain(model, batch(2), method="gradskip")
+        assert seen == [True] * len(model.blocks)
+        adapter = vitlens.get_adapter(model)
+        with adapter.session(capture=True, recompute=True) as rec:
+            adapter.forward(batch(2))
+        assert rec.recompute
+        for b in rec.blocks:
+            assert b.attn is None and b.out is not None and b.out.requires_grad
+            assert b.query.shape == b.key.shape == b.value.shape == (2, 4, 17, 12)
+            assert b.scale == pytest.approx(12 ** -0.5)
+        seen.clear()
+        with switched([model.blocks[1].attn], "fused_attn", False):  # one explicit block: explicit everywhere
+            with adapter.session(capture=True, recompute=True) as rec:
+                adapter.forward(batch(2))
+        assert not rec.recompute and all(b.attn is not None and b.out is None for b in rec.blocks)
+        assert seen == [False] * len(model.blocks)
+    finally:
+        for h in handles:
+            h.remove()
+
+
+def test_recomputed_probabilities_are_row_stochastic_and_match_the_explicit_ones():
+    model = tiny_vit()
+    adapter = vitlens.get_adapter(model)
+    x = batch(2)
+    with adapter.session(capture=True, recompute=True) as rec:
+        adapter.forward(x)
+    with adapter.session(capture=True) as ref:
+        adapter.forward(x)
+    for b, r in zip(rec.blocks, ref.blocks):
+        a = ((b.query * b.scale) @ b.key.transpose(-2, -1)).softmax(dim=-1)
+        torch.testing.assert_close(a, r.attn.detach(), rtol=1e-5, atol=1e-6)
+
+
+def test_model_is_restored_after_an_exception_in_the_recomputing_session():
+    model = tiny_vit()
+    before = model_fingerprint(model)
+
+    def fail(module, args, out):
+        raise RuntimeError("head failed")
+
+    handle = model.head.register_forward_hook(fail)
+    try:
+        with pytest.raises(RuntimeError, match="head failed"):
+            vitlens.explain(model, batch(2), method="gradskip")
+    finally:
+        handle.remove()
+    assert model_fingerprint(model) == before
+    vitlens.explain(model, batch(2), method="gradskip")
+    assert model_fingerprint(model) == before
