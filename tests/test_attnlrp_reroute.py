@@ -10,7 +10,7 @@ import torch
 
 import vitlens
 from vitlens.explainers._lrp import LinearTaps
-from vitlens.explainers.attnlrp import QKV_GRADIENT, attention_rule, identity_rule
+from vitlens.explainers._gradient_input_lrp import QKV_GRADIENT, attention_rule, identity_rule
 
 from conftest import tiny_vit
 from test_baselines_attention import batch, randomise_biases

@@ -360,7 +360,7 @@ def test_cplrp_relevance_plus_bias_terms_is_the_logit():
     """With biases: y = Σ_tokens R + Σ_biases ⟨b, ∂̃y/∂b⟩ (∂̃: the rule-modified gradient), i.e. CP-LRP with the
     identity rule is a complete decomposition of y over the input tokens and the biases."""
     from vitlens.explainers.attnlrp import attention_rule, identity_rule
-    from vitlens.explainers.chefer_lrp import LinearTaps
+    from vitlens.explainers.transformer_attribution import LinearTaps
 
     model = randomise_biases(tiny_vit())
     x = batch(2)

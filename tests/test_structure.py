@@ -146,6 +146,69 @@ def test_no_registered_method_name_in_the_adapters():
         assert named == [], f"{path.name} names methods {named}"
 
 
+#: explainers/ modules that are the framework, not a method (docs/architecture.md, "One file per method").
+EXPLAINER_FRAMEWORK = ("__init__", "base", "registry", "support")
+
+
+def _registered(tree: ast.Module) -> list[str]:
+    """The ``name`` of every ``@register``-ed class at the top of a module (``"?"`` if it sets none itself)."""
+    found = []
+    for node in tree.body:
+        if isinstance(node, ast.ClassDef) and any(isinstance(d, ast.Name) and d.id == "register"
+                                                  for d in node.decorator_list):
+            names = [s.value.value for s in node.body if isinstance(s, ast.Assign) and isinstance(s.value, ast.Constant)
+                     and any(isinstance(t, ast.Name) and t.id == "name" for t in s.targets)]
+            found.append(names[0] if names else "?")
+    return found
+
+
+def method_file_problems(folder: Path) -> list[str]:
+    """Where ``folder`` breaks the rule: a registered method is the one method of ``<name>.py``; a file
+    ``<method>_<family>.py`` holds that method's family-specific propagation and registers nothing; shared
+    machinery is in ``_``-modules and registers nothing; only the framework modules are anything else."""
+    modules = {p.stem: _registered(ast.parse(p.read_text())) for p in sorted(folder.glob("*.py"))}
+    methods = {stem for stem, names in modules.items() if names == [stem]}
+    problems = []
+    for stem, names in modules.items():
+        if stem in methods:
+            continue
+        if stem.startswith("_") or stem in EXPLAINER_FRAMEWORK or any(stem.startswith(f"{m}_") for m in methods):
+            if names:
+                problems.append(f"{stem}.py registers {names} but is not a method file")
+        else:
+            problems.append(f"{stem}.py: registers {names}, expected exactly the method named {stem!r}")
+    return problems
+
+
+def test_one_file_per_method():
+    from vitlens.explainers.registry import method_classes
+
+    assert method_file_problems(SRC / "explainers") == []
+    ours = {n: c.__module__ for n, c in method_classes().items() if c.__module__.startswith("vitlens.")}
+    assert len(ours) >= 20 and ours == {n: f"vitlens.explainers.{n}" for n in ours}
+
+
+def test_the_method_file_scan_sees_each_broken_rule(tmp_path):
+    reg = "from .registry import register\n\n"
+
+    def method(cls: str, name: str) -> str:
+        return f"@register\nclass {cls}:\n    name = {name!r}\n\n"
+
+    (tmp_path / "base.py").write_text("class Explainer: ...\n")
+    (tmp_path / "gae.py").write_text(reg + method("GAE", "gae"))
+    (tmp_path / "gae_swin.py").write_text("def windowed(): ...\n")
+    (tmp_path / "_helpers.py").write_text(reg + method("Hidden", "hidden"))
+    (tmp_path / "pair.py").write_text(reg + method("A", "a") + method("B", "b"))
+    (tmp_path / "misnamed.py").write_text(reg + method("C", "c"))
+    (tmp_path / "utils.py").write_text("def helper(): ...\n")
+    assert method_file_problems(tmp_path) == [
+        "_helpers.py registers ['hidden'] but is not a method file",
+        "misnamed.py: registers ['c'], expected exactly the method named 'misnamed'",
+        "pair.py: registers ['a', 'b'], expected exactly the method named 'pair'",
+        "utils.py: registers [], expected exactly the method named 'utils'",
+    ]
+
+
 def test_the_cycle_scan_sees_cycles_inside_functions(tmp_path):
     pkg = tmp_path / "pkg"
     pkg.mkdir()

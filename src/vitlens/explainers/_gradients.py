@@ -1,5 +1,5 @@
 """Input-gradient steps shared by the gradient methods (input × gradient, gradient, SmoothGrad, Integrated
-Gradients). Package-internal.
+Gradients) and the channel reductions of gradient and SmoothGrad. Package-internal.
 """
 
 from __future__ import annotations
@@ -12,9 +12,10 @@ from torch import Tensor
 from ..errors import InputError
 from ..models import Adapter
 from ..targets import Target
-from .base import Explainer
+from .base import Explainer, check_choices
 
-__all__ = ["input_gradient", "input_gradients", "clean_forward", "check_rows"]
+__all__ = ["input_gradient", "input_gradients", "clean_forward", "check_rows", "reduce_channels", "check_reduce",
+           "REDUCTIONS"]
 
 
 def input_gradient(adapter: Adapter, x: Tensor, target: Target) -> tuple[Tensor, Tensor, Tensor, Target]:
@@ -68,3 +69,24 @@ def clean_forward(adapter: Adapter, x: Tensor, target: Target) -> tuple[Tensor, 
 def check_rows(value: Any, name: str) -> None:
     if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
         raise InputError(f"{name} must be None or a positive int, got {value!r}")
+
+
+#: channel reductions of a ``(B, C, H, W)`` gradient to a ``(B, H, W)`` map.
+REDUCTIONS = ("max_abs", "sum_abs", "sum")
+
+
+def reduce_channels(grad: Tensor, how: str) -> Tensor:
+    """``(B, C, H, W)`` → ``(B, H, W)``: ``max_abs`` = ``max_c |g_c|`` (Simonyan et al.), ``sum_abs`` = ``Σ_c |g_c|``,
+    ``sum`` = ``Σ_c g_c`` (signed)."""
+    if how == "max_abs":
+        return grad.abs().amax(dim=1)
+    if how == "sum_abs":
+        return grad.abs().sum(dim=1)
+    if how == "sum":
+        return grad.sum(dim=1)
+    raise InputError(f"reduce must be one of {REDUCTIONS}, got {how!r}")
+
+
+def check_reduce(options: dict[str, Any]) -> None:
+    """Refuse a ``reduce`` option that is not one of :data:`REDUCTIONS` (one line naming the choices)."""
+    check_choices(options, reduce=REDUCTIONS)

@@ -1,4 +1,4 @@
-"""The hooks on the linear maps of each pre-norm block, shared by the LRP methods (:mod:`.chefer_lrp`,
+"""The hooks on the linear maps of each pre-norm block, shared by the LRP methods (:mod:`.transformer_attribution`,
 :mod:`.attnlrp`): query/key/value projection(s), output projection, MLP in, MLP out — as the adapter declares them
 (:meth:`vitlens.models.Adapter.lrp_linears`) — and the classifier head(s) after the last block. Package-internal.
 """

@@ -5,7 +5,7 @@ One forward, one (activation-only) backward for ``∇A``, and one explicit LRP r
 the forward pass (no autograd, no patching). The equations implemented here are written out in
 ``docs/methods/attention_methods.md``.
 
-The hooks that find each block's linear maps (:class:`LinearTaps`) live in :mod:`._lrp`, shared with :mod:`.attnlrp`.
+The hooks that find each block's linear maps (:class:`LinearTaps`) live in :mod:`._lrp`, shared with :mod:`.attnlrp` and :mod:`.cplrp`.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
-"""Input-gradient saliency: the vanilla gradient (Simonyan et al., 2014) and SmoothGrad (Smilkov et al., 2017).
+"""SmoothGrad (Smilkov et al., 2017): the input gradient averaged over noisy copies of the input.
 
-Both are pixel-level, model-agnostic (any model mapping ``(B, C, H, W)`` to logits) and read only the gradient of the
-target score with respect to the preprocessed input. Settings, cost and sources: ``docs/methods/gradients.md``.
+Pixel-level, model-agnostic (any model mapping ``(B, C, H, W)`` to logits); reads only the gradient of the target
+score with respect to the preprocessed input. Settings, cost and sources: ``docs/methods/gradients.md``.
 """
 
 from __future__ import annotations
@@ -14,58 +14,12 @@ from torch import Tensor
 from ..errors import InputError
 from ..models import Adapter
 from ..targets import Target
-from ._gradients import check_rows, clean_forward, input_gradient, input_gradients
+from ._gradients import check_reduce, check_rows, clean_forward, input_gradients, reduce_channels
 from ._random import image_seed
-from .base import Attribution, Explainer, check_choices
+from .base import Attribution, Explainer
 from .registry import register
 
-__all__ = ["Gradient", "SmoothGrad", "reduce_channels", "input_gradients", "REDUCTIONS"]
-
-#: channel reductions of a ``(B, C, H, W)`` gradient to a ``(B, H, W)`` map.
-REDUCTIONS = ("max_abs", "sum_abs", "sum")
-
-
-def reduce_channels(grad: Tensor, how: str) -> Tensor:
-    """``(B, C, H, W)`` → ``(B, H, W)``: ``max_abs`` = ``max_c |g_c|`` (Simonyan et al.), ``sum_abs`` = ``Σ_c |g_c|``,
-    ``sum`` = ``Σ_c g_c`` (signed)."""
-    if how == "max_abs":
-        return grad.abs().amax(dim=1)
-    if how == "sum_abs":
-        return grad.abs().sum(dim=1)
-    if how == "sum":
-        return grad.sum(dim=1)
-    raise InputError(f"reduce must be one of {REDUCTIONS}, got {how!r}")
-
-
-def _check_reduce(options: dict[str, Any]) -> None:
-    check_choices(options, reduce=REDUCTIONS)
-
-
-@register
-class Gradient(Explainer):
-    """Vanilla gradient saliency (Simonyan, Vedaldi & Zisserman, ICLR workshop 2014), ``(B, H, W)``.
-
-    ``M = reduce_c ∂y/∂x_c`` on the preprocessed input. Default channel reduction ``max_abs``: the maximum over
-    channels of the absolute gradient, as the paper does for colour images.
-
-    Options:
-        reduce: ``max_abs`` | ``sum_abs`` | ``sum`` (see :func:`reduce_channels`).
-    """
-
-    readout_logit_only = True  # logits only: the readout fast path applies (base.Explainer)
-
-    name = "gradient"
-    description = "vanilla gradient of the class score (magnitude)"
-    display_name = "Gradient"
-    level = "pixel"
-    defaults: dict[str, Any] = {"reduce": "max_abs"}
-
-    def check_options(self) -> None:
-        _check_reduce(self.options)
-
-    def attribute(self, adapter: Adapter, x: Tensor, target: Target) -> tuple[Attribution, Tensor, Target]:
-        _, grad, logits, tgt = input_gradient(adapter, x, target)
-        return Attribution(values=reduce_channels(grad, self.options["reduce"])), logits, tgt
+__all__ = ["SmoothGrad"]
 
 
 @register
@@ -97,7 +51,7 @@ class SmoothGrad(Explainer):
 
     def check_options(self) -> None:
         o = self.options
-        _check_reduce(o)
+        check_reduce(o)
         if isinstance(o["n"], bool) or not isinstance(o["n"], int) or o["n"] < 1:
             raise InputError(f"n must be a positive int, got {o['n']!r}")
         try:

@@ -1,4 +1,4 @@
-"""Simple model-agnostic references: input × gradient, and a random map (the floor every method must beat)."""
+"""A random map: the floor every method must beat (a baseline, never marked best)."""
 
 from __future__ import annotations
 
@@ -9,29 +9,11 @@ from torch import Tensor
 
 from ..models import Adapter
 from ..targets import Target
-from ._gradients import input_gradient
 from ._random import image_seed
 from .base import Attribution, Explainer, image_size
 from .registry import register
 
-__all__ = ["InputXGradient", "RandomMap"]
-
-
-@register
-class InputXGradient(Explainer):
-    """Input × gradient summed over channels, ``Σ_c x_c · ∂y/∂x_c`` (on the preprocessed input), ``(B, H, W)``."""
-
-    readout_logit_only = True  # logits only: the readout fast path applies (base.Explainer)
-
-    name = "inputxgradient"
-    description = "input x gradient, signed"
-    display_name = "Input × Gradient"
-    level = "pixel"
-    defaults: dict[str, Any] = {}
-
-    def attribute(self, adapter: Adapter, x: Tensor, target: Target) -> tuple[Attribution, Tensor, Target]:
-        xd, grad, logits, tgt = input_gradient(adapter, x, target)
-        return Attribution(values=(xd * grad).sum(dim=1)), logits, tgt
+__all__ = ["RandomMap"]
 
 
 @register
