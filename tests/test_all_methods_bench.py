@@ -23,7 +23,8 @@ def test_vit_table(script, tmp_path: Path) -> None:
                         "--out", str(tmp_path / "run"), "--doc", str(doc)]) == 0
     text = doc.read_text()
     assert text.startswith("# All methods on `shapes-vit`")
-    for needle in ("| gradskip |", "| random |", "pointing game", "violation ↓", "Command: `python"):
+    # the table names methods as a paper would (display names); code names stay in files and JSON
+    for needle in ("| GradSkip |", "| Random |", "pointing game", "violation ↓", "Command: `python"):
         assert needle in text, needle
 
 
@@ -34,6 +35,6 @@ def test_cnn_table_lists_what_does_not_apply(script, tmp_path: Path) -> None:
     assert script.main(["--model", "efficientnet_lite0", "--n", "2", "--methods", "gradient,gradcam,gradskip",
                         "--out", str(tmp_path / "run"), "--doc", str(doc)]) == 0
     text = doc.read_text()
-    assert "| gradient |" in text and "| gradcam |" in text and "| gradskip |" not in text
+    assert "| Gradient |" in text and "| Grad-CAM |" in text and "| GradSkip |" not in text
     assert "Not applicable to this model: gradskip" in text
     assert "top-1 32-px cell" in text  # a CNN has no patches: the violation metric perturbs 32-px cells
