@@ -406,3 +406,19 @@ def test_hunt_api_bad_input_is_one_line(tmp_path, monkeypatch, case):
         fn(tiny_vit(num_classes=6))
     one_line(str(err.value))
     assert not list(tmp_path.iterdir())  # no figure, no temporary
+
+
+def test_rise_with_a_runaway_mask_count_is_refused_before_any_work():
+    """Bounded work: 10**12 masks would be 10**12 forwards per image; refused in one line, the bound named."""
+    with pytest.raises(InputError, match=r"at most 1,000,000"):
+        get_method("rise", n_masks=10**12)
+    get_method("rise", n_masks=1_000_000)  # the bound itself is accepted
+
+
+@pytest.mark.parametrize("device", ["cpu:1", "cpu:7"])
+def test_a_cpu_device_index_other_than_zero_is_refused(device):
+    from vitlens.devices import check_device
+
+    with pytest.raises(InputError, match="the CPU is one device"):
+        check_device(device)
+    assert check_device("cpu:0") == "cpu:0"

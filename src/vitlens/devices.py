@@ -30,4 +30,6 @@ def check_device(device: Any) -> Any:
             raise InputError(f"device {device!r} is not available here; use --device cpu")
     elif dev.type != "cpu":
         raise InputError(f"device {device!r} is not supported; use cpu, cuda or cuda:N")
+    elif dev.index not in (None, 0):
+        raise InputError(f"device {device!r} does not exist: the CPU is one device ('cpu'); torch runs it on every core")
     return device

@@ -48,6 +48,9 @@ def rise_masks(grids: Tensor, shifts: Tensor, size: tuple[int, int]) -> Tensor:
     return up[torch.arange(n)[:, None, None], rows[:, :, None], cols[:, None, :]]
 
 
+#: the most masks RISE accepts (each is one forward pass per image): a bound on the work, not on the maths
+MAX_MASKS = 1_000_000
+
 @register
 class RISE(Explainer):
     """RISE saliency ``(B, H, W)``: the mean target score over random smooth masks, weighted by each mask.
@@ -86,6 +89,9 @@ class RISE(Explainer):
         o = self.options
         check_positive_int(o, "n_masks", "grid_size", "batch_size")
         check_score(o)
+        if int(o["n_masks"]) > MAX_MASKS:  # bounded work: each mask is one forward per image
+            raise InputError(f"n_masks={o['n_masks']} means {int(o['n_masks']):,} forward passes per image; at most "
+                             f"{MAX_MASKS:,} (the paper uses 4,000)")
         if not 0.0 < float(o["p_keep"]) <= 1.0:
             raise InputError(f"p_keep must be in (0, 1], got {o['p_keep']}")
         if not math.isfinite(float(o["fill"])):
