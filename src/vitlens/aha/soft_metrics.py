@@ -209,6 +209,9 @@ def gaussian_blur(x: Tensor, sigma: float) -> Tensor:
     """
     if sigma <= 0:
         return x
+    dtype = x.dtype
+    if dtype in (torch.float16, torch.bfloat16):  # half-precision depthwise convolution is minutes on a CPU, and
+        x = x.float()  # rounds the kernel's small weights: blur in float32, return the input's dtype
     h, w = x.shape[-2:]
     radius = max(1, min(int(math.ceil(3 * sigma)), h - 1, w - 1))
     k = torch.arange(-radius, radius + 1, device=x.device, dtype=x.dtype)
@@ -218,7 +221,7 @@ def gaussian_blur(x: Tensor, sigma: float) -> Tensor:
     x = F.pad(x, (radius, radius, radius, radius), mode="reflect")
     x = F.conv2d(x, k.view(1, 1, 1, -1).expand(c, 1, 1, -1), groups=c)
     x = F.conv2d(x, k.view(1, 1, -1, 1).expand(c, 1, -1, 1), groups=c)
-    return x
+    return x.to(dtype)
 
 
 def reference(x: Tensor, kind: str, mean: Sequence[float], std: Sequence[float],
