@@ -111,7 +111,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from .options import load_model_with_options
 
     model_kwargs = _parse_options(args.model_option, "--model-option")
-    device = _bench_device(args.device)
+    from vitlens.devices import option_device
+
+    device = option_device(args.device)
     torch.manual_seed(args.seed)  # random-weight models (pretrained=False) are the same in every process and rerun
     seeded = {"seed": args.seed} if args.model.startswith(("timm:", "hf:")) and "seed" not in model_kwargs else {}
     model = load_model_with_options(args.model, {**model_kwargs, **seeded})  # the seed is recorded with the model
@@ -128,22 +130,6 @@ def cmd_bench(args: argparse.Namespace) -> int:
         print(summary.read_text())
         print(f"report: {Path(run_dir) / 'report.html'}")
     return 0
-
-
-def _bench_device(name: str) -> Any:
-    """``--device``: ``auto`` is CUDA when there is a GPU, else the CPU; any other name must exist here (the one
-    device check, :func:`vitlens.devices.check_device`)."""
-    import torch
-
-    from vitlens.devices import check_device
-    from vitlens.errors import InputError
-
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        return torch.device(check_device(name))
-    except InputError as e:
-        raise InputError(f"--device: {e}") from None
 
 
 def cmd_report(args: argparse.Namespace) -> int:

@@ -97,21 +97,6 @@ def output_bases(paths: Sequence[Path]) -> list[str]:
     return out
 
 
-def _device(name: str) -> Any:
-    import torch
-
-    from vitlens.errors import InputError
-
-    from vitlens.options import check_device
-
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        return torch.device(check_device(name))
-    except InputError as e:
-        raise InputError(f"--device: {e}") from None
-
-
 def _specs(args: argparse.Namespace) -> list[tuple[str, str, dict[str, Any]]]:
     """(label, name, options) per method; ``--option`` pairs apply to every method."""
     from vitlens.bench.runner import spec_label, split_specs
@@ -177,7 +162,9 @@ def cmd_explain(args: argparse.Namespace) -> int:
     methods = [(label, vitlens.explainers.get_method(name, **opts)) for label, name, opts in specs]
     paths = _expand(args.images)
     bases = output_bases(paths)
-    device = _device(args.device)
+    from vitlens.devices import option_device
+
+    device = option_device(args.device)
     model_kwargs = parse_key_values(args.model_option, "--model-option")
     if args.model.startswith(("timm:", "hf:")):
         model_kwargs.setdefault("seed", 0)  # random weights (pretrained=False, a new head) are the same every run

@@ -33,3 +33,17 @@ def check_device(device: Any) -> Any:
     elif dev.index not in (None, 0):
         raise InputError(f"device {device!r} does not exist: the CPU is one device ('cpu'); torch runs it on every core")
     return device
+
+
+def option_device(name: str) -> Any:
+    """A command's ``--device`` value as a ``torch.device``: ``auto`` is CUDA when there is a GPU, else the CPU; any
+    other name must exist here (:func:`check_device`); a bad one is an :class:`InputError` naming the option."""
+    import torch
+
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        return torch.device(check_device(name))
+    except InputError as e:
+        raise InputError(f"--device: {e}") from None
+
