@@ -5,7 +5,6 @@ the saved images fewer."""
 
 from __future__ import annotations
 
-import sqlite3
 from pathlib import Path
 
 import pytest
@@ -16,7 +15,7 @@ from vitlens.errors import InputError
 from vitlens.metrics import get_metric
 from vitlens.metrics.perturbation import SharedScores
 
-from conftest import F32_ROUNDING, tiny_vit
+from conftest import F32_ROUNDING, result_rows, tiny_vit
 
 pytestmark = pytest.mark.usefixtures("one_thread_per_module")
 
@@ -46,11 +45,7 @@ def run(out: Path, share: bool, methods=METHODS) -> tuple[dict[tuple, float], in
         run_benchmark(cfg, out, model=model, progress=False)
     finally:
         handle.remove()
-    con = sqlite3.connect(out / "results.sqlite")
-    try:
-        rows = {r[:4]: r[4] for r in con.execute("SELECT image, method, metric, output, value FROM results")}
-    finally:
-        con.close()
+    rows = {r[:4]: r[4] for r in result_rows(out)}
     return rows, seen[0]
 
 
