@@ -1,12 +1,14 @@
-"""GradSkip on hierarchical transformers (HF SegFormer): stages, reduced keys, patch merging, several readouts.
+"""GradSkip on hierarchical transformers with spatial-reduction attention (HF SegFormer, timm / HF PVTv2): stages,
+reduced keys, patch merging, one or several readouts.
 
 Called by :class:`~vitlens.explainers.gradskip.GradSkip` when the adapter is hierarchical, with the same options.
 One forward and one activation-only backward pass; the equations are written out in
 ``docs/methods/gradskip_segformer.md``:
 
-1. **Start.** The decode head reads every stage's output ``o_s``. ``y`` is split over all tokens of all stages in
-   proportion to ``⟨o_s[i], ∂y/∂o_s[i]⟩⁺`` with the decode head's *direct* gradient (GradSkip's pooled-readout rule
-   over the union of the readouts), so the start relevances sum to ``y``.
+1. **Start.** SegFormer's decode head reads every stage's output ``o_s``, PVTv2's classifier the mean of the last
+   one. ``y`` is split over all tokens of the stages the head reads in proportion to ``⟨o_s[i], ∂y/∂o_s[i]⟩⁺`` with
+   the head's *direct* gradient (GradSkip's pooled-readout rule over the union of the readouts), so the start
+   relevances sum to ``y``.
 2. **Stage ``s``**, from the last to the first: relevance on the stage output = its readout share + what patch
    merging handed down from stage ``s+1``; through each block (last to first) with GradSkip's gate and
    ``W̃`` of shape queries × reduced keys; each key's relevance goes back to the tokens of its ``r×r`` window.
@@ -33,7 +35,7 @@ from ._gradskip_rules import filled, head_weights, readout_relevance, skip_gate,
 from .base import Attribution, Explainer
 
 if TYPE_CHECKING:
-    from ..models.hf_segformer import SegformerRecording
+    from ..models._stages import StageRecord, StageRecording
 
 __all__ = ["attribute_hierarchical", "window_contributions", "window_handback"]
 
@@ -97,6 +99,15 @@ def _gxa(t: Tensor, g: Tensor) -> Tensor:
     return (t * g).sum(1).flatten(1) if t.ndim == 4 else (t * g).sum(-1)
 
 
+def _start_scores(stage: StageRecord, grad: dict[int, Tensor]) -> Tensor:
+    """Gradient × activation ``(B, T_s)`` of a stage output the head reads; zeros for a stage it does not read
+    (PVTv2's head reads the last stage only: the others start with nothing)."""
+    if stage.readout is not None:
+        return _gxa(stage.readout.detach(), grad[id(stage.readout)])
+    h = recorded(stage.blocks[-1].h if stage.blocks else None, "post-attention residual")
+    return h.new_zeros(h.shape[:2])
+
+
 def attribute_hierarchical(method: Explainer, adapter: Adapter, x: Tensor, target: Target,
                            start: str = "readouts") -> tuple[Attribution, Tensor, Target]:
     """GradSkip for one chunk on a hierarchical adapter: token maps on the stage-1 grid, remainder 0.
@@ -115,11 +126,12 @@ def attribute_hierarchical(method: Explainer, adapter: Adapter, x: Tensor, targe
         wanted = rec.graph_tensors()
         grad = {id(t): g for t, g in zip(wanted, method.gradients(y, wanted))}
     y = y.detach()
-    stages = cast("SegformerRecording", rec).stages  # a hierarchical adapter's session records stages
+    stages = cast("StageRecording", rec).stages  # a hierarchical adapter's session records stages
 
     # 1. start: y over the tokens of every readout, in proportion to the direct gradient × activation
-    readouts = [recorded(st.readout, "stage output the decode head reads") for st in stages]
-    gxa = [_gxa(r.detach(), grad[id(r)]) for r in readouts]
+    if all(st.readout is None for st in stages):
+        recorded(None, "stage output the head reads")
+    gxa = [_start_scores(st, grad) for st in stages]
     if start == "last":
         gxa = [torch.zeros_like(g) for g in gxa[:-1]] + gxa[-1:]
     sizes = [g.shape[1] for g in gxa]

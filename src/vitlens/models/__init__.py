@@ -23,6 +23,7 @@ from .hf_swin import HFSwinAdapter
 from .hf_swinv2 import HFSwinV2Adapter
 from .hf_vit import HFViTAdapter
 from .probe import LinearProbe
+from .pvt_v2 import HFPvtV2Adapter, TimmPvtV2Adapter
 from .timm_cait import TimmCaitAdapter
 from .timm_cnn import TimmCNNAdapter
 from .timm_families import REFUSED, TimmBeitAdapter, TimmEvaAdapter, TimmRelPosAdapter
@@ -48,6 +49,8 @@ __all__ = [
     "HFSequenceAdapter",
     "HFSwinAdapter",
     "HFSwinV2Adapter",
+    "TimmPvtV2Adapter",
+    "HFPvtV2Adapter",
     "LinearProbe",
     "get_adapter",
     "refusal",
@@ -125,7 +128,7 @@ def _refused_note(model: nn.Module) -> str | None:
 
 _ADAPTERS: list[type[Adapter]] = [TimmViTAdapter, TimmEvaAdapter, TimmBeitAdapter, TimmRelPosAdapter, TimmSwinAdapter,
                                   TimmSwinV2Adapter, TimmCaitAdapter, HFViTAdapter, HFSequenceAdapter, HFSwinAdapter,
-                                  HFSwinV2Adapter, SegformerAdapter, TimmCNNAdapter]
+                                  HFSwinV2Adapter, SegformerAdapter, TimmPvtV2Adapter, HFPvtV2Adapter, TimmCNNAdapter]
 
 
 def register_adapter(cls: type[Adapter], first: bool = True) -> type[Adapter]:

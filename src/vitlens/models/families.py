@@ -82,8 +82,10 @@ def _sharpen(model: nn.Module, gain: float = 3.0) -> nn.Module:
             elif name.endswith("qkv.weight") and p.shape[0] % 3 == 0:
                 p[: 2 * (p.shape[0] // 3)].mul_(gain)
             elif name.endswith(("q_proj.weight", "k_proj.weight", "attention.attention.query.weight",
-                                "attention.attention.key.weight")):
+                                "attention.attention.key.weight", "attention.query.weight", "attention.key.weight")):
                 p.mul_(gain)
+            elif name.endswith("attn.kv.weight"):  # timm PVTv2: fused key/value map, keys first (no q/k pair here)
+                p[: p.shape[0] // 2].mul_(gain * gain)
             elif name.endswith(("attn.proj_l.weight", "attn.proj_w.weight")):  # CaiT talking heads: near identity,
                 p.add_(torch.eye(p.shape[0], dtype=p.dtype))  # as trained ones are (random init makes A' ≈ 0)
     return model
@@ -139,6 +141,15 @@ FAMILIES: list[Family] = [
            _hf("SegformerForSemanticSegmentation", "SegformerConfig", plain=False, num_encoder_blocks=2, depths=[1, 1],
                sr_ratios=[2, 1], hidden_sizes=[16, 32], num_attention_heads=[1, 2], decoder_hidden_size=32,
                patch_sizes=[7, 3], strides=[4, 2], mlp_ratios=[2, 2]), note="segmentation"),
+    Family("timm PVTv2", "timm PyramidVisionTransformerV2 (spatial-reduction attention, overlapping patch "
+           "embeddings, Mix-FFN; mean-pooled last stage)",
+           _timm("pvt_v2_b0", False, depths=(2, 1, 1, 1), embed_dims=(16, 24, 32, 48), num_heads=(1, 2, 2, 4),
+                 sr_ratios=(2, 2, 1, 1), mlp_ratios=(2, 2, 2, 2), num_classes=5), note="stages"),
+    Family("HF PvtV2", "transformers PvtV2ForImageClassification (spatial-reduction attention, overlapping patch "
+           "embeddings, Mix-FFN; mean-pooled last stage)",
+           _hf("PvtV2ForImageClassification", "PvtV2Config", plain=False, depths=[2, 1, 1, 1],
+               hidden_sizes=[16, 24, 32, 48], num_attention_heads=[1, 2, 2, 4], sr_ratios=[2, 2, 1, 1],
+               mlp_ratios=[2, 2, 2, 2]), note="stages"),
     Family("timm CNN", "timm convolutional classifiers with a global-pool head (ResNet, EfficientNet, ...)",
            _timm("resnet18", False, num_classes=5), note="cnn"),
     Family("timm XCiT", "timm Xcit", _timm("xcit_nano_12_p8_224", False, img_size=32, depth=2, num_classes=5),

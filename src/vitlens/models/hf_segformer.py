@@ -35,14 +35,15 @@ node of the graph (not a leaf: GradSkip back-propagates through it), and the cla
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass, field
-from typing import Any, Iterator, NoReturn, Sequence, cast
+from typing import Any, Iterator, Sequence, cast
 
 from torch import Tensor, nn
 
 from ..errors import InputError, UnsupportedModelError
 from ._hf import eager_attention
-from .base import Adapter, BlockRecord, Recording, int_pair, logits_of
+from ._stages import (ConvRecord, StageBlockRecord, StageRecord, StageRecording, conv_hook, conv_output_size,
+                      residual_input_hook)
+from .base import Adapter, Recording, int_pair, logits_of
 from .capabilities import (ATTENTION, BLOCK_IO, CLASS_LOGITS, FEATURE_MAPS, FEATURES, LRP_LINEARS, PIXEL_LOGITS, STAGES,
                            TOKEN_GRID, TOKEN_SEQUENCE, TOKENS)
 
@@ -53,79 +54,15 @@ __all__ = ["SegformerAdapter", "SegformerRecording", "StageRecord", "SegformerBl
            "conv_output_size"]
 
 
-@dataclass
-class ConvRecord:
-    """A convolution seen in the forward pass: the module, its input (detached) and its output (in the graph)."""
-
-    conv: nn.Conv2d
-    input: Tensor
-    output: Tensor
+#: a SegFormer block's record (the shared stage-block record, :mod:`._stages`)
+SegformerBlockRecord = StageBlockRecord
 
 
-@dataclass
-class SegformerBlockRecord(BlockRecord):
-    """A SegFormer block: the :class:`BlockRecord` tensors plus the key/value reduction (``None`` when ``r = 1``)."""
-
-    reduction: ConvRecord | None = None
-
-
-@dataclass
-class StageRecord:
-    """One encoder stage: blocks, token grid, the patch merging into it, its output as the decode head reads it."""
-
-    blocks: list[SegformerBlockRecord] = field(default_factory=list)
-    grid: tuple[int, int] | None = None
-    merge: ConvRecord | None = None
-    readout: Tensor | None = None
-
-
-class SegformerRecording:
+class SegformerRecording(StageRecording):
     """What a SegFormer capture session records: ``stages`` in forward order (see the module docstring)."""
 
     def __init__(self) -> None:
-        self.stages: list[StageRecord] = []
-        #: the feature layers' tensors ``(B, T, C)`` in token layout, in the order of ``feature_layers()``
-        self.features: list[Tensor] = []
-
-    @staticmethod
-    def _no_single_sequence() -> NoReturn:
-        raise UnsupportedModelError(
-            f"SegFormer has hierarchical stages, not one token sequence: {_NO_SEQUENCE}"
-        )
-
-    @property
-    def blocks(self) -> list[BlockRecord]:
-        self._no_single_sequence()
-
-    @property
-    def final(self) -> Tensor:
-        self._no_single_sequence()  # there is no single final stream
-
-    def graph_tensors(self) -> list[Tensor]:
-        """All captured encoder tensors that are part of the autograd graph, stage by stage (what GradSkip
-        differentiates; the decode-head ``features`` are not included)."""
-        out: list[Tensor] = []
-        for st in self.stages:
-            if st.readout is not None:
-                out.append(st.readout)
-            if st.merge is not None:
-                out.append(st.merge.output)
-            for b in st.blocks:
-                out += [t for t in (b.attn, b.h) if t is not None]
-                if b.reduction is not None:
-                    out.append(b.reduction.output)
-        return out
-
-
-def conv_output_size(conv: nn.Conv2d, hw: tuple[int, int]) -> tuple[int, int]:
-    """Spatial output size of ``conv`` for an input of size ``hw`` (PyTorch's formula)."""
-    if isinstance(conv.padding, str):
-        raise UnsupportedModelError(f"convolution with padding={conv.padding!r}: vitlens needs explicit padding sizes")
-    out = []
-    for i in range(2):
-        k, s, p, d = conv.kernel_size[i], conv.stride[i], conv.padding[i], conv.dilation[i]
-        out.append((hw[i] + 2 * p - d * (k - 1) - 1) // s + 1)
-    return out[0], out[1]
+        super().__init__("SegFormer", _NO_SEQUENCE)
 
 
 class SegformerAdapter(Adapter):
@@ -248,11 +185,11 @@ class SegformerAdapter(Adapter):
 
             hooks.append(stage.patch_embeddings.register_forward_hook(grid_hook))
             if s > 0:
-                hooks.append(stage.patch_embeddings.proj.register_forward_hook(_conv_hook(srec, "merge")))
+                hooks.append(stage.patch_embeddings.proj.register_forward_hook(conv_hook(srec, "merge")))
             for j, layer in enumerate(stage.blocks):
                 brec = SegformerBlockRecord()
                 srec.blocks.append(brec)
-                hooks.append(layer.register_forward_pre_hook(_residual_input_hook(brec, leaf=(s == 0 and j == 0)),
+                hooks.append(layer.register_forward_pre_hook(residual_input_hook(brec, leaf=(s == 0 and j == 0)),
                                                               with_kwargs=True))
 
                 def h_hook(module, args, brec=brec):
@@ -273,7 +210,7 @@ class SegformerAdapter(Adapter):
                 hooks.append(layer.attention.v_proj.register_forward_hook(value_hook))
                 red = self._reduction_conv(layer)
                 if red is not None:
-                    hooks.append(red.register_forward_hook(_conv_hook(brec, "reduction")))
+                    hooks.append(red.register_forward_hook(conv_hook(brec, "reduction")))
 
             def readout_hook(module, args, srec=srec):
                 view = args[0].view_as(args[0])  # its own graph node: the gradient here is the decode head's alone
@@ -291,31 +228,3 @@ class SegformerAdapter(Adapter):
 
         hooks.append(self.classifier.register_forward_pre_hook(feature_hook))
 
-
-def _conv_hook(record: Any, attr: str):
-    def hook(module: nn.Conv2d, args: tuple, output: Tensor) -> None:
-        setattr(record, attr, ConvRecord(conv=module, input=args[0].detach(), output=output))
-
-    return hook
-
-
-def _residual_input_hook(brec: SegformerBlockRecord, leaf: bool):
-    """Pre-hook of a block: records ``u``; for the first block of stage 1, replaces it by a leaf that requires grad."""
-
-    def hook(module: nn.Module, args: tuple, kwargs: dict):
-        key = None
-        if args:
-            u = args[0]
-        else:
-            key = "hidden_states" if "hidden_states" in kwargs else next(iter(kwargs))
-            u = kwargs[key]
-        if leaf:
-            u = u.detach().requires_grad_(True)
-        brec.u = u
-        if not leaf:
-            return None
-        if key is None:
-            return (u, *args[1:]), kwargs
-        return args, {**kwargs, key: u}
-
-    return hook
