@@ -31,7 +31,7 @@ from torch import Tensor, nn
 from ..errors import InputError
 from ..models.base import Adapter, recorded
 from ..targets import Target
-from ._gradskip_rules import filled, head_weights, readout_relevance, skip_gate, weighted_attention
+from ._gradskip_rules import filled, head_weights, readout_relevance, skip_gate, weighted_attention, wide
 from .base import Attribution, Explainer
 
 if TYPE_CHECKING:
@@ -103,9 +103,9 @@ def _start_scores(stage: StageRecord, grad: dict[int, Tensor]) -> Tensor:
     """Gradient × activation ``(B, T_s)`` of a stage output the head reads; zeros for a stage it does not read
     (PVTv2's head reads the last stage only: the others start with nothing)."""
     if stage.readout is not None:
-        return _gxa(stage.readout.detach(), grad[id(stage.readout)])
+        return _gxa(wide(stage.readout), grad[id(stage.readout)])
     h = recorded(stage.blocks[-1].h if stage.blocks else None, "post-attention residual")
-    return h.new_zeros(h.shape[:2])
+    return wide(h).new_zeros(h.shape[:2])
 
 
 def attribute_hierarchical(method: Explainer, adapter: Adapter, x: Tensor, target: Target,
@@ -124,8 +124,9 @@ def attribute_hierarchical(method: Explainer, adapter: Adapter, x: Tensor, targe
         tgt = method.resolve_target(target, logits)
         y = tgt(logits)
         wanted = rec.graph_tensors()
-        grad = {id(t): g for t, g in zip(wanted, method.gradients(y, wanted))}
-    y = y.detach()
+        # the propagation runs in at least float32 whatever the model's dtype (as on the plain path)
+        grad = {id(t): wide(g) for t, g in zip(wanted, method.gradients(y, wanted))}
+    y = wide(y)
     stages = cast("StageRecording", rec).stages  # a hierarchical adapter's session records stages
 
     # 1. start: y over the tokens of every readout, in proportion to the direct gradient × activation
@@ -154,18 +155,18 @@ def attribute_hierarchical(method: Explainer, adapter: Adapter, x: Tensor, targe
         for blk in reversed(st.blocks):
             index -= 1
             probs = recorded(blk.attn, "attention")
-            attn, grad_attn = probs.detach(), grad[id(probs)]
+            attn, grad_attn = wide(probs), grad[id(probs)]
             omega = head_weights(attn, grad_attn, o["head_weighting"], float(o["alpha"]),
                                  float(o["grad_threshold"]), o["head_subset"])
-            value, u = recorded(blk.value, "value vectors"), recorded(blk.u, "block input")
+            value, u = wide(recorded(blk.value, "value vectors")), wide(recorded(blk.u, "block input"))
             h = recorded(blk.h, "post-attention residual")
             wt = weighted_attention(attn, attn * grad_attn, value.norm(dim=-1), omega)  # (B, T, T_k)
-            beta = skip_gate(u.detach(), h.detach(), grad[id(h)], method.options["skip"],
+            beta = skip_gate(u, wide(h), grad[id(h)], method.options["skip"],
                              float(method.options["eps"]))
             keys = (beta * relevance)[:, None, :].bmm(wt)[:, 0]  # (B, T_k)
             red = blk.reduction
             if red is not None:
-                keys = window_handback(keys, red.input, grad[id(red.output)], red.conv)
+                keys = window_handback(keys, wide(red.input), grad[id(red.output)], red.conv)
             relevance = keys + (1.0 - beta) * relevance
             layer_totals[index] = relevance.sum(-1)
             omegas[index] = F.pad(omega, (0, max_heads - omega.shape[1]))
@@ -173,7 +174,7 @@ def attribute_hierarchical(method: Explainer, adapter: Adapter, x: Tensor, targe
         gates[f"beta_main_stage{s + 1}"] = torch.stack(betas[::-1], dim=1)
         if s > 0:
             merge = recorded(st.merge, f"patch merging into stage {s + 1}")
-            carried = window_handback(relevance, merge.input, grad[id(merge.output)], merge.conv)
+            carried = window_handback(relevance, wide(merge.input), grad[id(merge.output)], merge.conv)
     gh, gw = recorded(stages[0].grid, "stage-1 token grid")
     if relevance.shape[1] != gh * gw:
         raise InputError(f"{relevance.shape[1]} stage-1 tokens do not fill the {gh}x{gw} token grid")

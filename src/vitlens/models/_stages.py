@@ -15,15 +15,15 @@ its gradient is the head's *direct* gradient; ``None`` for a stage the head does
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, NoReturn
+from typing import Any, NoReturn, Sequence
 
 from torch import Tensor, nn
 
-from ..errors import UnsupportedModelError
-from .base import BlockRecord
+from ..errors import InputError, UnsupportedModelError
+from .base import BlockRecord, int_pair
 
 __all__ = ["ConvRecord", "StageBlockRecord", "StageRecord", "StageRecording", "conv_output_size", "conv_hook",
-           "residual_input_hook"]
+           "residual_input_hook", "stage_grids", "check_stage_input"]
 
 
 @dataclass
@@ -100,6 +100,33 @@ def conv_output_size(conv: nn.Conv2d, hw: tuple[int, int]) -> tuple[int, int]:
         k, s, p, d = conv.kernel_size[i], conv.stride[i], conv.padding[i], conv.dilation[i]
         out.append((hw[i] + 2 * p - d * (k - 1) - 1) // s + 1)
     return out[0], out[1]
+
+
+def stage_grids(embeds: Sequence[nn.Conv2d], input_hw: tuple[int, int]) -> list[tuple[int, int]]:
+    """Token grid ``(h_s, w_s)`` of every stage for an input of size ``input_hw``, from the convolutions that embed
+    each stage's tokens (input side first)."""
+    grids, hw = [], int_pair(input_hw)
+    for conv in embeds:
+        hw = conv_output_size(conv, hw)
+        grids.append(hw)
+    return grids
+
+
+def check_stage_input(x: Tensor, in_chans: int | None, model: str, grids: Sequence[tuple[int, int]],
+                      reductions: Sequence[nn.Conv2d | None]) -> None:
+    """Raise :class:`InputError` when ``x`` has other than ``in_chans`` channels, or its size leaves a stage's grid
+    (``grids``, for ``x``'s size) empty or smaller than that stage's key-reduction window (``reductions``: per stage,
+    the first block's reduction convolution or ``None``). ``model``: the family, as the message names it."""
+    if in_chans is not None and x.shape[1] != in_chans:
+        raise InputError(f"model expects {in_chans} input channels; got a batch with {x.shape[1]}")
+    hw = int_pair(x.shape[-2:])
+    for s, ((gh, gw), red) in enumerate(zip(grids, reductions)):
+        if gh < 1 or gw < 1:
+            raise InputError(f"input size {hw[0]}x{hw[1]} is too small for this {model} (stage {s + 1} is empty)")
+        if red is not None and (gh < red.kernel_size[0] or gw < red.kernel_size[1]):
+            raise InputError(
+                f"input size {hw[0]}x{hw[1]} is too small for this {model}: stage {s + 1}'s {gh}x{gw} token "
+                f"grid holds no {red.kernel_size[0]}x{red.kernel_size[1]} key-reduction window")
 
 
 def conv_hook(record: Any, attr: str):

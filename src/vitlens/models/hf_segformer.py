@@ -39,10 +39,10 @@ from typing import Any, Iterator, Sequence, cast
 
 from torch import Tensor, nn
 
-from ..errors import InputError, UnsupportedModelError
+from ..errors import UnsupportedModelError
 from ._hf import eager_attention
-from ._stages import (ConvRecord, StageBlockRecord, StageRecord, StageRecording, conv_hook, conv_output_size,
-                      residual_input_hook)
+from ._stages import (ConvRecord, StageBlockRecord, StageRecord, StageRecording, check_stage_input, conv_hook,
+                      conv_output_size, residual_input_hook, stage_grids)
 from .base import Adapter, Recording, int_pair, logits_of
 from .capabilities import (ATTENTION, BLOCK_IO, CLASS_LOGITS, FEATURE_MAPS, FEATURES, LRP_LINEARS, PIXEL_LOGITS, STAGES,
                            TOKEN_GRID, TOKEN_SEQUENCE, TOKENS)
@@ -126,11 +126,7 @@ class SegformerAdapter(Adapter):
     # -- layout --------------------------------------------------------------------------------------------------
     def stage_grids(self, input_hw: tuple[int, int]) -> list[tuple[int, int]]:
         """Token grid ``(h_s, w_s)`` of every stage for an input of size ``input_hw``."""
-        grids, hw = [], int_pair(input_hw)
-        for stage in self.stages:
-            hw = conv_output_size(stage.patch_embeddings.proj, hw)
-            grids.append(hw)
-        return grids
+        return stage_grids([stage.patch_embeddings.proj for stage in self.stages], input_hw)
 
     def grid(self, input_hw: tuple[int, int]) -> tuple[int, int]:
         """The finest (stage-1) token grid, where GradSkip's token maps live (``⌈H/4⌉ × ⌈W/4⌉`` for the usual
@@ -147,18 +143,8 @@ class SegformerAdapter(Adapter):
         return [self.classifier]
 
     def check_input(self, x: Tensor) -> None:
-        if x.shape[1] != self.in_chans:
-            raise InputError(f"model expects {self.in_chans} input channels; got a batch with {x.shape[1]}")
-        hw = int_pair(x.shape[-2:])
-        for s, (stage, (gh, gw)) in enumerate(zip(self.stages, self.stage_grids(hw))):
-            if gh < 1 or gw < 1:
-                raise InputError(f"input size {hw[0]}x{hw[1]} is too small for this SegFormer (stage {s + 1} is empty)")
-            red = self._reduction_conv(stage.blocks[0]) if len(stage.blocks) else None
-            if red is not None and (gh < red.kernel_size[0] or gw < red.kernel_size[1]):
-                raise InputError(
-                    f"input size {hw[0]}x{hw[1]} is too small for this SegFormer: stage {s + 1}'s {gh}x{gw} token "
-                    f"grid holds no {red.kernel_size[0]}x{red.kernel_size[1]} key-reduction window"
-                )
+        reductions = [self._reduction_conv(stage.blocks[0]) if len(stage.blocks) else None for stage in self.stages]
+        check_stage_input(x, self.in_chans, "SegFormer", self.stage_grids(int_pair(x.shape[-2:])), reductions)
 
     # -- running -------------------------------------------------------------------------------------------------
     def _forward(self, x: Tensor) -> Tensor:

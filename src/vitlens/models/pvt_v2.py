@@ -11,6 +11,9 @@ map. So a capture session records the same :class:`~vitlens.models._stages.Stage
 readout (the last stage's output, its own graph node, so its gradient is the head's) and no key/value reduction in
 stages with ``r = 1``; the hierarchical relevance path of SegFormer reads it unchanged.
 
+The token grid is stage 1's (``⌈H/4⌉ × ⌈W/4⌉``); :attr:`patch_size` is that embedding's stride (4×4 pixels per
+token, the cell a pixel-level map is pooled onto; each token's 7×7 kernel overlaps its neighbours' cells).
+
 Features (the ``"features"`` capability): one feature layer, the last stage's output as the classifier pools it,
 ``(B, h_S·w_S, C_S)`` in token layout (row-major, no prefix tokens) on the last stage's grid (:meth:`feature_grid`).
 
@@ -27,8 +30,9 @@ from typing import Any, Callable, Iterator, Sequence, cast
 
 from torch import Tensor, nn
 
-from ..errors import InputError, UnsupportedModelError
-from ._stages import StageBlockRecord, StageRecord, StageRecording, conv_hook, conv_output_size, residual_input_hook
+from ..errors import UnsupportedModelError
+from ._stages import (StageBlockRecord, StageRecord, StageRecording, check_stage_input, conv_hook, residual_input_hook,
+                      stage_grids)
 from .base import Adapter, Recording, int_pair, logits_of, switched
 from .capabilities import (ATTENTION, BLOCK_IO, CLASS_ATTENTION, CLASS_LOGITS, FEATURE_MAPS, FEATURES, LRP_LINEARS,
                            PIXEL_LOGITS, STAGES, TOKEN_GRID, TOKEN_SEQUENCE, TOKENS, WINDOWS)
@@ -36,10 +40,10 @@ from .feature_maps import feature_maps_reason
 
 __all__ = ["TimmPvtV2Adapter", "HFPvtV2Adapter"]
 
-_NO_SEQUENCE = ("every stage has its own token grid, its attention maps the stage's tokens onto keys and values of a "
-                "spatially reduced grid (T_s queries × T_s/r² keys, not a square token-to-token matrix) and an "
-                "overlapping patch-embedding convolution joins the stages, so there is no single sequence of block "
-                "inputs, outputs and attention rows")
+_NO_SEQUENCE = ("every stage has its own token grid, its attention maps the stage's T_s tokens onto the T_s/r² keys "
+                "of a spatially reduced grid (not a square token-to-token matrix, so the attention of successive "
+                "blocks cannot be multiplied) and an overlapping patch-embedding convolution joins the stages: there "
+                "is no single sequence of block inputs, outputs and attention rows")
 _NOTES = {
     TOKEN_SEQUENCE: _NO_SEQUENCE, BLOCK_IO: _NO_SEQUENCE, LRP_LINEARS: _NO_SEQUENCE,
     WINDOWS: "its attention is global over spatially reduced keys, not windowed",
@@ -100,11 +104,7 @@ class _PvtV2Adapter(Adapter):
     # -- layout --------------------------------------------------------------------------------------------------
     def stage_grids(self, input_hw: tuple[int, int]) -> list[tuple[int, int]]:
         """Token grid ``(h_s, w_s)`` of every stage for an input of size ``input_hw``."""
-        grids, hw = [], int_pair(input_hw)
-        for st in self.layout:
-            hw = conv_output_size(st.embed, hw)
-            grids.append(hw)
-        return grids
+        return stage_grids([st.embed for st in self.layout], input_hw)
 
     def grid(self, input_hw: tuple[int, int]) -> tuple[int, int]:
         """The finest (stage-1) token grid, where the token maps of relevance propagation live (``⌈H/4⌉ × ⌈W/4⌉``
@@ -123,17 +123,8 @@ class _PvtV2Adapter(Adapter):
         return [self.layout[-1].out]
 
     def check_input(self, x: Tensor) -> None:
-        if x.shape[1] != self.in_chans:
-            raise InputError(f"model expects {self.in_chans} input channels; got a batch with {x.shape[1]}")
-        hw = int_pair(x.shape[-2:])
-        for s, (st, (gh, gw)) in enumerate(zip(self.layout, self.stage_grids(hw))):
-            if gh < 1 or gw < 1:
-                raise InputError(f"input size {hw[0]}x{hw[1]} is too small for this PVTv2 (stage {s + 1} is empty)")
-            red = st.blocks[0].reduction
-            if red is not None and (gh < red.kernel_size[0] or gw < red.kernel_size[1]):
-                raise InputError(
-                    f"input size {hw[0]}x{hw[1]} is too small for this PVTv2: stage {s + 1}'s {gh}x{gw} token "
-                    f"grid holds no {red.kernel_size[0]}x{red.kernel_size[1]} key-reduction window")
+        grids = self.stage_grids(int_pair(x.shape[-2:]))
+        check_stage_input(x, self.in_chans, "PVTv2", grids, [st.blocks[0].reduction for st in self.layout])
 
     # -- running -------------------------------------------------------------------------------------------------
     def _new_recording(self) -> StageRecording:
@@ -228,6 +219,7 @@ class TimmPvtV2Adapter(_PvtV2Adapter):
             layout.append(_Stage(embed, tuple(blocks), stage))
         self.layout = layout
         self._check_layout()
+        self.patch_size = int_pair(layout[0].embed.stride)
         self._maps_reason = feature_maps_reason(m, self.default_size)
         if self._maps_reason is None:
             self.capabilities = self.capabilities | {FEATURE_MAPS}
@@ -281,6 +273,7 @@ class HFPvtV2Adapter(_PvtV2Adapter):
             layout.append(_Stage(layer.patch_embedding.proj, tuple(blocks), layer))
         self.layout = layout
         self._check_layout()
+        self.patch_size = int_pair(layout[0].embed.stride)
 
     def _forward(self, x: Tensor) -> Tensor:
         return logits_of(self.model(pixel_values=x))
