@@ -95,6 +95,25 @@ def model_fingerprint(model: nn.Module) -> dict:
     return state
 
 
+def assert_restored(model: nn.Module, explain, failing: nn.Module) -> None:
+    """``explain(model)`` leaves ``model`` as it was (:func:`model_fingerprint`), also when a forward hook on
+    ``failing`` raises inside it (the error reaches the caller unchanged)."""
+    before = model_fingerprint(model)
+    explain(model)
+    assert model_fingerprint(model) == before
+
+    def bad(module, args, output):
+        raise RuntimeError("inside the forward")
+
+    handle = failing.register_forward_hook(bad)
+    try:
+        with pytest.raises(RuntimeError, match="inside the forward"):
+            explain(model)
+    finally:
+        handle.remove()
+    assert model_fingerprint(model) == before
+
+
 def load_benchmark(name: str, module_name: str | None = None) -> ModuleType:
     """Import ``benchmarks/<name>.py`` as a module, registered in ``sys.modules`` under ``module_name`` (default
     ``name``): dataclasses look their module up there."""

@@ -14,7 +14,7 @@ from vitlens.errors import UnsupportedModelError
 from vitlens.explainers import get_method
 from vitlens.models.families import trained_like
 
-from conftest import model_fingerprint
+from conftest import assert_restored
 
 timm = pytest.importorskip("timm")
 transformers = pytest.importorskip("transformers")
@@ -240,18 +240,5 @@ def test_fused_attention_and_model_state_restored_after_success_and_exception():
     for m in model.modules():
         if hasattr(m, "fused_attn"):
             m.fused_attn = True
-    before = model_fingerprint(model)
-    vitlens.explain(model, _x(1), method="gradskip")
-    assert model_fingerprint(model) == before
-
-    def bad(module, args, output):
-        raise RuntimeError("inside the forward")
-
-    handle = model.stages[2].register_forward_hook(bad)
-    try:
-        with pytest.raises(RuntimeError, match="inside the forward"):
-            vitlens.explain(model, _x(1), method="gradskip")
-    finally:
-        handle.remove()
-    assert model_fingerprint(model) == before
+    assert_restored(model, lambda m: vitlens.explain(m, _x(1), method="gradskip"), model.stages[2])
     assert all(m.fused_attn for m in model.modules() if hasattr(m, "fused_attn")) and model.training

@@ -26,6 +26,7 @@ from .probe import LinearProbe
 from .pvt_v2 import HFPvtV2Adapter, TimmPvtV2Adapter
 from .timm_cait import TimmCaitAdapter
 from .timm_cnn import TimmCNNAdapter
+from .timm_mvit import TimmMViTAdapter
 from .timm_families import REFUSED, TimmBeitAdapter, TimmEvaAdapter, TimmRelPosAdapter
 from .timm_swin import TimmSwinAdapter
 from .timm_swinv2 import TimmSwinV2Adapter
@@ -50,6 +51,7 @@ __all__ = [
     "HFSwinAdapter",
     "HFSwinV2Adapter",
     "TimmPvtV2Adapter",
+    "TimmMViTAdapter",
     "HFPvtV2Adapter",
     "LinearProbe",
     "get_adapter",
@@ -128,7 +130,8 @@ def _refused_note(model: nn.Module) -> str | None:
 
 _ADAPTERS: list[type[Adapter]] = [TimmViTAdapter, TimmEvaAdapter, TimmBeitAdapter, TimmRelPosAdapter, TimmSwinAdapter,
                                   TimmSwinV2Adapter, TimmCaitAdapter, HFViTAdapter, HFSequenceAdapter, HFSwinAdapter,
-                                  HFSwinV2Adapter, SegformerAdapter, TimmPvtV2Adapter, HFPvtV2Adapter, TimmCNNAdapter]
+                                  HFSwinV2Adapter, SegformerAdapter, TimmPvtV2Adapter, HFPvtV2Adapter, TimmMViTAdapter,
+                                  TimmCNNAdapter]
 
 
 def register_adapter(cls: type[Adapter], first: bool = True) -> type[Adapter]:

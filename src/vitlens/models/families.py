@@ -55,6 +55,17 @@ def _hf(cls_name: str, cfg_name: str, vision: bool = False, plain: bool = True, 
     return make
 
 
+def _mvit(**cfg) -> Callable[[], nn.Module]:
+    """timm ``MultiScaleVit`` (MViTv2) with random weights from a small ``MultiScaleVitCfg`` (32 px, 5 classes)."""
+
+    def make() -> nn.Module:
+        from timm.models.mvitv2 import MultiScaleVit, MultiScaleVitCfg
+
+        return MultiScaleVit(MultiScaleVitCfg(**cfg), img_size=(32, 32), num_classes=5)
+
+    return make
+
+
 def _probe(backbone_cls: str, cfg_name: str, readout: str, **kw) -> Callable[[], nn.Module]:
     """A transformers backbone with random weights and a linear head (:class:`vitlens.models.LinearProbe`)."""
 
@@ -158,6 +169,9 @@ FAMILIES: list[Family] = [
            _timm("levit_128s", False, img_size=32, num_classes=5, distilled=False), note="refused"),
     Family("timm PiT", "timm PoolingVisionTransformer",
            _timm("pit_ti_224", False, img_size=32, num_classes=5), note="refused"),
+    Family("timm MViTv2", "timm MultiScaleVit (pooling attention with residual pooling, decomposed relative "
+           "position bias)", _mvit(depths=(1, 1), embed_dim=16, num_heads=1, stride_q=((1, 1), (2, 2))),
+           note="refused"),
     Family("timm ConViT", "timm ConVit", _timm("convit_tiny", False, img_size=32, depth=2, num_classes=5),
            note="refused"),
 ]
