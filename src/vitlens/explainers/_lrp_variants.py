@@ -81,6 +81,8 @@ class VariantRules:
         self._install_gated(index, lin, handles)
 
     def _install_gated(self, index: int, lin: LRPLinears, handles: list) -> None:
+        act, after = lin.act, lin.after_act
+        assert act is not None and after is not None  # install() checked them
         seen: dict[str, Tensor] = {}
         rule, share = self.act_rule, self.gate_share
         value_map: nn.Module = lin.fc1
@@ -113,5 +115,5 @@ class VariantRules:
             return (gated_product(z, a, x, share), *args[1:])
 
         handles.append(value_map.register_forward_hook(value_hook))
-        handles.append(lin.act.register_forward_hook(act_hook))
-        handles.append(lin.after_act.register_forward_pre_hook(product_hook))
+        handles.append(act.register_forward_hook(act_hook))
+        handles.append(after.register_forward_pre_hook(product_hook))

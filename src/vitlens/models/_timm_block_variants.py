@@ -9,6 +9,8 @@ block adds to the plain ViT block (``None``: nothing). The rules themselves chec
 
 from __future__ import annotations
 
+from typing import Any
+
 from torch import nn
 
 from ..errors import UnsupportedModelError
@@ -28,7 +30,7 @@ def _norm(module: nn.Module | None, index: int, what: str) -> nn.Module | None:
     return module
 
 
-def block_linears(blk: nn.Module, index: int) -> LRPLinears:
+def block_linears(blk: Any, index: int) -> LRPLinears:
     """The declared maps of timm ``Block`` ``blk`` (number ``index``), its variants included."""
     from timm.layers import GluMlp, Mlp, SwiGLU
 
@@ -36,16 +38,17 @@ def block_linears(blk: nn.Module, index: int) -> LRPLinears:
     if getattr(attn, "gate", None) is not None:
         raise UnsupportedModelError(f"block {index} gates the attention output with sigmoid(gate(x)) (gated=True); "
                                     "the LRP rules do not cover an attention gate")
-    norms = dict(q_norm=_norm(getattr(attn, "q_norm", None), index, "queries (q_norm)"),
-                 k_norm=_norm(getattr(attn, "k_norm", None), index, "keys (k_norm)"),
-                 ctx_norm=_norm(getattr(attn, "norm", None), index, "the attention output (scale_attn_norm)"),
-                 mlp_norm=_norm(getattr(mlp, "norm", None), index, "the MLP hidden features (scale_mlp_norm)"))
+    q_norm = _norm(getattr(attn, "q_norm", None), index, "queries (q_norm)")
+    k_norm = _norm(getattr(attn, "k_norm", None), index, "keys (k_norm)")
+    ctx_norm = _norm(getattr(attn, "norm", None), index, "the attention output (scale_attn_norm)")
+    mlp_norm = _norm(getattr(mlp, "norm", None), index, "the MLP hidden features (scale_mlp_norm)")
     qkv = [("attn.qkv",), ("attn.q_proj", "attn.k_proj", "attn.v_proj")]
     if type(mlp) is SwiGLU:
         base = linears_at(blk, index, qkv=qkv, proj=("attn.proj",), fc1=("mlp.fc1_x",), fc2=("mlp.fc2",))
-        gate = linears_at(blk, index, qkv=qkv, proj=("attn.proj",), fc1=("mlp.fc1_g",), fc2=("mlp.fc2",)).fc1
-        return LRPLinears(qkv=base.qkv, proj=base.proj, fc1=base.fc1, fc2=base.fc2, gate=gate, act=mlp.act,
-                          after_act=mlp.drop1, **norms)
+        if not isinstance(mlp.fc1_g, nn.Linear):
+            raise UnsupportedModelError(f"block {index} ({type(blk).__name__}): no nn.Linear MLP gate map at mlp.fc1_g")
+        return LRPLinears(qkv=base.qkv, proj=base.proj, fc1=base.fc1, fc2=base.fc2, gate=mlp.fc1_g, act=mlp.act,
+                          after_act=mlp.drop1, q_norm=q_norm, k_norm=k_norm, ctx_norm=ctx_norm, mlp_norm=mlp_norm)
     if type(mlp) not in (Mlp, GluMlp):
         raise UnsupportedModelError(f"block {index}'s MLP is {type(mlp).__name__}; the LRP rules cover timm's Mlp, "
                                     "GluMlp (SwiGLUPacked) and SwiGLU")
@@ -56,7 +59,7 @@ def block_linears(blk: nn.Module, index: int) -> LRPLinears:
             raise UnsupportedModelError(f"block {index}'s gated MLP is convolutional (use_conv=True)")
         packed = "last" if mlp.gate_last else "first"
     return LRPLinears(qkv=base.qkv, proj=base.proj, fc1=base.fc1, fc2=base.fc2, packed_gate=packed, act=mlp.act,
-                      after_act=mlp.drop1, **norms)
+                      after_act=mlp.drop1, q_norm=q_norm, k_norm=k_norm, ctx_norm=ctx_norm, mlp_norm=mlp_norm)
 
 
 def variant_of(lin: LRPLinears, index: int) -> str | None:

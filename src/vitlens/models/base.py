@@ -118,6 +118,9 @@ class BlockRecord:
     key: Tensor | None = None
     out: Tensor | None = None
     scale: float = 1.0
+    #: blocks whose attention and MLP both read the block input (timm ``ParallelScalingBlock``): ``h`` is then the
+    #: block output ``u + a + m`` and ``mlp`` the MLP branch ``m`` added to the residual (detached)
+    mlp: Tensor | None = None
 
 
 @dataclass

@@ -57,16 +57,7 @@ class TimmViTAdapter(Adapter):
 
     def __init__(self, model: nn.Module) -> None:
         super().__init__(model)
-        from timm.layers import Attention
-        from timm.models.vision_transformer import Block
-
-        for i, blk in enumerate(self.model.blocks):
-            if not isinstance(blk, Block) or type(blk.attn) is not Attention:
-                raise UnsupportedModelError(
-                    f"timm model block {i} is {type(blk).__name__} with {type(getattr(blk, 'attn', None)).__name__}; "
-                    "vitlens supports pre-norm timm Blocks with the standard Attention module "
-                    "(see docs/architecture.md to add a block family)"
-                )
+        self._check_blocks()
         self.num_prefix_tokens = int(getattr(model, "num_prefix_tokens", 1))
         self.num_classes = int(self.model.num_classes)
         if getattr(model, "head_dist", None) is not None:  # VisionTransformerDistilled
@@ -86,6 +77,20 @@ class TimmViTAdapter(Adapter):
             self.patch_size = (self.default_size[0] // int(grid[0]), self.default_size[1] // int(grid[1]))
         self.any_size = self.dynamic or self.default_size is None
         self._declare_lrp()
+
+    def _check_blocks(self) -> None:
+        """Raise :class:`UnsupportedModelError` unless every block is one this adapter reads."""
+        from timm.layers import Attention
+        from timm.models.vision_transformer import Block
+
+        for i, blk in enumerate(self.model.blocks):
+            if not isinstance(blk, Block) or type(blk.attn) is not Attention:
+                raise UnsupportedModelError(
+                    f"timm model block {i} is {type(blk).__name__} with {type(getattr(blk, 'attn', None)).__name__}; "
+                    "vitlens supports pre-norm timm Blocks with the standard Attention module, ParallelScalingBlock "
+                    "and (without attention) DiffAttention and ParallelThingsBlock blocks "
+                    "(see docs/architecture.md to add a block family)"
+                )
 
     def _declare_lrp(self) -> None:
         """Which LRP capability the blocks allow: the plain ViT block both; q/k norms, scale norms and gated MLPs
