@@ -31,7 +31,8 @@ def _norm(module: nn.Module | None, index: int, what: str) -> nn.Module | None:
 
 
 def block_linears(blk: Any, index: int) -> LRPLinears:
-    """The declared maps of timm ``Block`` ``blk`` (number ``index``), its variants included."""
+    """The declared maps of timm ``Block`` ``blk`` (number ``index``), its variants included (ViTamin's ``GeGluMlp``,
+    which normalises the MLP input itself, too)."""
     from timm.layers import GluMlp, Mlp, SwiGLU
 
     attn, mlp = blk.attn, blk.mlp
@@ -41,7 +42,8 @@ def block_linears(blk: Any, index: int) -> LRPLinears:
     q_norm = _norm(getattr(attn, "q_norm", None), index, "queries (q_norm)")
     k_norm = _norm(getattr(attn, "k_norm", None), index, "keys (k_norm)")
     ctx_norm = _norm(getattr(attn, "norm", None), index, "the attention output (scale_attn_norm)")
-    mlp_norm = _norm(getattr(mlp, "norm", None), index, "the MLP hidden features (scale_mlp_norm)")
+    mlp_norm = None if type(mlp).__name__ == "GeGluMlp" else _norm(getattr(mlp, "norm", None), index,
+                                                                      "the MLP hidden features (scale_mlp_norm)")
     qkv = [("attn.qkv",), ("attn.q_proj", "attn.k_proj", "attn.v_proj")]
     if type(mlp) is SwiGLU:
         base = linears_at(blk, index, qkv=qkv, proj=("attn.proj",), fc1=("mlp.fc1_x",), fc2=("mlp.fc2",))
@@ -49,6 +51,13 @@ def block_linears(blk: Any, index: int) -> LRPLinears:
             raise UnsupportedModelError(f"block {index} ({type(blk).__name__}): no nn.Linear MLP gate map at mlp.fc1_g")
         return LRPLinears(qkv=base.qkv, proj=base.proj, fc1=base.fc1, fc2=base.fc2, gate=mlp.fc1_g, act=mlp.act,
                           after_act=mlp.drop1, q_norm=q_norm, k_norm=k_norm, ctx_norm=ctx_norm, mlp_norm=mlp_norm)
+    if type(mlp).__name__ == "GeGluMlp" and type(mlp).__module__.startswith("timm."):  # ViTamin: norm, then
+        # act(w0(x)) · w1(x), then w2 (the norm on the MLP input is linearised like every LayerNorm)
+        base = linears_at(blk, index, qkv=qkv, proj=("attn.proj",), fc1=("mlp.w1",), fc2=("mlp.w2",))
+        if not isinstance(mlp.w0, nn.Linear):
+            raise UnsupportedModelError(f"block {index} ({type(blk).__name__}): no nn.Linear MLP gate map at mlp.w0")
+        return LRPLinears(qkv=base.qkv, proj=base.proj, fc1=base.fc1, fc2=base.fc2, gate=mlp.w0, act=mlp.act,
+                          after_act=mlp.drop1, q_norm=q_norm, k_norm=k_norm, ctx_norm=ctx_norm)
     if type(mlp) not in (Mlp, GluMlp):
         raise UnsupportedModelError(f"block {index}'s MLP is {type(mlp).__name__}; the LRP rules cover timm's Mlp, "
                                     "GluMlp (SwiGLUPacked) and SwiGLU")
