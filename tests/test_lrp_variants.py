@@ -42,6 +42,10 @@ def variant_vit(name: str, trained: bool = False) -> nn.Module:
     torch.manual_seed(0)
     args = dict(img_size=32, patch_size=8, embed_dim=48, depth=2, num_heads=4, num_classes=5, qkv_bias=True)
     model = sharpen(VisionTransformer(**{**args, **VARIANTS[name]})).eval()
+    with torch.no_grad():  # GluMlp/SwiGLU initialise the gate's weights at 1e-6 (a constant gate): make it matter
+        for m in model.modules():
+            for gate in ([m.fc1_g] if isinstance(m, SwiGLU) else [m.fc1] if isinstance(m, GluMlp) else []):
+                gate.weight.normal_(0.0, 0.2)
     if trained:
         return trained_like(model)
     with torch.no_grad():  # zero biases (GluMlp/SwiGLU initialise their gate bias to 1)
