@@ -6,7 +6,9 @@ Checked: (1) CP-LRP is conservative (relevance sums to the logit) with zero bias
 hand-written reference — the model's forward written out from its parameters, with the rules as detach arithmetic
 (norms: constant std, identity rule ``act(p)/p``, uniform rule halving both factors of ``q̂·k̂ᵀ``, ``A·v`` and the
 gated product ``act(g)·x``; CP-LRP: constant attention and gate) — on trained-like parameters; (3) Transformer
-Attribution, whose explicit sweep covers only the plain block, is refused naming the variant.
+Attribution's explicit sweep (norms pass relevance unchanged, the z-rule through ``q̂·k̂ᵀ`` of the normed queries and
+keys, half of a gated product's relevance to each factor) equals the same sweep written with autograd z-rules and
+conserves relevance at every block with zero biases.
 """
 
 from __future__ import annotations
@@ -36,12 +38,12 @@ VARIANTS = {
 }
 
 
-def variant_vit(name: str, trained: bool = False) -> nn.Module:
+def variant_vit(name: str, trained: bool = False, **over) -> nn.Module:
     from timm.models.vision_transformer import VisionTransformer
 
     torch.manual_seed(0)
     args = dict(img_size=32, patch_size=8, embed_dim=48, depth=2, num_heads=4, num_classes=5, qkv_bias=True)
-    model = sharpen(VisionTransformer(**{**args, **VARIANTS[name]})).eval()
+    model = sharpen(VisionTransformer(**{**args, **VARIANTS[name], **over})).eval()
     with torch.no_grad():  # GluMlp/SwiGLU initialise the gate's weights at 1e-6 (a constant gate): make it matter
         for m in model.modules():
             for gate in ([m.fc1_g] if isinstance(m, SwiGLU) else [m.fc1] if isinstance(m, GluMlp) else []):
@@ -125,13 +127,109 @@ def reference(model: nn.Module, x: torch.Tensor, mode: str, cls: torch.Tensor) -
 
 # -- the tests --------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("name", sorted(VARIANTS))
-def test_the_variant_gets_the_gradient_input_lrp_methods_and_not_the_explicit_sweep(name):
+def test_the_variant_gets_every_lrp_method(name):
     model = variant_vit(name)
-    working = working_methods(model)
-    assert "attnlrp" in working and "cplrp" in working
-    assert "transformer_attribution" not in working
-    with pytest.raises(UnsupportedModelError, match="lrp_linears.*block 0 (normalises|has a gated MLP)"):
-        vitlens.explain(model, batch(), method="transformer_attribution")
+    assert {"attnlrp", "cplrp", "transformer_attribution"} <= set(working_methods(model))
+    caps = vitlens.get_adapter(model).capabilities
+    assert "lrp_variant_linears" in caps and "lrp_linears" not in caps  # not the plain block
+
+
+# -- transformer attribution: the explicit sweep, written out with autograd z-rules --------------------------------
+def _forward_records(model: nn.Module, x: torch.Tensor):
+    """The model's forward from its parameters (plain gradients), recording what the sweep reads."""
+    h = model.norm_pre(model.patch_drop(model._pos_embed(model.patch_embed(x))))
+    recs = []
+    for blk in model.blocks:
+        a, r = blk.attn, {"u": h}
+        b, n, c = h.shape
+        r["n1"] = blk.norm1(h)
+        q, k, v = F.linear(r["n1"], a.qkv.weight, a.qkv.bias).reshape(b, n, 3, a.num_heads, a.head_dim) \
+            .permute(2, 0, 3, 1, 4).unbind(0)
+        r["q"], r["k"], r["v"] = a.q_norm(q), a.k_norm(k), v
+        r["attn"] = ((r["q"] * a.scale) @ r["k"].transpose(-2, -1)).softmax(-1)
+        r["ctx"] = a.norm((r["attn"] @ v).transpose(1, 2).reshape(b, n, c))
+        r["h"] = h = h + blk.ls1(a.proj(r["ctx"]))
+        m = blk.mlp
+        r["n2"] = n2 = blk.norm2(h)
+        if isinstance(m, SwiGLU):
+            z = m.act(m.fc1_g(n2)) * m.fc1_x(n2)
+        elif isinstance(m, GluMlp):
+            h1, h2 = m.fc1(n2).chunk(2, dim=-1)
+            z = h1 * m.act(h2) if m.gate_last else m.act(h1) * h2
+        else:
+            z = m.act(m.fc1(n2))
+        r["z"] = m.norm(z)
+        h = h + blk.ls2(m.fc2(r["z"]))
+        recs.append(r)
+    pooled_in = model.norm(h)
+    p = model.num_prefix_tokens
+    pooled = pooled_in[:, 0] if model.global_pool == "token" else pooled_in[:, p:].mean(1)
+    feat = model.fc_norm(pooled)
+    return model.head(feat), recs, h, feat
+
+
+def reference_transformer_attribution(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    from test_baselines_attention import _ab_linear, _add, _zrule
+
+    logits, recs, last, feat = _forward_records(model, x)
+    cls = logits.argmax(-1)
+    grads = torch.autograd.grad(logits.gather(1, cls[:, None]).sum(), [r["attn"] for r in recs])
+    p, maps = model.num_prefix_tokens, []
+    for i in range(x.shape[0]):
+        r_feat = _ab_linear(feat[i:i + 1].detach(), model.head.weight, F.one_hot(cls[i:i + 1], logits.shape[1]).float())
+        rel = torch.zeros_like(last[i:i + 1]).detach()
+        if model.global_pool == "token":
+            rel[:, 0] = r_feat
+        else:
+            rel[:, p:] = r_feat[:, None] / (rel.shape[1] - p)
+        cams = []
+        for li in range(len(recs) - 1, -1, -1):
+            r = {k: v[i:i + 1].detach() for k, v in recs[li].items()}
+            blk = model.blocks[li]
+            out = (recs[li + 1]["u"] if li + 1 < len(recs) else last)[i:i + 1].detach()
+            r_h, r_m = _add(r["h"], out - r["h"], rel)
+            r_z = _ab_linear(r["z"], blk.mlp.fc2.weight, r_m)  # hidden norm, activation: identity
+            m = blk.mlp
+            if isinstance(m, (SwiGLU, GluMlp)):  # the product: half of the relevance to each factor
+                if isinstance(m, SwiGLU):
+                    ws = [m.fc1_g.weight, m.fc1_x.weight]
+                else:
+                    ws = list(m.fc1.weight.chunk(2, dim=0))
+                r_h = r_h + sum(_ab_linear(r["n2"], w, r_z / 2) for w in ws)
+            else:
+                r_h = r_h + _ab_linear(r["n2"], m.fc1.weight, r_z)
+            r_u, r_a = _add(r["u"], r["h"] - r["u"], r_h)
+            heads, d = blk.attn.num_heads, r["u"].shape[-1]
+            r_ctx = _ab_linear(r["ctx"], blk.attn.proj.weight, r_a).reshape(1, -1, heads, d // heads).transpose(1, 2)
+            r_attn, r_v = _zrule(lambda a, v: a @ v, [r["attn"], r["v"]], r_ctx)
+            r_attn, r_v = r_attn / 2, r_v / 2
+            cams.append((grads[li][i] * r_attn[0]).clamp(min=0).mean(0))
+            r_q, r_k = _zrule(lambda q, k: q @ k.transpose(-2, -1), [r["q"], r["k"]], r_attn)  # normed q̂, k̂
+            r_qkv = torch.stack([r_q / 2, r_k / 2, r_v], dim=2).permute(0, 3, 2, 1, 4).reshape(1, -1, 3 * d)
+            rel = r_u + _ab_linear(r["n1"], blk.attn.qkv.weight, r_qkv)  # q/k norms, LN₁: identity
+        joint = torch.eye(rel.shape[1])
+        for cam in cams[::-1]:
+            joint = (torch.eye(rel.shape[1]) + cam) @ joint
+        maps.append(joint[0, p:] if model.global_pool == "token" else joint[p:].mean(0)[p:])
+    return torch.stack(maps)
+
+
+@pytest.mark.parametrize("name", sorted(VARIANTS))
+def test_transformer_attribution_equals_the_reference_and_conserves(name):
+    # a CLS readout: with a mean readout the one-hot start spreads over all tokens and the map is ≈ uniform (the
+    # rolled-out terms are ~1e-7 of it), which would not tell the rules apart
+    model = variant_vit(name, trained=True, class_token=True, global_pool="token")
+    x = batch()
+    exp = vitlens.explain(model, x, method="transformer_attribution")
+    ref = reference_transformer_attribution(model, x)
+    assert float(ref.abs().max()) > 1e-5
+    torch.testing.assert_close(exp.token_maps.flatten(1), ref, rtol=1e-3, atol=1e-5 * float(ref.abs().max()))
+    pooled = variant_vit(name, trained=True)  # the variant's own readout: the same sweep, compared too
+    torch.testing.assert_close(vitlens.explain(pooled, x, method="transformer_attribution").token_maps.flatten(1),
+                               reference_transformer_attribution(pooled, x), rtol=1e-3, atol=1e-9)
+    zero_biases = vitlens.explain(variant_vit(name), x, method="transformer_attribution")
+    totals = zero_biases.extras["lrp_totals"]  # one-hot start, zero biases: total 1 at every block input
+    torch.testing.assert_close(totals, torch.ones_like(totals), rtol=1e-3, atol=1e-3)
 
 
 @pytest.mark.parametrize("name", sorted(VARIANTS))

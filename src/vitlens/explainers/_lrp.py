@@ -15,6 +15,7 @@ from torch import Tensor, nn
 from ..errors import UnsupportedModelError
 from ..models import Adapter
 from ..models.base import Recording
+from ._lrp_variants import normed
 
 __all__ = ["BlockLinears", "LinearTaps", "Rerouted"]
 
@@ -276,9 +277,9 @@ class LinearTaps:
             for qi, ki in (rest, rest[::-1]):  # call order first; the swap only if that is not exact
                 wide = torch.promote_types(ctx.dtype, torch.float32)
                 q, k = parts[qi][0][:, :, rows], parts[ki][0]
-                q, k = _normed(norms[0], q).to(wide), _normed(norms[1], k).to(wide)
+                q, k = normed(norms[0], q).to(wide), normed(norms[1], k).to(wide)
                 attn = ((q * scale) @ k.transpose(-2, -1)).softmax(dim=-1)
-                got = _normed(norms[2], (attn @ v.to(wide)).transpose(1, 2).reshape(b, len(rows), width).to(ctx.dtype))
+                got = normed(norms[2], (attn @ v.to(wide)).transpose(1, 2).reshape(b, len(rows), width).to(ctx.dtype))
                 got = got.to(wide)
                 err = float((got - ctx[:, rows].to(wide)).abs().max())
                 tried.append((err, (qi, ki)))
@@ -297,6 +298,11 @@ class LinearTaps:
         """Block ``index``'s declared maps if it is a variant of the plain block (the rules are then installed)."""
         maps = self._declared_maps[index] if index < len(self._declared_maps) else None
         return None if maps is None or getattr(maps, "plain", True) or self.variants is None else maps
+
+    def variant(self, index: int) -> Any:
+        """Block ``index``'s declared maps (:class:`~vitlens.models.base.LRPLinears`) if it is a variant of the plain
+        block, else ``None``."""
+        return self._variant(index)
 
     def _declared(self, index: int, st: BlockLinears) -> list[int]:
         """For each projected tensor in call order (as :meth:`_resolve_qkv` lists them), its place among (query,
@@ -327,7 +333,3 @@ class LinearTaps:
                 f"block {index}: the projections are not query, key, value in the declared order (found "
                 f"{st.order}); vitlens cannot scale their gradients for the LRP rule")
 
-
-def _normed(norm: nn.Module | None, t: Tensor) -> Tensor:
-    """``norm(t)`` without its hooks (the check must not trigger the capture or conservative hooks); ``None``: ``t``."""
-    return t if norm is None else norm.forward(t)

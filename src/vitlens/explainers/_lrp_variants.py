@@ -31,7 +31,7 @@ from torch import Tensor, nn
 from ..errors import UnsupportedModelError
 from ..models.base import LRPLinears
 
-__all__ = ["VariantRules", "GATE_SHARE", "gated_product"]
+__all__ = ["VariantRules", "GATE_SHARE", "gated_product", "gate_value_weights", "normed"]
 
 #: the share of a gated product's relevance that goes to the gate branch: AttnLRP's uniform rule halves it, CP-LRP
 #: treats the gate as a constant (all relevance to the value branch)
@@ -64,17 +64,20 @@ def gated_product(z: Tensor, a: Tensor, x: Tensor, share: float) -> Tensor:
 @dataclass
 class VariantRules:
     """The rules for the variant blocks: ``gate_share`` (:data:`GATE_SHARE`) and ``act_rule(p, act(p)) -> t`` (the
-    identity rule on the activation, or ``None``: its plain gradient)."""
+    identity rule on the activation, or ``None``: its plain gradient). ``check_only``: install only the check that a
+    gated MLP computes ``act(g)·x`` and leave the backward plain (for the explicit relevance sweep, which applies its
+    rules to the recorded tensors itself)."""
 
     gate_share: float
     act_rule: Callable[[Tensor, Tensor], Tensor] | None
+    check_only: bool = False
 
     def install(self, index: int, lin: LRPLinears, handles: list) -> None:
         """Register block ``index``'s hooks (appended to ``handles``)."""
         if lin.act is None or lin.after_act is None:
             raise UnsupportedModelError(f"block {index}: its adapter declares no MLP activation to apply the rules at")
         if not lin.gated:
-            if self.act_rule is not None:
+            if self.act_rule is not None and not self.check_only:
                 rule = self.act_rule
                 handles.append(lin.act.register_forward_hook(lambda m, args, out: rule(args[0], out)))
             return
@@ -84,7 +87,7 @@ class VariantRules:
         act, after = lin.act, lin.after_act
         assert act is not None and after is not None  # install() checked them
         seen: dict[str, Tensor] = {}
-        rule, share = self.act_rule, self.gate_share
+        rule, share, check_only = (None if self.check_only else self.act_rule), self.gate_share, self.check_only
         value_map: nn.Module = lin.fc1
 
         def value_hook(module: nn.Module, args: tuple, out: Tensor) -> None:
@@ -94,12 +97,12 @@ class VariantRules:
                 first, second = out.chunk(2, dim=-1)
                 seen["x"] = second if lin.packed_gate == "first" else first
 
-        def act_hook(module: nn.Module, args: tuple, out: Tensor) -> Tensor:
+        def act_hook(module: nn.Module, args: tuple, out: Tensor) -> Tensor | None:
             new = out if rule is None else rule(args[0], out)
             seen["a"] = new
-            return new
+            return None if rule is None else new
 
-        def product_hook(module: nn.Module, args: tuple) -> tuple:
+        def product_hook(module: nn.Module, args: tuple) -> tuple | None:
             z, a, x = args[0], seen.pop("a", None), seen.pop("x", None)
             if a is None or x is None or a.shape != z.shape or x.shape != z.shape:
                 raise UnsupportedModelError(
@@ -112,8 +115,22 @@ class VariantRules:
                 raise UnsupportedModelError(
                     f"block {index}: the MLP's hidden features are not act(gate)·value of its declared maps (max "
                     f"error {err:.2e}); vitlens cannot apply the product rule")
-            return (gated_product(z, a, x, share), *args[1:])
+            return None if check_only else (gated_product(z, a, x, share), *args[1:])
 
         handles.append(value_map.register_forward_hook(value_hook))
         handles.append(act.register_forward_hook(act_hook))
         handles.append(after.register_forward_pre_hook(product_hook))
+
+
+def gate_value_weights(lin: LRPLinears) -> tuple[Tensor, Tensor]:
+    """The weight rows of a gated MLP's gate and value maps ``(hidden, D)`` each (halves of one packed map)."""
+    if lin.gate is not None:
+        return lin.gate.weight, lin.fc1.weight
+    w = lin.fc1.weight
+    first, second = w[: w.shape[0] // 2], w[w.shape[0] // 2:]
+    return (first, second) if lin.packed_gate == "first" else (second, first)
+
+
+def normed(norm: nn.Module | None, t: Tensor) -> Tensor:
+    """``norm(t)`` without its hooks (no capture or conservative hook fires); ``None``: ``t``."""
+    return t if norm is None else norm.forward(t)

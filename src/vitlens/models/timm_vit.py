@@ -107,8 +107,8 @@ class TimmViTAdapter(Adapter):
         if variants:
             self.capabilities = self.capabilities - {LRP_LINEARS}
             self.capability_notes = {**self.capability_notes, LRP_LINEARS: (
-                f"{variants[0]}; the explicit LRP relevance sweep is written for the plain ViT block "
-                "(softmax(q·kᵀ/√d) of the projections, an ungated two-layer MLP)")}
+                f"{variants[0]}: not the plain ViT block (declared as 'lrp_variant_linears', the LRP rules for q/k "
+                "norms, scale norms and gated MLPs)")}
 
     def blocks(self) -> Sequence[nn.Module]:
         return list(self.model.blocks)
