@@ -44,11 +44,19 @@ def test_hybrid_stem_vits_are_read_with_the_stem_in_the_embedding(arch):
         assert torch.isfinite(vitlens.explain(model, _x(1), method=name).maps).all(), name
 
 
-def test_vitamin_gated_mlp_lacks_lrp_linears_with_the_reason():
+def test_vitamin_gated_mlp_gets_the_lrp_rules():
+    # GeGluMlp (norm, act(w0(x))·w1(x), w2): the product rule of explainers/_lrp_variants.py (issue #25)
     model = _model("vitamin_small_224", img_size=64)
-    assert "attnlrp" not in working_methods(model)
-    with pytest.raises(UnsupportedModelError, match="'lrp_linears'.*mlp.fc1.*methods that work on this model: "):
-        vitlens.explain(model, _x(1), method="attnlrp")
+    assert {"attnlrp", "cplrp", "transformer_attribution"} <= set(working_methods(model))
+    with torch.no_grad():  # CP-LRP is an exact decomposition without biases
+        for name, p in model.named_parameters():
+            if name.endswith("bias"):
+                p.zero_()
+    exp = vitlens.explain(model, _x(1), method="cplrp")
+    torch.testing.assert_close(exp.token_maps.sum((1, 2)).double() + exp.remainder.double(), exp.scores.double(),
+                               rtol=1e-5, atol=1e-6)
+    totals = vitlens.explain(model, _x(1), method="transformer_attribution").extras["lrp_totals"]
+    torch.testing.assert_close(totals, torch.ones_like(totals), rtol=1e-3, atol=1e-3)
 
 
 def test_an_adapter_that_cannot_read_a_model_falls_back_with_the_reason():

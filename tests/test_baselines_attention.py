@@ -435,10 +435,21 @@ def test_hf_deit_distilled(method):
 
 @pytest.mark.parametrize("method", ["transformer_attribution", "attnlrp", "cplrp"])
 def test_attention_variants_are_refused_and_the_model_restored(method):
+    # q/k norms are covered since issue #25 (tests/test_lrp_variants.py); an attention gate is not
+    from timm.layers import Attention
+
     model = tiny_vit(qk_norm=True)
     before = model_fingerprint(model)
-    # refused up front: the adapter lacks 'lrp_linears' for blocks that normalise queries/keys
-    with pytest.raises(UnsupportedModelError, match="needs 'lrp_linears'.*q_norm.*methods that work on this model: "):
+    assert torch.isfinite(vitlens.explain(model, batch(2), method=method).maps).all()
+    assert model_fingerprint(model) == before
+    with torch.no_grad():
+        for blk in model.blocks:  # timm's gated attention (Attention(gated=True)): sigmoid(gate(x)) · output
+            gated = Attention(48, num_heads=4, qkv_bias=True, gated=True).eval()
+            gated.load_state_dict(blk.attn.state_dict(), strict=False)
+            blk.attn = gated
+    before = model_fingerprint(model)
+    with pytest.raises(UnsupportedModelError,
+                       match="'lrp_linears'.*gates the attention output.*methods that work on this model: .*gradskip"):
         vitlens.explain(model, batch(2), method=method)
     assert model_fingerprint(model) == before
 

@@ -235,17 +235,19 @@ def test_refused_families_say_why_and_keep_model_agnostic_methods(family):
 
 
 def test_non_standard_timm_blocks_get_model_agnostic_methods():
-    from timm.models.vision_transformer import ParallelScalingBlock, VisionTransformer
+    # post-norm blocks (ResPostBlock): no adapter reads them (ParallelScalingBlock, DiffAttention and ParallelThings
+    # blocks are read since issue #25: tests/test_parallel_blocks.py)
+    from timm.models.vision_transformer import ResPostBlock, VisionTransformer
 
     torch.manual_seed(0)
     m = VisionTransformer(img_size=32, patch_size=8, embed_dim=48, depth=2, num_heads=4, num_classes=3,
-                          block_fn=ParallelScalingBlock).eval()
+                          block_fn=ResPostBlock).eval()
     for name in ("gradient", "integrated_gradients", "rise", "inputxgradient"):
         exp = _method(name).explain(m, _x(2))
         assert exp.maps.shape == (2, 32, 32) and torch.isfinite(exp.maps).all()
         assert exp.token_maps.shape == (2, 4, 4)  # pooled on the model's patch grid
         torch.testing.assert_close(exp.token_maps.sum((1, 2)), exp.maps.sum((1, 2)), rtol=1e-4, atol=1e-6)
-    with pytest.raises(UnsupportedModelError, match="ParallelScalingBlock.*methods that work on this model: .*rise"):
+    with pytest.raises(UnsupportedModelError, match="ResPostBlock.*methods that work on this model: .*rise"):
         vitlens.explain(m, _x(1), method="gradskip")
 
 

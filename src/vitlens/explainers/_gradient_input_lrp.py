@@ -28,10 +28,11 @@ from torch import Tensor
 
 from ..models import Adapter
 from ..models.base import recorded
-from ..models.capabilities import ATTENTION, BLOCK_IO, LRP_LINEARS, TOKEN_SEQUENCE
+from ..models.capabilities import ATTENTION, BLOCK_IO, LRP_LINEARS, LRP_VARIANT_LINEARS, TOKEN_SEQUENCE
 from ..targets import Target
 from ._attention import token_map
 from ._lrp import BlockLinears, LinearTaps, Rerouted
+from ._lrp_variants import GATE_SHARE, VariantRules
 from .base import Attribution, Explainer, check_choices
 
 __all__ = ["GradientInputLRP", "QKV_GRADIENT", "RATIO_EPS", "attention_rule", "identity_rule", "scale_grad"]
@@ -93,7 +94,8 @@ QKV_GRADIENT = {"attnlrp": (0.25, 0.25, 0.5), "cplrp": (0.0, 0.0, 1.0)}
 class GradientInputLRP(Explainer):
     """Shared driver of AttnLRP and CP-LRP (subclasses set ``name`` and ``mode``)."""
 
-    needs = (ATTENTION, LRP_LINEARS, BLOCK_IO, TOKEN_SEQUENCE)
+    # the plain block, or its variants (q/k norms, scale norms, gated MLPs: the rules of :mod:`._lrp_variants`)
+    needs = (ATTENTION, (LRP_LINEARS, LRP_VARIANT_LINEARS), BLOCK_IO, TOKEN_SEQUENCE)
 
     level = "token"
     mode = "attnlrp"
@@ -109,7 +111,8 @@ class GradientInputLRP(Explainer):
         with adapter.session(capture=True, conservative=True, recompute=True) as rec:
             # the rule's attention gradient is the model's own attention gradient with the projected q, k, v
             # scaled (QKV_GRADIENT): the model's attention (fused, as it runs) carries it, nothing is recomputed
-            taps = LinearTaps(adapter, rec, rewrite_act=act, keep=False, qkv_grad=QKV_GRADIENT[self.mode])
+            taps = LinearTaps(adapter, rec, rewrite_act=act, keep=False, qkv_grad=QKV_GRADIENT[self.mode],
+                              variants=VariantRules(GATE_SHARE[self.mode], act))
             with taps.installed():
                 logits = adapter.forward(x)
             for blk in rec.blocks:  # the model's own attention outputs (and graph): the rules replaced them

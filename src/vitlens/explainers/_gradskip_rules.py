@@ -149,9 +149,12 @@ def weighted_attention(attn: Tensor, flow_terms: Tensor, vnorm: Tensor, omega: T
     return w
 
 
-def skip_gate(u: Tensor, h: Tensor, grad_h: Tensor, mode: str = "adaptive", eps: float = 1e-12) -> Tensor:
+def skip_gate(u: Tensor, h: Tensor, grad_h: Tensor, mode: str = "adaptive", eps: float = 1e-12,
+              mlp: Tensor | None = None) -> Tensor:
     """``β_main`` per token ``(B, T)`` from gradient-weighted magnitudes of the attention and skip paths.
 
+    ``mlp``: a parallel block's MLP branch (``h`` is then the block output ``u + a + m``): ``c_skip`` is
+    ``|⟨u, ∇h⟩| + |⟨m, ∇h⟩|`` and ``c_main = |⟨a, ∇h⟩|`` with ``a = h − u − m``.
     On the readout path the last block's ``h`` holds the first ``r`` tokens only; every other token has zero
     gradient there, so its adaptive gate is ``0 / (0 + 0 + eps) = 0``, as in the full computation.
     """
@@ -160,6 +163,10 @@ def skip_gate(u: Tensor, h: Tensor, grad_h: Tensor, mode: str = "adaptive", eps:
     if mode == "none":
         return torch.ones(u.shape[:2], device=u.device, dtype=u.dtype)
     u = u[:, : h.shape[1]]
+    if mlp is not None:  # parallel block, h = u + a + m: the token-wise MLP branch keeps its share on the token
+        c_main = ((h - u - mlp) * grad_h).sum(-1).abs()
+        c_skip = (u * grad_h).sum(-1).abs() + (mlp * grad_h).sum(-1).abs()
+        return c_main / (c_main + c_skip + float(eps))
     c_main = ((h - u) * grad_h).sum(-1).abs()
     c_skip = (u * grad_h).sum(-1).abs()
     return c_main / (c_main + c_skip + float(eps))

@@ -15,6 +15,7 @@ from torch import Tensor, nn
 from ..errors import UnsupportedModelError
 from ..models import Adapter
 from ..models.base import Recording
+from ._lrp_variants import normed
 
 __all__ = ["BlockLinears", "LinearTaps", "Rerouted"]
 
@@ -62,6 +63,7 @@ class BlockLinears:
     fc1_out: Tensor | None = None
     fc2: nn.Linear | None = None
     fc2_in: Tensor | None = None
+    fc1_in_raw: Tensor | None = None  # the MLP input as passed (a gated MLP's two input maps read the same tensor)
     order: tuple[int, int, int] = (0, 1, 2)  # which projected tensor is query, key, value (in projection order)
 
 
@@ -91,8 +93,13 @@ class LinearTaps:
     def __init__(self, adapter: Adapter, rec: Recording,
                  rewrite_ctx: Callable[["BlockLinears", Tensor], Tensor] | None = None,
                  rewrite_act: Callable[[Tensor, Tensor], Tensor] | None = None, keep: bool = True,
-                 qkv_grad: tuple[float, float, float] | None = None) -> None:
+                 qkv_grad: tuple[float, float, float] | None = None, variants: Any = None) -> None:
         self.adapter = adapter
+        #: the rules for the declared variants of the plain block (q/k norms, scale norms, gated MLPs): an object
+        #: with ``install(index, lrp_linears, handles)`` (:class:`._lrp_variants.VariantRules`); ``None``: a block
+        #: that is not plain is refused
+        self.variants = variants
+        self._declared_maps: list[Any] = []
         self.keep = keep
         self.qkv_grad = qkv_grad
         self.rec = rec
@@ -112,6 +119,14 @@ class LinearTaps:
         try:
             blocks = list(self.adapter.blocks())
             declared = self.adapter.lrp_linears()
+            self._declared_maps = list(declared)
+            for i, maps in enumerate(declared):
+                if not getattr(maps, "plain", True):
+                    if self.variants is None:
+                        raise UnsupportedModelError(
+                            f"block {i} is not the plain ViT block (q/k norms, scale norms or a gated MLP); this "
+                            "method's LRP rules are written for the plain block")
+                    self.variants.install(i, maps, handles)
             # width of one of q, k, v per block (heads · d_head): a third of the declared projections' outputs
             self._qkv_width = [sum(m.out_features for m in maps.qkv) // 3 for maps in declared]
             # where each projection's output starts among (query, key, value) in the declared order (a model may
@@ -123,7 +138,9 @@ class LinearTaps:
                     self._qkv_start[id(m)] = start
                     start += m.out_features // max(width, 1)
             self._roles = {id(m): role for maps in declared for role, ms in
-                           (("qkv", maps.qkv), ("proj", (maps.proj,)), ("fc1", (maps.fc1,)), ("fc2", (maps.fc2,)))
+                           (("qkv", maps.qkv), ("proj", (maps.proj,)),
+                            ("fc1", (maps.fc1,) + ((maps.gate,) if getattr(maps, "gate", None) is not None else ())),
+                            ("fc2", (maps.fc2,)))
                            for m in ms}
             inside: set[int] = set()
             self.blocks = [BlockLinears() for _ in blocks]
@@ -168,7 +185,10 @@ class LinearTaps:
                     f"block {index} calls a linear map ({type(module).__name__} {module.in_features}→"
                     f"{module.out_features}) that is not one of the q/k/v, output-projection and MLP maps its adapter "
                     "declares; vitlens cannot apply LRP rules to it")
-            if st.stage not in before[role] or (role == "qkv" and st.stage == "qkv" and x is not st.n1):
+            variant = self._variant(index)
+            again = role == "fc1" and variant is not None and variant.gate is not None and st.stage == "fc1"
+            if (st.stage not in before[role] and not again) or (role == "qkv" and st.stage == "qkv" and x is not st.n1) \
+                    or (again and x is not st.fc1_in_raw):
                 raise UnsupportedModelError(
                     f"block {index}: its linear maps are not called as in a pre-norm ViT block (q/k/v on one input, "
                     "then the output projection, then the two MLP maps); vitlens cannot apply LRP rules to it")
@@ -185,9 +205,13 @@ class LinearTaps:
                     st.n1, st.group_out, st.ctx, st.q, st.k, st.v = None, [], None, None, None, None
                 return None if new is None else (new, *args[1:])
             if role == "fc1":
-                st.stage, st.fc1, st.fc1_in = "fc1", module, x.detach()
+                st.stage, st.fc1, st.fc1_in, st.fc1_in_raw = "fc1", module, x.detach(), x
                 return None
-            st.stage, st.fc2, st.fc2_in = "fc2", module, x.detach()
+            st.stage, st.fc2, st.fc2_in, st.fc1_in_raw = "fc2", module, x.detach(), None
+            if variant is not None:  # the variant rules (installed on its activation and product) did the rewrite
+                if not self.keep:
+                    st.fc1_in, st.fc1_out, st.fc2_in = None, None, None
+                return None
             if st.fc1_out is None or st.fc1_out.shape != x.shape:
                 raise UnsupportedModelError(
                     f"block {index}: the second MLP map's input is not an elementwise function of the first's "
@@ -247,12 +271,16 @@ class LinearTaps:
         # and to catch variants that change every row (q/k norms, gates, biases), at a fraction of a full attention
         rows = torch.linspace(0, t - 1, steps=min(t, _CHECK_ROWS), device=ctx.device).round().long().unique()
         tried: list[tuple[float, tuple[int, int]]] = []
+        variant = self._variant(index)
+        norms = (None, None, None) if variant is None else (variant.q_norm, variant.k_norm, variant.ctx_norm)
         with torch.no_grad():
             for qi, ki in (rest, rest[::-1]):  # call order first; the swap only if that is not exact
                 wide = torch.promote_types(ctx.dtype, torch.float32)
-                q, k = parts[qi][0][:, :, rows].to(wide), parts[ki][0].to(wide)
+                q, k = parts[qi][0][:, :, rows], parts[ki][0]
+                q, k = normed(norms[0], q).to(wide), normed(norms[1], k).to(wide)
                 attn = ((q * scale) @ k.transpose(-2, -1)).softmax(dim=-1)
-                got = (attn @ v.to(wide)).transpose(1, 2).reshape(b, len(rows), width)
+                got = normed(norms[2], (attn @ v.to(wide)).transpose(1, 2).reshape(b, len(rows), width).to(ctx.dtype))
+                got = got.to(wide)
                 err = float((got - ctx[:, rows].to(wide)).abs().max())
                 tried.append((err, (qi, ki)))
                 if err <= exact:
@@ -265,6 +293,16 @@ class LinearTaps:
         st.q, st.k, st.v = parts[qi][0], parts[ki][0], v
         st.order = (qi, ki, vi[0])
         st.qkv_weights = (parts[qi][1], parts[ki][1], parts[vi[0]][1])
+
+    def _variant(self, index: int) -> Any:
+        """Block ``index``'s declared maps if it is a variant of the plain block (the rules are then installed)."""
+        maps = self._declared_maps[index] if index < len(self._declared_maps) else None
+        return None if maps is None or getattr(maps, "plain", True) or self.variants is None else maps
+
+    def variant(self, index: int) -> Any:
+        """Block ``index``'s declared maps (:class:`~vitlens.models.base.LRPLinears`) if it is a variant of the plain
+        block, else ``None``."""
+        return self._variant(index)
 
     def _declared(self, index: int, st: BlockLinears) -> list[int]:
         """For each projected tensor in call order (as :meth:`_resolve_qkv` lists them), its place among (query,

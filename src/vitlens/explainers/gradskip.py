@@ -142,9 +142,9 @@ class GradSkip(Explainer):
 
     _weighted_attention = staticmethod(weighted_attention)  # kept for callers of the old private name
 
-    def _gate(self, u: Tensor, h: Tensor, grad_h: Tensor) -> Tensor:
+    def _gate(self, u: Tensor, h: Tensor, grad_h: Tensor, mlp: Tensor | None = None) -> Tensor:
         """``β_main`` per token ``(B, T)`` (:func:`~._gradskip_rules.skip_gate` with this method's options)."""
-        return skip_gate(u, h, grad_h, self.options["skip"], float(self.options["eps"]))
+        return skip_gate(u, h, grad_h, self.options["skip"], float(self.options["eps"]), mlp=mlp)
 
 
 def _pad_tokens(v: Tensor, t: int) -> Tensor:
@@ -232,16 +232,18 @@ class _BlockSteps:
         if getattr(rec, "recompute", False):  # "attn": the tensor whose gradient the step receives (see the class)
             self.saved = [{"attn": recorded(b.out, "attention output"), "query": recorded(b.query, "queries"),
                            "key": recorded(b.key, "keys"), "value": recorded(b.value, "values"), "scale": b.scale,
-                           "u": recorded(b.u, "block input"), "h": recorded(b.h, "post-attention residual")}
+                           "u": recorded(b.u, "block input"), "h": recorded(b.h, "post-attention residual"),
+                           "mlp": b.mlp}
                           for b in rec.blocks]
         else:
             self.saved = [{"attn": recorded(b.attn, "attention"),
                            "vnorm": recorded(self.vnorm.pop(i, None) if b.value is None else b.value.norm(dim=-1),
                                              "values"),
-                           "u": recorded(b.u, "block input"), "h": recorded(b.h, "post-attention residual")}
+                           "u": recorded(b.u, "block input"), "h": recorded(b.h, "post-attention residual"),
+                           "mlp": b.mlp}
                           for i, b in enumerate(rec.blocks)]
         for b in rec.blocks:
-            b.attn = b.value = b.u = b.h = b.query = b.key = b.out = None
+            b.attn = b.value = b.u = b.h = b.query = b.key = b.out = b.mlp = None
         self.w, self.omega, self.beta = [None] * n, [None] * n, [None] * n
 
     def backward(self, y: Tensor, final: Tensor) -> Tensor:
@@ -267,7 +269,8 @@ class _BlockSteps:
 
     def _h_step(self, li: int, grad: Tensor | None) -> None:
         cap = self.saved[li]
-        u, h = wide(cap.pop("u")), wide(cap.pop("h"))
-        with torch.no_grad():
-            beta = self.explainer._gate(u, h, torch.zeros_like(h) if grad is None else wide(grad))
+        u, h, mlp = wide(cap.pop("u")), wide(cap.pop("h")), cap.pop("mlp", None)
+        with torch.no_grad():  # mlp: a parallel block's MLP branch (h is then the block output)
+            beta = self.explainer._gate(u, h, torch.zeros_like(h) if grad is None else wide(grad),
+                                        None if mlp is None else wide(mlp))
             self.beta[li] = _pad_tokens(beta, self.tokens)

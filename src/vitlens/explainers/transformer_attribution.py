@@ -18,10 +18,11 @@ from torch import Tensor
 from ..errors import InputError, UnsupportedModelError
 from ..models import Adapter
 from ..models.base import Recording, recorded
-from ..models.capabilities import ATTENTION, BLOCK_IO, LINEAR_HEAD, LRP_LINEARS, TOKEN_SEQUENCE
+from ..models.capabilities import ATTENTION, BLOCK_IO, LINEAR_HEAD, LRP_LINEARS, LRP_VARIANT_LINEARS, TOKEN_SEQUENCE
 from ..targets import Target
 from ._attention import readout_row, relevance_rollout, token_map
 from ._lrp import BlockLinears, LinearTaps
+from ._lrp_variants import VariantRules, gate_value_weights, normed
 from .base import Attribution, Explainer
 from .registry import register
 
@@ -153,7 +154,7 @@ class TransformerAttribution(Explainer):
 
     name = "transformer_attribution"
     description = "LRP relevance of the attention, rolled out (Chefer et al. 2021a)"
-    needs = (ATTENTION, LRP_LINEARS, BLOCK_IO, TOKEN_SEQUENCE, LINEAR_HEAD)
+    needs = (ATTENTION, (LRP_LINEARS, LRP_VARIANT_LINEARS), BLOCK_IO, TOKEN_SEQUENCE, LINEAR_HEAD)
     display_name = "Transformer Attribution"
     level = "token"
     defaults: dict[str, Any] = {"alpha": 1.0}
@@ -174,7 +175,8 @@ class TransformerAttribution(Explainer):
     def attribute(self, adapter: Adapter, x: Tensor, target: Target) -> tuple[Attribution, Tensor, Target]:
         alpha = float(self.options["alpha"])
         with adapter.session(capture=True, conservative=False) as rec:
-            taps = LinearTaps(adapter, rec)
+            # variant blocks: only the check that a gated MLP computes act(g)·x (the sweep applies the rules)
+            taps = LinearTaps(adapter, rec, variants=VariantRules(0.5, None, check_only=True))
             with taps.installed():
                 logits = adapter.forward(x)
             tgt = self.resolve_target(target, logits)
@@ -211,17 +213,25 @@ class TransformerAttribution(Explainer):
             out = final if i == n - 1 else recorded(rec.blocks[i + 1].u, "block input").detach()
             # MLP sub-layer: out = h + m
             r_h, r_m = lrp_add(h, out - h, relevance)
-            r_act = lrp_linear_alpha_beta(lin.fc2_in, lin.fc2.weight, r_m, alpha)  # GELU: identity
-            r_h = r_h + lrp_linear_alpha_beta(lin.fc1_in, lin.fc1.weight, r_act, alpha)  # LN₂: identity
+            r_act = lrp_linear_alpha_beta(lin.fc2_in, lin.fc2.weight, r_m, alpha)  # GELU, hidden norm: identity
+            variant = taps.variant(i)
+            if variant is not None and variant.gated:  # act(g)·x: half to each factor (as lrp_matmul), act: identity
+                for w in gate_value_weights(variant):
+                    r_h = r_h + lrp_linear_alpha_beta(lin.fc1_in, w, r_act / 2, alpha)
+            else:
+                r_h = r_h + lrp_linear_alpha_beta(lin.fc1_in, lin.fc1.weight, r_act, alpha)  # LN₂: identity
             # attention sub-layer: h = u + a
             r_u, r_a = lrp_add(u, h - u, relevance=r_h)
             r_ctx = lrp_linear_alpha_beta(lin.ctx, lin.proj.weight, r_a, alpha)
             attn = recorded(blk.attn, "attention").detach()
             b, heads, t, dh = lin.v.shape
             r_ctx = r_ctx.reshape(b, t, heads, dh).transpose(1, 2)
-            r_attn, r_v = lrp_matmul(attn, lin.v.detach(), r_ctx)
+            r_attn, r_v = lrp_matmul(attn, lin.v.detach(), r_ctx)  # a norm before proj: identity
             cams.append((grad_attn[i] * r_attn).clamp_min(0).mean(dim=1))
-            r_q, r_k = lrp_matmul(lin.q.detach(), lin.k.detach().transpose(-2, -1), r_attn)  # softmax: identity
+            q, k = lin.q.detach(), lin.k.detach()
+            if variant is not None:  # q/k norms: the matmul's factors are the normed q̂, k̂; the norms: identity
+                q, k = normed(variant.q_norm, q), normed(variant.k_norm, k)
+            r_q, r_k = lrp_matmul(q, k.transpose(-2, -1), r_attn)  # softmax: identity
             r_k = r_k.transpose(-2, -1)
             r_n1 = sum(
                 lrp_linear_alpha_beta(lin.n1.detach(), w, r.transpose(1, 2).reshape(b, t, heads * dh), alpha)

@@ -31,6 +31,7 @@ from .timm_families import REFUSED, TimmBeitAdapter, TimmEvaAdapter, TimmRelPosA
 from .timm_swin import TimmSwinAdapter
 from .timm_swinv2 import TimmSwinV2Adapter
 from .timm_vit import TimmViTAdapter
+from .timm_vit_variants import TimmBlockFeaturesAdapter, TimmParallelViTAdapter
 
 __all__ = [
     "Adapter",
@@ -38,6 +39,8 @@ __all__ = [
     "Recording",
     "GenericAdapter",
     "TimmViTAdapter",
+    "TimmParallelViTAdapter",
+    "TimmBlockFeaturesAdapter",
     "HFViTAdapter",
     "SegformerAdapter",
     "TimmCNNAdapter",
@@ -128,7 +131,7 @@ def _refused_note(model: nn.Module) -> str | None:
     return None if why is None else f"{type(model).__name__} is not read by any adapter: {why}"
 
 
-_ADAPTERS: list[type[Adapter]] = [TimmViTAdapter, TimmEvaAdapter, TimmBeitAdapter, TimmRelPosAdapter, TimmSwinAdapter,
+_ADAPTERS: list[type[Adapter]] = [TimmParallelViTAdapter, TimmBlockFeaturesAdapter, TimmViTAdapter, TimmEvaAdapter, TimmBeitAdapter, TimmRelPosAdapter, TimmSwinAdapter,
                                   TimmSwinV2Adapter, TimmCaitAdapter, HFViTAdapter, HFSequenceAdapter, HFSwinAdapter,
                                   HFSwinV2Adapter, SegformerAdapter, TimmPvtV2Adapter, HFPvtV2Adapter, TimmMViTAdapter,
                                   TimmCNNAdapter]

@@ -48,6 +48,30 @@ class LRPLinears:
     proj: nn.Linear
     fc1: nn.Linear
     fc2: nn.Linear
+    #: the variants of the plain block that the gradient × input LRP rules also cover (``None``: not there).
+    #: ``q_norm``/``k_norm`` normalise queries/keys per head before the softmax; ``ctx_norm`` normalises the attention
+    #: output before ``proj``; ``mlp_norm`` the MLP's hidden features before ``fc2``
+    q_norm: nn.Module | None = None
+    k_norm: nn.Module | None = None
+    ctx_norm: nn.Module | None = None
+    mlp_norm: nn.Module | None = None
+    #: a gated MLP ``fc2(act(gate) · value)``: ``gate`` is the gate's own map (``fc1`` is then the value map), or
+    #: ``packed_gate`` says which half (``"first"``/``"last"``) of the one ``fc1`` output is the gate
+    gate: nn.Linear | None = None
+    packed_gate: str | None = None
+    #: the MLP's activation module (applied to the gate in a gated MLP) and the module that reads its output (the
+    #: gated product): where the variant rules hook; declared for every variant block
+    act: nn.Module | None = None
+    after_act: nn.Module | None = None
+
+    @property
+    def gated(self) -> bool:
+        return self.gate is not None or self.packed_gate is not None
+
+    @property
+    def plain(self) -> bool:
+        """No q/k norm, scale norm or gate: the plain ViT block every LRP method is written for."""
+        return not self.gated and all(m is None for m in (self.q_norm, self.k_norm, self.ctx_norm, self.mlp_norm))
 
 
 def linears_at(block: nn.Module, index: int, qkv: Sequence[Sequence[str]], proj: Sequence[str], fc1: Sequence[str],
@@ -94,6 +118,9 @@ class BlockRecord:
     key: Tensor | None = None
     out: Tensor | None = None
     scale: float = 1.0
+    #: blocks whose attention and MLP both read the block input (timm ``ParallelScalingBlock``): ``h`` is then the
+    #: block output ``u + a + m`` and ``mlp`` the MLP branch ``m`` added to the residual (detached)
+    mlp: Tensor | None = None
 
 
 @dataclass

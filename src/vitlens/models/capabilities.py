@@ -9,6 +9,7 @@ computed from the two in one place, :mod:`vitlens.explainers.support`; no method
 from __future__ import annotations
 
 __all__ = ["ATTENTION", "BLOCK_IO", "TOKEN_SEQUENCE", "WINDOWS", "CLASS_ATTENTION", "STAGES", "LRP_LINEARS",
+           "LRP_VARIANT_LINEARS",
            "LINEAR_HEAD", "TOKENS", "FEATURES", "FEATURE_MAPS", "TOKEN_GRID", "CLASS_LOGITS", "PIXEL_LOGITS",
            "DESCRIPTIONS", "describe_need"]
 
@@ -26,6 +27,9 @@ CLASS_ATTENTION = "class_attention"
 STAGES = "stages"
 #: per block, the declared q/k/v, output-projection and MLP linear maps of a plain pre-norm block (``lrp_linears()``)
 LRP_LINEARS = "lrp_linears"
+#: as :data:`LRP_LINEARS`, for pre-norm blocks that may also normalise queries/keys (``qk_norm``) or the attention
+#: output / MLP hidden features (scale norms), and whose MLP may be gated (SwiGLU): ``lrp_linears()`` declares them
+LRP_VARIANT_LINEARS = "lrp_variant_linears"
 #: the classifier heads (``classifier_modules()``) read the final-normed readout tokens (or their mean) directly
 LINEAR_HEAD = "linear_head"
 #: running on a subset of patch tokens after the position embeddings (``keep_tokens()``)
@@ -50,6 +54,8 @@ DESCRIPTIONS = {
     CLASS_ATTENTION: "class-attention blocks after self-attention on the patch tokens",
     STAGES: "hierarchical stages",
     LRP_LINEARS: "declared linear maps of plain pre-norm blocks (for LRP rules)",
+    LRP_VARIANT_LINEARS: "declared linear maps of pre-norm blocks, also with q/k norms, scale norms or a gated MLP "
+                         "(for the gradient x input LRP rules)",
     LINEAR_HEAD: "a classifier head reading the final readout tokens directly",
     TOKENS: "running on a subset of the patch tokens",
     FEATURES: "feature layers in token layout",

@@ -26,6 +26,8 @@ class Family:
     name: str
     classes: str
     build: Callable[[], nn.Module]
+    #: "" a transformer classifier the attention methods read; "no attention": one whose blocks give features but no
+    #: attention maps; "segmentation", "cnn"; "refused": no adapter reads it
     note: str = ""
 
 
@@ -36,6 +38,20 @@ def _timm(arch: str, plain: bool = True, **kw) -> Callable[[], nn.Module]:
         import timm
 
         return timm.create_model(arch, pretrained=False, **({**_T, **kw} if plain else kw))
+
+    return make
+
+
+def _timm_layers(arch: str, layers: dict[str, str], **kw) -> Callable[[], nn.Module]:
+    """timm ``arch`` (tiny ViT settings ``_T``) with constructor arguments that are timm layer classes, named in
+    ``layers`` (argument → name in ``timm.layers``), e.g. ``mlp_layer="SwiGLUPacked"``."""
+
+    def make() -> nn.Module:
+        import timm
+        import timm.layers
+
+        classes = {k: getattr(timm.layers, v) for k, v in layers.items()}
+        return timm.create_model(arch, pretrained=False, **{**_T, **kw, **classes})
 
     return make
 
@@ -106,6 +122,21 @@ FAMILIES: list[Family] = [
     Family("timm ViT", "timm VisionTransformer (ViT, DeiT, DeiT3, DINOv2, CLIP, SigLIP, registers)",
            _timm("vit_tiny_patch16_224")),
     Family("timm DeiT distilled", "timm VisionTransformerDistilled", _timm("deit_tiny_distilled_patch16_224")),
+    Family("timm ViT + qk_norm", "timm VisionTransformer(qk_norm=True): LayerNorm on queries and keys",
+           _timm("vit_tiny_patch16_224", qk_norm=True)),
+    Family("timm ViT + SwiGLU", "timm VisionTransformer(mlp_layer=SwiGLUPacked or SwiGLU): gated MLP",
+           # without output biases: GluMlp initialises its gate bias to 1, CP-LRP is complete only without biases
+           _timm_layers("vit_tiny_patch16_224", {"mlp_layer": "SwiGLUPacked"}, mlp_ratio=2.0, proj_bias=False)),
+    Family("timm AIMv2", "timm VisionTransformer (aimv2_*: RmsNorm, SwiGLU, no CLS, mean readout)",
+           _timm("aimv2_large_patch14_224")),
+    Family("timm BEiT3", "timm VisionTransformer (beit3_*: LayerNorm before the attention and MLP output maps)",
+           _timm("beit3_base_patch16_224")),
+    Family("timm ViT ParallelScaling", "timm VisionTransformer(block_fn=ParallelScalingBlock) (vit_pwee_*, "
+           "vit_*_xp_*: attention and MLP in parallel)", _timm("vit_pwee_patch16_reg1_gap_256", init_values=0.5)),
+    Family("timm ViT ParallelThings", "timm VisionTransformer(block_fn=ParallelThingsBlock) (vit_*_18x2_*: two "
+           "attentions, then two MLPs, in parallel)", _timm("vit_small_patch16_18x2_224"), note="no attention"),
+    Family("timm ViT DiffAttention", "timm VisionTransformer(attn_layer='diff') (vit_dwee_*, vit_dpwee_*: "
+           "differential attention)", _timm("vit_dwee_patch16_reg1_gap_256"), note="no attention"),
     Family("timm EVA02", "timm Eva (EVA02: RoPE, SwiGLU, sub-LN)",
            _timm("eva02_tiny_patch14_224", patch_size=8, mlp_ratio=2.0)),
     Family("timm DINOv3", "timm Eva (DINOv3: RoPE, layer scale, 4 registers)",

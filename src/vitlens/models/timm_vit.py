@@ -9,9 +9,10 @@ from torch import Tensor, nn
 
 from ..errors import InputError, UnsupportedModelError
 from .capabilities import (ATTENTION, BLOCK_IO, CLASS_LOGITS, FEATURE_MAPS, FEATURES, LINEAR_HEAD, LRP_LINEARS,
-                           TOKEN_GRID, TOKEN_SEQUENCE, TOKENS)
+                           LRP_VARIANT_LINEARS, TOKEN_GRID, TOKEN_SEQUENCE, TOKENS)
+from ._timm_block_variants import block_linears, variant_of
 from ._readout import readout_only
-from .base import Adapter, BlockRecord, LRPLinears, Recording, int_pair, linears_at, normalisation_layers, switched
+from .base import Adapter, BlockRecord, LRPLinears, Recording, int_pair, normalisation_layers, switched
 
 __all__ = ["TimmViTAdapter", "stem_channels"]
 
@@ -47,8 +48,8 @@ class TimmViTAdapter(Adapter):
     patch_size: tuple[int, int]  # set in __init__ from the patch embedding: never None for this family
 
     family = "timm-vit"
-    capabilities = frozenset({CLASS_LOGITS, ATTENTION, BLOCK_IO, TOKEN_SEQUENCE, LRP_LINEARS, LINEAR_HEAD, TOKENS,
-                              FEATURES, FEATURE_MAPS, TOKEN_GRID})
+    capabilities = frozenset({CLASS_LOGITS, ATTENTION, BLOCK_IO, TOKEN_SEQUENCE, LRP_LINEARS, LRP_VARIANT_LINEARS,
+                              LINEAR_HEAD, TOKENS, FEATURES, FEATURE_MAPS, TOKEN_GRID})
 
     @staticmethod
     def matches(model: nn.Module) -> bool:
@@ -56,16 +57,7 @@ class TimmViTAdapter(Adapter):
 
     def __init__(self, model: nn.Module) -> None:
         super().__init__(model)
-        from timm.layers import Attention
-        from timm.models.vision_transformer import Block
-
-        for i, blk in enumerate(self.model.blocks):
-            if not isinstance(blk, Block) or type(blk.attn) is not Attention:
-                raise UnsupportedModelError(
-                    f"timm model block {i} is {type(blk).__name__} with {type(getattr(blk, 'attn', None)).__name__}; "
-                    "vitlens supports pre-norm timm Blocks with the standard Attention module "
-                    "(see docs/architecture.md to add a block family)"
-                )
+        self._check_blocks()
         self.num_prefix_tokens = int(getattr(model, "num_prefix_tokens", 1))
         self.num_classes = int(self.model.num_classes)
         if getattr(model, "head_dist", None) is not None:  # VisionTransformerDistilled
@@ -84,23 +76,39 @@ class TimmViTAdapter(Adapter):
             # pixels per token (a hybrid stem's stride times its projection's patch size)
             self.patch_size = (self.default_size[0] // int(grid[0]), self.default_size[1] // int(grid[1]))
         self.any_size = self.dynamic or self.default_size is None
-        why = self._not_plain()
-        if why is not None:
-            self.capabilities = self.capabilities - {LRP_LINEARS}
-            self.capability_notes = {**self.capability_notes, LRP_LINEARS: why}
+        self._declare_lrp()
 
-    def _not_plain(self) -> str | None:
-        """Why the blocks are not the plain ViT block the LRP rules are written for (``None``: they are)."""
-        try:
-            self.lrp_linears()
-        except UnsupportedModelError as e:
-            return f"{e}; LRP rules are written for the plain ViT block (qkv, proj, fc1, fc2 as nn.Linear calls)"
+    def _check_blocks(self) -> None:
+        """Raise :class:`UnsupportedModelError` unless every block is one this adapter reads."""
+        from timm.layers import Attention
+        from timm.models.vision_transformer import Block
+
         for i, blk in enumerate(self.model.blocks):
-            for norm in ("q_norm", "k_norm"):
-                if not isinstance(getattr(blk.attn, norm, None), (nn.Identity, type(None))):
-                    return (f"block {i} normalises queries/keys ({norm}: {type(getattr(blk.attn, norm)).__name__}) "
-                            "before the softmax; the LRP rules are written for softmax(q·kᵀ/√d) of the projections")
-        return None
+            if not isinstance(blk, Block) or type(blk.attn) is not Attention:
+                raise UnsupportedModelError(
+                    f"timm model block {i} is {type(blk).__name__} with {type(getattr(blk, 'attn', None)).__name__}; "
+                    "vitlens supports pre-norm timm Blocks with the standard Attention module, ParallelScalingBlock "
+                    "and (without attention) DiffAttention and ParallelThingsBlock blocks "
+                    "(see docs/architecture.md to add a block family)"
+                )
+
+    def _declare_lrp(self) -> None:
+        """Which LRP capability the blocks allow: the plain ViT block both; q/k norms, scale norms and gated MLPs
+        only the variant one (the gradient × input rules); anything else neither, with the reason."""
+        try:
+            declared = self.lrp_linears()
+        except UnsupportedModelError as e:
+            why = (f"{e}; LRP rules are written for pre-norm blocks with qkv, proj and a two-layer (or gated) MLP as "
+                   "nn.Linear calls")
+            self.capabilities = self.capabilities - {LRP_LINEARS, LRP_VARIANT_LINEARS}
+            self.capability_notes = {**self.capability_notes, LRP_LINEARS: why, LRP_VARIANT_LINEARS: why}
+            return
+        variants = [v for v in (variant_of(lin, i) for i, lin in enumerate(declared)) if v is not None]
+        if variants:
+            self.capabilities = self.capabilities - {LRP_LINEARS}
+            self.capability_notes = {**self.capability_notes, LRP_LINEARS: (
+                f"{variants[0]}: not the plain ViT block (declared as 'lrp_variant_linears', the LRP rules for q/k "
+                "norms, scale norms and gated MLPs)")}
 
     def blocks(self) -> Sequence[nn.Module]:
         return list(self.model.blocks)
@@ -112,8 +120,7 @@ class TimmViTAdapter(Adapter):
         return [m for m in normalisation_layers(self.model) if m not in stem]
 
     def lrp_linears(self) -> list[LRPLinears]:
-        return [linears_at(blk, i, qkv=[("attn.qkv",), ("attn.q_proj", "attn.k_proj", "attn.v_proj")],
-                           proj=("attn.proj",), fc1=("mlp.fc1",), fc2=("mlp.fc2",)) for i, blk in enumerate(self.blocks())]
+        return [block_linears(blk, i) for i, blk in enumerate(self.blocks())]
 
     def grid(self, input_hw: tuple[int, int]) -> tuple[int, int]:
         pe = self.model.patch_embed
