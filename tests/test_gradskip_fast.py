@@ -44,7 +44,11 @@ def test_maps_equal_the_pre_change_implementation_up_to_rounding(variant, opts):
     ref_opts = {k: v for k, v in opts.items() if k != "readout_path"}
     ref = reference_gradskip(model, x, **ref_opts)
     exp = vitlens.explain(model, x, method="gradskip", **opts)
-    assert_rounding_close(exp.token_maps, ref["token_maps"], 1e-4)
+    # Without the conservative LayerNorm the gradient through each norm's std is a difference of near-equal terms,
+    # which the gates amplify: on the distilled tiny ViT the maps differ by 1.5e-4 of their scale in float32 on one
+    # machine's kernels (1e-4 on another's), and by 4e-8 when both run in float64, so the difference is rounding.
+    rel_maps = 5e-4 if opts.get("conservative") is False else 1e-4
+    assert_rounding_close(exp.token_maps, ref["token_maps"], rel_maps)
     assert_rounding_close(exp.remainder, ref["remainder"], 1e-4)
     assert_rounding_close(exp.extras["layer_totals"], ref["layer_totals"], 1e-5)
     assert_rounding_close(exp.extras["head_weights"], ref["head_weights"], 1e-5)
