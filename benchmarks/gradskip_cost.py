@@ -140,6 +140,13 @@ def run_forward(model: nn.Module, x: Tensor) -> dict:
     return {"forward_passes": 1.0, "backward_passes": 0.0}
 
 
+def first_block(model: nn.Module) -> nn.Module:
+    """The first transformer block: ``model.blocks[0]`` (ViT, EVA, ...), ``model.layers[0].blocks[0]`` (Swin)."""
+    if hasattr(model, "blocks"):
+        return model.blocks[0]
+    return model.layers[0].blocks[0]
+
+
 def run_floor(model: nn.Module, x: Tensor) -> dict:
     """Row (b): forward + activation-only backward from the predicted logit to the first block's input."""
     box: dict[str, Tensor] = {}
@@ -151,7 +158,7 @@ def run_floor(model: nn.Module, x: Tensor) -> dict:
         box["u"] = u.view_as(u)
         return (box["u"], *args[1:])
 
-    handle = model.blocks[0].register_forward_pre_hook(leaf)
+    handle = first_block(model).register_forward_pre_hook(leaf)
     try:
         with frozen(model):
             logits = model(x)

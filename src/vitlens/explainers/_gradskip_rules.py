@@ -178,13 +178,15 @@ def block_backward(y: Tensor, final: Tensor, saved: Sequence[dict[str, Any]],
     """The backward that reduces each block's gradients as autograd produces them.
 
     Tensor hooks on every block's captured attention (``saved[l]["attn"]``) and post-attention residual
-    (``saved[l]["h"]``) call ``attn_step(l, grad)`` / ``h_step(l, grad)``; the backward itself asks only for
+    (``saved[l]["h"]``) call ``attn_step(l, grad)`` / ``h_step(l, grad)`` (no attention hook where
+    ``saved[l]["in_backward"]``: that block's attention backward hands its probabilities over itself); the backward itself asks only for
     ``∂y/∂final`` and block 0's two gradients (nothing below block 0's attention runs). Blocks the gradient never
     reached are reduced with ``None``. Returns ``∂y/∂final`` (``None`` if ``y`` does not depend on it).
     """
     first = saved[0]
     for li, cap in enumerate(saved[1:], start=1):
-        cap["attn"].register_hook(lambda g, li=li: attn_step(li, g))
+        if not cap.get("in_backward", False):  # else the attention's own backward reduces the block
+            cap["attn"].register_hook(lambda g, li=li: attn_step(li, g))
         cap["h"].register_hook(lambda g, li=li: h_step(li, g))
     grads = torch.autograd.grad(y, [final, first["attn"], first["h"]], allow_unused=True)
     attn_step(0, grads[1])

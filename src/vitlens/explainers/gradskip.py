@@ -109,6 +109,7 @@ class GradSkip(Explainer):
         steps = _BlockSteps(self)  # reduces each block's gradients as the backward produces them
         with adapter.session(capture=True, conservative=bool(o["conservative"]), recompute=True) as rec, fast, \
                 steps.value_norms(adapter, rec):
+            rec.on_probabilities = steps.probabilities  # fused attention: A and A ⊙ ∂y/∂A from its backward
             logits = adapter.forward(x)
             tgt = self.resolve_target(target, logits)
             y = tgt(logits)
@@ -233,7 +234,7 @@ class _BlockSteps:
             self.saved = [{"attn": recorded(b.out, "attention output"), "query": recorded(b.query, "queries"),
                            "key": recorded(b.key, "keys"), "value": recorded(b.value, "values"), "scale": b.scale,
                            "u": recorded(b.u, "block input"), "h": recorded(b.h, "post-attention residual"),
-                           "mlp": b.mlp}
+                           "mlp": b.mlp, "in_backward": b.probabilities_in_backward}
                           for b in rec.blocks]
         else:
             self.saved = [{"attn": recorded(b.attn, "attention"),
@@ -252,8 +253,20 @@ class _BlockSteps:
                            lambda li: self.beta[li] is not None)
         return torch.zeros_like(final) if g is None else g
 
+    def probabilities(self, li: int, attn: Tensor, flow: Tensor) -> None:
+        """Block ``li``'s ``A`` ``(B, H, T, T)`` and ``A ⊙ ∂y/∂A`` ``(B, H, T_q, T)`` from the fused attention's
+        backward (``Recording.on_probabilities``; both in at least float32, both consumed)."""
+        cap = self.saved[li]
+        for key in ("attn", "query", "key", "scale"):
+            cap.pop(key)
+        with torch.no_grad():
+            vnorm = wide(cap.pop("value")).norm(dim=-1)
+            tq = flow.shape[2]
+            if tq < attn.shape[2]:  # readout path: the other rows have zero gradient
+                flow = torch.cat([flow, flow.new_zeros(*flow.shape[:2], attn.shape[2] - tq, flow.shape[3])], dim=2)
+            self._reduce(li, attn, flow, vnorm)
+
     def _attn_step(self, li: int, grad: Tensor | None) -> None:
-        o = self.explainer.options
         cap = self.saved[li]
         with torch.no_grad():
             if "query" in cap:
@@ -261,6 +274,12 @@ class _BlockSteps:
             else:
                 attn, vnorm = wide(cap.pop("attn")), wide(cap.pop("vnorm"))
                 flow_terms = attn * wide(grad) if grad is not None else torch.zeros_like(attn)
+            self._reduce(li, attn, flow_terms, vnorm)
+
+    def _reduce(self, li: int, attn: Tensor, flow_terms: Tensor, vnorm: Tensor) -> None:
+        """``ω`` and ``W̃`` of block ``li`` (``flow_terms`` = ``A ⊙ ∂y/∂A`` is consumed)."""
+        o = self.explainer.options
+        with torch.no_grad():
             flow = positive_flow(flow_terms)  # flow_terms clamped at 0 in place
             omega = head_weights_from_scores(attn, flow, o["head_weighting"], float(o["alpha"]),
                                              float(o["grad_threshold"]), o["head_subset"])

@@ -121,6 +121,8 @@ class BlockRecord:
     #: blocks whose attention and MLP both read the block input (timm ``ParallelScalingBlock``): ``h`` is then the
     #: block output ``u + a + m`` and ``mlp`` the MLP branch ``m`` added to the residual (detached)
     mlp: Tensor | None = None
+    #: ``out``'s backward hands ``A`` and ``A ⊙ ∂y/∂A`` to ``Recording.on_probabilities`` (``_probabilities_backward``)
+    probabilities_in_backward: bool = False
 
 
 @dataclass
@@ -130,6 +132,10 @@ class Recording:
     blocks: list[BlockRecord] = field(default_factory=list)
     final: Tensor | None = None
     recompute: bool = False
+    #: set before the forward of a ``recompute`` session: each fused attention's backward is computed from its
+    #: recomputed probabilities and calls ``on_probabilities(block, A, A ⊙ ∂y/∂A)`` (``_probabilities_backward``;
+    #: families that do not offer it ignore it and leave ``BlockRecord.probabilities_in_backward`` False)
+    on_probabilities: Callable[[int, Tensor, Tensor], None] | None = None
 
     def graph_tensors(self) -> list[Tensor]:
         """All captured tensors that are part of the autograd graph (for :func:`torch.autograd.grad`)."""

@@ -11,6 +11,7 @@ from ..errors import InputError, UnsupportedModelError
 from .capabilities import (ATTENTION, BLOCK_IO, CLASS_LOGITS, FEATURE_MAPS, FEATURES, LINEAR_HEAD, LRP_LINEARS,
                            LRP_VARIANT_LINEARS, TOKEN_GRID, TOKEN_SEQUENCE, TOKENS)
 from ._timm_block_variants import block_linears, variant_of
+from ._probabilities_backward import ProbabilitiesInBackward
 from ._readout import readout_only
 from .base import Adapter, BlockRecord, LRPLinears, Recording, int_pair, normalisation_layers, switched
 
@@ -186,6 +187,11 @@ class TimmViTAdapter(Adapter):
         hooks.append(blocks[-1].register_forward_hook(final_hook))
 
 
+def _plain_qk(attn: Any) -> bool:
+    """Queries and keys enter the attention as the ``qkv`` projection gives them (no ``q_norm``/``k_norm``)."""
+    return isinstance(attn.q_norm, nn.Identity) and isinstance(attn.k_norm, nn.Identity)
+
+
 def _install_fused_capture(rec: Recording, i: int, attn: Any, hooks: list) -> None:
     """Record block ``i``'s queries and keys (after ``q_norm``/``k_norm``, as they enter the fused attention),
     values, the softmax scale and the attention output (the input of ``attn.norm``, before the output projection).
@@ -201,14 +207,31 @@ def _install_fused_capture(rec: Recording, i: int, attn: Any, hooks: list) -> No
     def key_hook(module, args, output):
         rec.blocks[i].key = output.detach()
 
+    live: dict[str, Any] = {}
+
+    def masked_hook(module, args, kwargs):  # an attention mask: the probabilities are not recomputed in backward
+        live["masked"] = kwargs.get("attn_mask") is not None or bool(kwargs.get("is_causal", False)) or len(args) > 1
+
     def value_hook(module, args, output):
         b, n, _ = output.shape
         v = output.detach().reshape(b, n, 3, attn.num_heads, attn.head_dim)[:, :, 2]
         rec.blocks[i].value = v.permute(0, 2, 1, 3)
+        if rec.on_probabilities is not None and not module.training:
+            live["qkv"] = output
 
     def out_hook(module, args):
-        rec.blocks[i].out = args[0]
+        o, qkv, masked = args[0], live.pop("qkv", None), live.pop("masked", False)
+        sink = rec.on_probabilities
+        if sink is not None and qkv is not None and not masked and _plain_qk(attn) and o.dim() == 3 \
+                and o.shape[0] == qkv.shape[0] and o.shape[1] <= qkv.shape[1] and 3 * o.shape[2] == qkv.shape[2]:
+            o = ProbabilitiesInBackward.apply(o.detach(), qkv, int(attn.num_heads), float(attn.scale), i, sink)
+            rec.blocks[i].probabilities_in_backward = True
+            rec.blocks[i].out = o
+            return (o, *args[1:])
+        rec.blocks[i].out = o
+        return None
 
+    hooks.append(attn.register_forward_pre_hook(masked_hook, with_kwargs=True))
     hooks.append(attn.q_norm.register_forward_hook(query_hook))
     hooks.append(attn.k_norm.register_forward_hook(key_hook))
     hooks.append(attn.qkv.register_forward_hook(value_hook))
