@@ -98,3 +98,59 @@ def test_model_is_restored_after_an_exception_in_the_recomputing_session():
     assert model_fingerprint(model) == before
     vitlens.explain(model, batch(2), method="gradskip")
     assert model_fingerprint(model) == before
+
+
+def _first_block_gradient(adapter, x, sink=None):
+    """``∂(Σ top logit)/∂u₀`` in a recomputing session, with ``on_probabilities`` set to ``sink`` (or not)."""
+    with adapter.session(capture=True, recompute=True) as rec:
+        rec.on_probabilities = sink
+        logits = adapter.forward(x)
+        y = logits.gather(1, logits.argmax(1, keepdim=True)).sum()
+        (g,) = torch.autograd.grad(y, rec.blocks[0].u)
+    return rec, logits.detach(), g
+
+
+@pytest.mark.parametrize("readout", [True, False], ids=["readout-path", "full-last-block"])
+def test_attention_backward_from_recomputed_probabilities_matches_the_fused_kernel(readout):
+    """With ``Recording.on_probabilities`` set, each fused attention's backward is computed from its recomputed
+    probabilities (``models/_probabilities_backward.py``): the same logits, the same gradient to the first block's
+    input as the fused kernel's own backward (up to rounding), and every block hands over ``A`` and
+    ``A ⊙ ∂y/∂A`` equal to the explicit path's."""
+    import contextlib
+
+    model = tiny_vit()
+    adapter = vitlens.get_adapter(model)
+    x = batch(2)
+    got: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+    fast = adapter.readout_only(all_queries=True) if readout else contextlib.nullcontext()
+    with fast:
+        rec, logits, g = _first_block_gradient(adapter, x, lambda i, a, f: got.__setitem__(i, (a.clone(), f.clone())))
+        ref_rec, ref_logits, ref_g = _first_block_gradient(adapter, x)
+    assert all(b.probabilities_in_backward for b in rec.blocks)
+    assert not any(b.probabilities_in_backward for b in ref_rec.blocks)
+    torch.testing.assert_close(logits, ref_logits, rtol=0.0, atol=0.0)  # the fused kernel's values, unchanged
+    close(g, ref_g, 1e-5)
+    assert sorted(got) == [0, 1, 2]
+    with adapter.session(capture=True) as ex:  # explicit attention: A and ∂y/∂A from autograd
+        out = adapter.forward(x)
+        y = out.gather(1, out.argmax(1, keepdim=True)).sum()
+        grads = torch.autograd.grad(y, [b.attn for b in ex.blocks])
+    for i, (a, f) in got.items():
+        ref_a = ex.blocks[i].attn.detach()
+        torch.testing.assert_close(a, ref_a, rtol=1e-5, atol=1e-6)
+        ref_f = (ref_a * grads[i])[:, :, : f.shape[2]]
+        assert f.shape[2] == (1 if readout and i == 2 else ref_a.shape[2])
+        close(f, ref_f, 1e-5)
+
+
+def test_no_rerouting_without_a_consumer_or_with_normalised_queries():
+    model = tiny_vit(qk_norm=True)
+    adapter = vitlens.get_adapter(model)
+    x = batch(2)
+    rec, _, g = _first_block_gradient(adapter, x, lambda i, a, f: None)
+    assert rec.recompute and not any(b.probabilities_in_backward for b in rec.blocks)  # q_norm: the fused backward
+    before = model_fingerprint(model)
+    maps = vitlens.explain(model, x, method="gradskip").token_maps
+    with switched([blk.attn for blk in model.blocks], "fused_attn", False):
+        close(maps, vitlens.explain(model, x, method="gradskip").token_maps, 1e-5)
+    assert model_fingerprint(model) == before
