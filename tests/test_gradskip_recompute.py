@@ -154,3 +154,24 @@ def test_no_rerouting_without_a_consumer_or_with_normalised_queries():
     with switched([blk.attn for blk in model.blocks], "fused_attn", False):
         close(maps, vitlens.explain(model, x, method="gradskip").token_maps, 1e-5)
     assert model_fingerprint(model) == before
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_probability_gini_is_the_gini_coefficient(dtype):
+    """GradSkip's head sparsity sorts the rows as integers with the same bits (``probability_gini``): the same
+    coefficient as the definition (``vitlens.runtime.gini``) on softmax rows, spikes, uniform, zero and tied rows."""
+    from vitlens.explainers._gradskip_rules import probability_gini
+    from vitlens.runtime import gini
+
+    g = torch.Generator().manual_seed(0)
+    rows = torch.randn(2, 3, 40, 57, generator=g, dtype=dtype).mul(4).softmax(-1)
+    rows[0, 0, 0] = 0.0
+    rows[0, 0, 1] = 1.0 / 57
+    rows[0, 0, 2] = torch.nn.functional.one_hot(torch.tensor(5), 57).to(dtype)
+    rows[0, 0, 3, :30] = 0.25
+    rows[0, 0, 3, 30:] = 0.0
+    got, ref = probability_gini(rows), gini(rows)
+    assert got.dtype == dtype and got.shape == (2, 3, 40)
+    torch.testing.assert_close(got, ref, rtol=0.0, atol=1e-6 if dtype == torch.float32 else 1e-12)
+    assert float(got[0, 0, 0]) == 0.0 and abs(float(got[0, 0, 1])) < 1e-6
+    assert float(got[0, 0, 2]) == pytest.approx(56 / 57)

@@ -7,12 +7,13 @@ from __future__ import annotations
 
 from typing import Any, Callable, Sequence, TypeVar
 
+import numpy as np
 import torch
 from torch import Tensor
 
 from ..runtime import gini
 
-__all__ = ["block_backward", "filled", "gini", "wide", "head_weights", "head_weights_from_flow",
+__all__ = ["block_backward", "filled", "gini", "probability_gini", "wide", "head_weights", "head_weights_from_flow",
            "head_weights_from_scores", "positive_flow", "readout_relevance", "skip_gate", "weighted_attention"]
 
 
@@ -60,15 +61,40 @@ def head_weights_from_flow(attn: Tensor, flow_terms: Tensor, mode: str, alpha: f
     return head_weights_from_scores(attn, flow, mode, alpha, grad_threshold, head_subset)
 
 
-def positive_flow(flow_terms: Tensor) -> Tensor:
+def positive_flow(flow_terms: Tensor, rows: int | None = None) -> Tensor:
     """The flow score ``mean_i Σ_j |A ⊙ ∇A|_ij`` per head ``(B, H)``, leaving ``flow_terms`` clamped at 0 in place.
 
     ``Σ_j |f_ij| = 2·Σ_j f⁺_ij − Σ_j f_ij``: two row sums around the clamp that :func:`weighted_attention` needs
     anyway, instead of a separate ``|f|`` tensor (the same sum of non-negative parts, up to float rounding).
+    ``rows``: the layer's number of query rows when ``flow_terms`` holds only the first of them (the others have
+    zero gradient: the readout path's last block); the mean is over all ``rows``.
     """
     total = flow_terms.sum(dim=-1)
     pos = flow_terms.clamp_min_(0).sum(dim=-1)
-    return (2.0 * pos - total).clamp_min_(0).mean(dim=-1)
+    per_row = (2.0 * pos - total).clamp_min_(0)
+    if rows is None or rows == per_row.shape[-1]:
+        return per_row.mean(dim=-1)
+    return per_row.sum(dim=-1) / rows
+
+
+#: the integer type with the bit layout of each float type: non-negative floats sort like their bit patterns
+_SAME_ORDER_INTS = {torch.float32: np.int32, torch.float64: np.int64}
+
+
+def probability_gini(p: Tensor) -> Tensor:
+    """:func:`~vitlens.runtime.gini` over the last dimension of *non-negative* values (attention probabilities),
+    the same values up to float rounding, cheaper on a CPU: the rows are sorted as the integers with the same bits
+    (the order of non-negative IEEE floats; NumPy's integer sort is the faster one) and the coefficient is taken as
+    ``Σ_i (2i − n − 1)·p(i) / (n·Σ_i p(i))`` in one matrix-vector product (the same formula rearranged)."""
+    ints = _SAME_ORDER_INTS.get(p.dtype)
+    if p.device.type != "cpu" or p.requires_grad or ints is None:
+        return gini(p)
+    n = p.shape[-1]
+    arr = p.contiguous().numpy()
+    srt = torch.from_numpy(np.sort(arr.view(ints), axis=-1).view(arr.dtype))
+    total = srt.sum(dim=-1)
+    g = (srt @ torch.arange(1 - n, n + 1, 2, dtype=p.dtype)) / (n * total.clamp_min(torch.finfo(p.dtype).tiny))
+    return torch.where(total > 0, g, torch.zeros_like(g))
 
 
 def head_weights_from_scores(attn: Tensor, flow: Tensor | None, mode: str, alpha: float, grad_threshold: float,
@@ -77,7 +103,7 @@ def head_weights_from_scores(attn: Tensor, flow: Tensor | None, mode: str, alpha
     ``uniform`` mode)."""
     b, h = attn.shape[:2]
     needs_sparsity = head_subset is not None or mode == "sparsity" or (mode == "adaptive" and alpha < 1.0)
-    sparsity = gini(attn).mean(dim=-1) if needs_sparsity else None  # (B, H): per query row, then mean over rows
+    sparsity = probability_gini(attn).mean(dim=-1) if needs_sparsity else None  # (B, H): per query row, then mean over rows
     if mode == "uniform" or flow is None:
         w = torch.full((b, h), 1.0 / h, device=attn.device, dtype=attn.dtype)
     else:
@@ -133,6 +159,8 @@ def weighted_attention(attn: Tensor, flow_terms: Tensor, vnorm: Tensor, omega: T
 
     ``flow_terms`` is ``A ⊙ ∇A`` ``(B, H, T, T_k)`` (``clamped``: already clamped at 0, see :func:`positive_flow`);
     it is consumed (clamped and scaled in place). ``vnorm``: the value norms ``‖v_q,j‖`` ``(B, H, T_k)``.
+    ``flow_terms`` may hold only the first ``T_q < T`` rows (the readout path's last block, whose other rows carry
+    no relevance): the result is then ``W̃``'s first ``T_q`` rows ``(B, T_q, T_k)``.
     """
     scale = omega[:, :, None] * vnorm  # (B, H, T_k): ω_q · ‖v_q,j‖
     pos = flow_terms if clamped else flow_terms.clamp_min_(0)
@@ -143,8 +171,8 @@ def weighted_attention(attn: Tensor, flow_terms: Tensor, vnorm: Tensor, omega: T
     w = m.div_(rows.clamp_min(torch.finfo(m.dtype).tiny))
     empty = rows[..., 0] <= 0
     if bool(empty.any()):  # rows without positive flow: the head-weighted attention itself
-        b, h, t, tk = attn.shape
-        fallback = omega[:, None, :].bmm(attn.reshape(b, h, t * tk)).reshape(b, t, tk)
+        b, h, t, tk = pos.shape
+        fallback = omega[:, None, :].bmm(attn[:, :, :t].reshape(b, h, t * tk)).reshape(b, t, tk)
         w = torch.where(empty[..., None], fallback, w)
     return w
 

@@ -125,8 +125,8 @@ class GradSkip(Explainer):
         totals = [relevance.sum(-1)]
         ws, betas = filled(steps.w), filled(steps.beta)
         for li in range(len(ws) - 1, -1, -1):
-            beta = betas[li]
-            relevance = (beta * relevance)[:, None, :].bmm(ws[li])[:, 0] + (1.0 - beta) * relevance
+            beta, w = betas[li], ws[li]  # w: (B, T_q, T), T_q < T on the readout path's last block (see _reduce)
+            relevance = (beta * relevance)[:, None, : w.shape[1]].bmm(w)[:, 0] + (1.0 - beta) * relevance
             totals.append(relevance.sum(-1))
         p = adapter.num_prefix_tokens
         gh, gw = adapter.grid(int_pair(x.shape[-2:]))
@@ -170,11 +170,7 @@ def _recomputed(cap: dict[str, Any], grad: Tensor | None) -> tuple[Tensor, Tenso
     b, tq = grad.shape[:2]
     g = wide(grad).reshape(b, tq, v.shape[1], v.shape[-1]).transpose(1, 2)  # (B, H, T_q, d)
     flow = g @ v.transpose(-2, -1)  # ∂y/∂A on the first T_q rows
-    if tq == attn.shape[2]:
-        return attn, flow.mul_(attn), vnorm
-    flow_terms = torch.zeros_like(attn)
-    flow_terms[:, :, :tq] = flow.mul_(attn[:, :, :tq])
-    return attn, flow_terms, vnorm
+    return attn, flow.mul_(attn[:, :, :tq]), vnorm
 
 
 class _BlockSteps:
@@ -260,11 +256,7 @@ class _BlockSteps:
         for key in ("attn", "query", "key", "scale"):
             cap.pop(key)
         with torch.no_grad():
-            vnorm = wide(cap.pop("value")).norm(dim=-1)
-            tq = flow.shape[2]
-            if tq < attn.shape[2]:  # readout path: the other rows have zero gradient
-                flow = torch.cat([flow, flow.new_zeros(*flow.shape[:2], attn.shape[2] - tq, flow.shape[3])], dim=2)
-            self._reduce(li, attn, flow, vnorm)
+            self._reduce(li, attn, flow, wide(cap.pop("value")).norm(dim=-1))
 
     def _attn_step(self, li: int, grad: Tensor | None) -> None:
         cap = self.saved[li]
@@ -277,10 +269,16 @@ class _BlockSteps:
             self._reduce(li, attn, flow_terms, vnorm)
 
     def _reduce(self, li: int, attn: Tensor, flow_terms: Tensor, vnorm: Tensor) -> None:
-        """``ω`` and ``W̃`` of block ``li`` (``flow_terms`` = ``A ⊙ ∂y/∂A`` is consumed)."""
+        """``ω`` and ``W̃`` of block ``li`` (``flow_terms`` = ``A ⊙ ∂y/∂A`` is consumed).
+
+        ``flow_terms`` may hold only the first ``T_q`` query rows (the readout path's last block: the other rows
+        have zero gradient); ``W̃`` is then formed on those rows only, ``(B, T_q, T)``: the relevance reaching the
+        last block is zero on every other token (it starts on the readout tokens), so the rows left out would be
+        multiplied by exact zeros in the propagation.
+        """
         o = self.explainer.options
         with torch.no_grad():
-            flow = positive_flow(flow_terms)  # flow_terms clamped at 0 in place
+            flow = positive_flow(flow_terms, attn.shape[2])  # flow_terms clamped at 0 in place
             omega = head_weights_from_scores(attn, flow, o["head_weighting"], float(o["alpha"]),
                                              float(o["grad_threshold"]), o["head_subset"])
             self.w[li] = weighted_attention(attn, flow_terms, vnorm, omega, clamped=True)
