@@ -12,7 +12,7 @@ from typing import Any
 import torch
 from torch import nn
 
-__all__ = ["attention_path", "custom_flops", "_peak_rss_bytes", "_reset_peak_rss", "_rss_bytes"]
+__all__ = ["FOOTNOTES", "attention_path", "custom_flops", "_peak_rss_bytes", "_reset_peak_rss", "_rss_bytes"]
 
 
 @contextlib.contextmanager
@@ -85,3 +85,23 @@ def _rss_bytes() -> int:
     """Current resident set size of this process (Linux ``/proc/self/statm``)."""
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+#: the notes under ``gradskip_cost.py``'s report: how time ratios, FLOPs and peak memory are measured
+FOOTNOTES = [
+    "Time ratios are medians of the per-repeat ratios (all rows run back to back in every repeat; \"floor\" is "
+    "(b′) for the fused rows and (b) for the explicit ones, (b′) the default-attention floor); absolute "
+    "times depend on the machine and are not the claim. FLOPs are counted by "
+    "`torch.utils.flop_counter.FlopCounterMode` (matmul-class ops and convolutions, 2 FLOPs per multiply-add; "
+    "elementwise ops, softmax, LayerNorm and sorting are not counted) at batch 1, in forward and backward.",
+    "¹ CPU peak memory: each (model, row) runs once in a fresh subprocess. After model creation, input creation and a "
+    "batch-1 warm-up forward, the process's peak RSS is reset to its current RSS (`echo 5 > /proc/self/clear_refs`); "
+    "reported is the peak RSS after the call minus that RSS, i.e. the peak extra resident "
+    "memory of the call at the given batch (activations, autograd buffers, GradSkip's captures; weights and input "
+    "excluded; memory the allocator kept from the warm-up and reuses is not counted). The peak RSS is read as "
+    "`VmHWM` from `/proc/self/status`, the high-water mark that `getrusage(RUSAGE_SELF).ru_maxrss` also reports, "
+    "because in a subprocess `ru_maxrss` additionally keeps the parent's resident size from before `exec`, which "
+    "hides the call's peak.",
+    "² CUDA peak memory: `torch.cuda.max_memory_allocated` after `reset_peak_memory_stats` minus the memory allocated "
+    "before the call (weights and input excluded), in a fresh subprocess per (model, row).",
+]

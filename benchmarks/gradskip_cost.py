@@ -59,7 +59,8 @@ import torch
 from torch import Tensor, nn
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _cost_helpers import _peak_rss_bytes, _reset_peak_rss, _rss_bytes, attention_path, custom_flops  # noqa: E402
+from _cost_helpers import (FOOTNOTES, _peak_rss_bytes, _reset_peak_rss, _rss_bytes, attention_path,  # noqa: E402
+                           custom_flops)
 
 DEFAULT_MODELS = ("vit_tiny_patch16_224", "vit_small_patch16_224", "vit_base_patch16_224")
 QUICK_MODELS = ("vit_tiny_patch16_224",)
@@ -323,6 +324,12 @@ def _paired_ratio(num: list[float], den: list[float]) -> float:
     return statistics.median(a / b for a, b in zip(num, den))
 
 
+def _paired_spread(num: list[float], den: list[float]) -> tuple[float, float]:
+    """Smallest and largest per-repeat ratio (the spread behind :func:`_paired_ratio`'s median)."""
+    ratios = [a / b for a, b in zip(num, den)]
+    return min(ratios), max(ratios)
+
+
 def benchmark_model(spec: str, batch: int, repeats: int, device: str, threads: int | None,
                     memory: bool = True, log: Callable[[str], None] = print,
                     rows: tuple[str, ...] = ROWS, clock: str = "wall") -> list[Result]:
@@ -359,6 +366,7 @@ def benchmark_model(spec: str, batch: int, repeats: int, device: str, threads: i
         r.extra["flops_x_floor"] = flops[row] / flops[floor]
         r.extra["time_x_forward"] = _paired_ratio(times[row], times[fwd])
         r.extra["time_x_floor"] = _paired_ratio(times[row], times[floor])
+        r.extra["time_x_floor_min"], r.extra["time_x_floor_max"] = _paired_spread(times[row], times[floor])
         r.extra["time_x_fused_floor"] = _paired_ratio(times[row], times[fused]) if fused in times else float("nan")
         r.extra["mem_x_floor"] = mem[row] / mem[floor] if mem[floor] > 0 else float("nan")
         if REFERENCE_ROW in times:
@@ -420,6 +428,10 @@ def markdown_table(results: list[Result], device: str) -> list[str]:
     return lines
 
 
+def _spread(r: Result) -> str:
+    return f"{r.extra['time_x_floor_min']:.3f}–{r.extra['time_x_floor_max']:.3f}"
+
+
 def summary_lines(results: list[Result]) -> list[str]:
     out = []
     by = {(r.model, r.row): r for r in results}
@@ -427,7 +439,8 @@ def summary_lines(results: list[Result]) -> list[str]:
         bf, cf = by.get((model, "forward+backward" + FUSED)), by.get((model, "gradskip" + FUSED))
         if bf is not None and cf is not None:
             line = (f"- `{model}`, default (fused) attention: GradSkip ÷ default-attention floor "
-                    f"**{cf.extra['time_x_floor']:.3f}** in time, {cf.gflops / bf.gflops:.4f} in FLOPs, "
+                    f"**{cf.extra['time_x_floor']:.3f}** in time (per-repeat {_spread(cf)}), "
+                    f"{cf.gflops / bf.gflops:.4f} in FLOPs, "
                     f"{_fmt(cf.extra['mem_x_floor'], 3)} in peak memory")
             b = by.get((model, "forward+backward"))
             if b is not None:
@@ -447,7 +460,8 @@ def summary_lines(results: list[Result]) -> list[str]:
             )
         out.append(
             f"- `{model}`, explicit attention: GradSkip / forward+backward = {c.gflops / b.gflops:.4f} in FLOPs "
-            f"({c.gflops - b.gflops:+.3f} GFLOPs), **{c.extra['time_x_floor']:.3f}** in time; "
+            f"({c.gflops - b.gflops:+.3f} GFLOPs), **{c.extra['time_x_floor']:.3f}** in time (per-repeat "
+            f"{_spread(c)}); "
             f"GradSkip / forward = {c.gflops / a.gflops:.3f} in FLOPs, {c.extra['time_x_forward']:.2f} in time."
         )
     for model, suffix in ((m, f) for m in dict.fromkeys(r.model for r in results) for f in (FUSED, "")):
@@ -478,23 +492,6 @@ def op_breakdown_lines(results: list[Result]) -> list[str]:
     return lines
 
 
-FOOTNOTES = [
-    "Time ratios are medians of the per-repeat ratios (all rows run back to back in every repeat; \"floor\" is "
-    "(b′) for the fused rows and (b) for the explicit ones, (b′) the default-attention floor); absolute "
-    "times depend on the machine and are not the claim. FLOPs are counted by "
-    "`torch.utils.flop_counter.FlopCounterMode` (matmul-class ops and convolutions, 2 FLOPs per multiply-add; "
-    "elementwise ops, softmax, LayerNorm and sorting are not counted) at batch 1, in forward and backward.",
-    "¹ CPU peak memory: each (model, row) runs once in a fresh subprocess. After model creation, input creation and a "
-    "batch-1 warm-up forward, the process's peak RSS is reset to its current RSS (`echo 5 > /proc/self/clear_refs`); "
-    "reported is the peak RSS after the call minus that RSS, i.e. the peak extra resident "
-    "memory of the call at the given batch (activations, autograd buffers, GradSkip's captures; weights and input "
-    "excluded; memory the allocator kept from the warm-up and reuses is not counted). The peak RSS is read as "
-    "`VmHWM` from `/proc/self/status`, the high-water mark that `getrusage(RUSAGE_SELF).ru_maxrss` also reports, "
-    "because in a subprocess `ru_maxrss` additionally keeps the parent's resident size from before `exec`, which "
-    "hides the call's peak.",
-    "² CUDA peak memory: `torch.cuda.max_memory_allocated` after `reset_peak_memory_stats` minus the memory allocated "
-    "before the call (weights and input excluded), in a fresh subprocess per (model, row).",
-]
 
 
 def render(results: list[Result], args: argparse.Namespace, command: str) -> str:
