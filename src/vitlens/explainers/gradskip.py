@@ -181,7 +181,11 @@ class _BlockSteps:
     and drops the block's captured tensors; the ``(B, H, T, T)`` attention gradients are never held all at once.
     When the model runs fused attention (``Recording.recompute``) the hook sits on the block's attention output
     ``O`` instead: the step recomputes ``A = softmax(q·kᵀ·scale)`` from the recorded queries and keys and
-    ``∂y/∂A = (∂y/∂O)·vᵀ``, one block at a time (no ``(B, H, T, T)`` tensor is kept by the forward).
+    ``∂y/∂A = (∂y/∂O)·vᵀ``, one block at a time (no ``(B, H, T, T)`` tensor is kept by the forward). Where the
+    adapter offers it (``Recording.on_probabilities``, set before the forward), the block's attention backward
+    itself computes ``A`` and ``A ⊙ ∂y/∂A`` from the recorded ``qkv`` and hands them to :meth:`probabilities` (they
+    are then formed once, not in the fused kernel's backward and again here); only block 0, whose attention
+    backward does not run, and blocks the adapter does not reroute keep the hook on ``O``.
     The backward asks only for ``∂y/∂x_L`` and block 0's ``∂y/∂A``, ``∂y/∂h`` (nothing below block 0's attention
     runs). A block whose tensors get no gradient (it cannot reach ``y``) is reduced with zero gradients.
     """
