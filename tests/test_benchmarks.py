@@ -88,3 +88,23 @@ def test_one_attention_path_runs_alone(attention):
     floor = next(r for r in res["results"] if r.row.startswith("forward+backward"))
     assert floor.extra["time_x_floor"] == 1.0
     assert ("GradSkip ÷ default-attention floor" in res["markdown"]) == (attention == "fused")
+    assert floor.extra["time_x_floor_min"] == floor.extra["time_x_floor_max"] == 1.0  # the per-repeat spread
+
+
+def test_the_floor_starts_at_the_first_block_of_a_swin_and_an_eva():
+    """Issue #26 measures the default-attention floor on Swin (blocks under ``layers``) and EVA02 as on a ViT."""
+    bench = load_benchmark("gradskip_cost")
+    specs = ["swin_tiny_patch4_window7_224:img_size=56,embed_dim=24,window_size=7",
+             "eva02_tiny_patch14_224:img_size=28,depth=2,num_classes=5"]
+    for spec in specs:
+        model = bench.build_model(spec, torch.device("cpu"), fused=True)
+        first = bench.first_block(model)
+        seen = []
+        handle = first.register_forward_hook(lambda m, args, out: seen.append(args[0].requires_grad))
+        try:
+            assert bench.run_floor(model, bench.make_batch(model, 2, torch.device("cpu"))) == {
+                "forward_passes": 1.0, "backward_passes": 1.0}
+        finally:
+            handle.remove()
+        assert seen == [True]  # the leaf the floor differentiates to is the first block's input
+        assert all(p.requires_grad for p in model.parameters())  # frozen only for the call
