@@ -247,6 +247,12 @@ def _ratio(times: dict[str, list[float]], a: str, b: str) -> float:
     return statistics.median(x / y for x, y in zip(times[a], times[b]))
 
 
+def _paired(times: dict[str, list[float]], a: str, b: str) -> str:
+    """``a ÷ b``: the median of the per-repeat ratios, bold, and their spread (smallest–largest)."""
+    ratios = [x / y for x, y in zip(times[a], times[b])]
+    return f"**{statistics.median(ratios):.3f}** (per-repeat {min(ratios):.3f}–{max(ratios):.3f})"
+
+
 def render(res: dict[str, Any], args: argparse.Namespace, command: str, seconds: float) -> str:
     t, mem = res["times"], res["mem"]
     rows = [r for rs in SIDES.values() for r in rs]
@@ -264,9 +270,11 @@ def render(res: dict[str, Any], args: argparse.Namespace, command: str, seconds:
         lines.append(f"| {r} | {ms:.1f} | {_ratio(t, r, 'floor'):.3f} | {_ratio(t, r, 'LXT AttnLRP'):.3f} "
                      f"| {mem[r]:.1f} | {mx:.3f} |")
     lines += ["", "Paired time ratios (medians of per-repeat ratios):", "",
-              f"- vitlens attnlrp ÷ LXT AttnLRP = **{_ratio(t, 'vitlens attnlrp', 'LXT AttnLRP'):.3f}**",
-              f"- vitlens cplrp ÷ LXT CP-LRP = **{_ratio(t, 'vitlens cplrp', 'LXT CP-LRP'):.3f}**",
-              f"- vitlens gradskip ÷ LXT AttnLRP = **{_ratio(t, 'vitlens gradskip', 'LXT AttnLRP'):.3f}**", "",
+              f"- vitlens attnlrp ÷ LXT AttnLRP = {_paired(t, 'vitlens attnlrp', 'LXT AttnLRP')}",
+              f"- vitlens cplrp ÷ LXT CP-LRP = {_paired(t, 'vitlens cplrp', 'LXT CP-LRP')}",
+              f"- vitlens gradskip ÷ LXT AttnLRP = {_paired(t, 'vitlens gradskip', 'LXT AttnLRP')}",
+              f"- vitlens attnlrp ÷ floor = {_paired(t, 'vitlens attnlrp', 'floor')}; "
+              f"LXT AttnLRP ÷ floor = {_paired(t, 'LXT AttnLRP', 'floor')}", "",
               "Map agreement (token relevance, CLS first; max |difference| ÷ max |LXT|, Pearson r):", ""]
     for name, a in res["agreement"].items():
         label = f"{PAIRS[name]} vs {name}" if name in PAIRS else name
