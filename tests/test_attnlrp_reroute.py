@@ -69,3 +69,22 @@ def test_methods_keep_the_fused_attention_and_restore_the_model():
             h.remove()
     assert seen == [True] * (2 * len(model.blocks))
     assert model_fingerprint(model) == before
+
+
+def test_identity_rule_ratio_is_z_over_p_plus_signed_eps_and_zero_at_zero():
+    """The identity rule's backward ratio (issue #26 made it four passes): ``z / (p + eps·sign p)`` where ``p ≠ 0``,
+    exactly 0 where ``p`` is ``+0`` or ``−0``, the same values bit for bit as the definition with a mask."""
+    from vitlens.explainers._gradient_input_lrp import RATIO_EPS
+
+    g = torch.Generator().manual_seed(0)
+    p = torch.randn(2, 5, 64, generator=g)
+    p[0, 0, :4] = torch.tensor([0.0, -0.0, 1e-30, -1e-30])
+    p = p.requires_grad_()
+    z = torch.nn.functional.gelu(p)
+    out = identity_rule(p, z)
+    torch.testing.assert_close(out, z, rtol=0.0, atol=0.0)  # the value is the activation's
+    (grad,) = torch.autograd.grad(out, p, torch.ones_like(out))
+    pd, zd = p.detach(), z.detach()
+    expected = torch.where(pd == 0, torch.zeros_like(pd), zd / (pd + torch.full_like(pd, RATIO_EPS).copysign(pd)))
+    assert torch.equal(grad, expected)
+    assert grad[0, 0, :2].tolist() == [0.0, 0.0] and bool(torch.isfinite(grad).all())

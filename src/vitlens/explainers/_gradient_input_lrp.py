@@ -51,9 +51,10 @@ def identity_rule(p: Tensor, z: Tensor, eps: float = RATIO_EPS) -> Tensor:
     """Value ``z = act(p)``; backward ``∂/∂p = (z / p)·grad`` — relevance ``z·grad`` passes unchanged to ``p``."""
     pd = p.detach()
     # p + eps·sign(p): p ± eps where p ≠ 0 (|p ± eps| ≥ eps, so the ratio is finite), 0 where p = 0, whose ratio
-    # z / 0 is non-finite and set to 0 (the rule's value there) by nan_to_num — four passes over the (B, T, 4D)
-    # buffer instead of six for the same values (``copysign`` + mask ``p == 0``)
-    ratio = torch.add(pd, pd.sign(), alpha=eps)
+    # z / 0 is non-finite and set to 0 (the rule's value there) by nan_to_num — four passes over one (B, T, 4D)
+    # buffer instead of six and a mask for the same values (``copysign``, then ``masked_fill`` where ``p == 0``)
+    ratio = pd.sign()
+    torch.add(pd, ratio, alpha=eps, out=ratio)  # in place: one (B, T, 4D) buffer, no temporary
     ratio = torch.div(z.detach(), ratio, out=ratio).nan_to_num_(nan=0.0, posinf=0.0, neginf=0.0)
     return Rerouted.apply(z.detach(), p, ratio)
 
