@@ -189,11 +189,11 @@ print("RESULT " + json.dumps(report))
 MODES = ["torchvision-cp", "hf-attnlrp", "hf-cp"]
 
 
-@pytest.mark.skipif(not LXT_PYTHON, reason="set VITLENS_LXT_PYTHON to a python with lxt and transformers<5")
-@pytest.mark.parametrize("mode", MODES)
-def test_matches_lxt(mode, tmp_path):
-    script = tmp_path / "lxt_crosscheck.py"
-    script.write_text(SCRIPT)
+def run_lxt_script(text: str, mode: str, tmp_path: Path) -> dict:
+    """Run a cross-check script in the LXT environment (one thread) and return the JSON of its ``RESULT`` line."""
+    assert LXT_PYTHON is not None
+    script = tmp_path / "lxt_script.py"
+    script.write_text(text)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "src"), str(ROOT / "tests")]), OMP_NUM_THREADS="1")
     proc = subprocess.run([LXT_PYTHON, str(script), mode], capture_output=True, text=True, timeout=900, env=env,
                           cwd=str(tmp_path))
@@ -201,6 +201,13 @@ def test_matches_lxt(mode, tmp_path):
     assert proc.returncode == 0 and lines, f"cross-check failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
     report = json.loads(lines[-1][len("RESULT "):])
     print(json.dumps(report, indent=1), file=sys.stderr)
+    return report
+
+
+@pytest.mark.skipif(not LXT_PYTHON, reason="set VITLENS_LXT_PYTHON to a python with lxt and transformers<5")
+@pytest.mark.parametrize("mode", MODES)
+def test_matches_lxt(mode, tmp_path):
+    report = run_lxt_script(SCRIPT, mode, tmp_path)
     for cname in ("tiny", "small"):
         entry = report[cname]
         assert entry["logits_max_diff"] < 1e-4

@@ -14,14 +14,9 @@ forward with the call routed through LXT's wrapper). Relevance is gradient × in
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-
 import pytest
 
-from test_lxt_crosscheck import LXT_PYTHON, ROOT
+from test_lxt_crosscheck import LXT_PYTHON, run_lxt_script
 
 pytestmark = pytest.mark.slow
 
@@ -131,15 +126,7 @@ print("RESULT " + json.dumps(report))
 @pytest.mark.skipif(not LXT_PYTHON, reason="set VITLENS_LXT_PYTHON to a python with lxt and transformers<5")
 @pytest.mark.parametrize("mode", ["attnlrp", "cplrp"])
 def test_variants_match_lxt_rules(mode, tmp_path):
-    script = tmp_path / "lxt_variants.py"
-    script.write_text(SCRIPT)
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "src"), str(ROOT / "tests")]), OMP_NUM_THREADS="1")
-    proc = subprocess.run([LXT_PYTHON, str(script), mode], capture_output=True, text=True, timeout=900, env=env,
-                          cwd=str(tmp_path))
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
-    assert proc.returncode == 0 and lines, f"cross-check failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
-    report = json.loads(lines[-1][len("RESULT "):])
-    print(json.dumps(report, indent=1), file=sys.stderr)
+    report = run_lxt_script(SCRIPT, mode, tmp_path)
     for name in ("qk_norm", "swiglu", "aimv2"):
         entry = report[name]
         assert entry["vitlens_vs_lxt"]["rel_diff"] < 1e-5, (name, entry)
