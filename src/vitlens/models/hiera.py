@@ -97,8 +97,8 @@ class _HieraAdapter(Adapter):
     def lacking(self, capability: str) -> str:
         if capability == FEATURE_MAPS:
             reason = feature_maps_reason(self.model, self.size)
-            return ((reason + "; " if reason else "") + "its blocks output tokens in Hiera's unrolled mask-unit order, "
-                    "not (B, C, h, w) maps")
+            order = "its blocks output tokens in Hiera's unrolled mask-unit order"
+            return f"{reason} ({order})" if reason else f"{order}, not (B, C, h, w) maps"
         return super().lacking(capability)
 
     def grid(self, input_hw: tuple[int, int]) -> tuple[int, int]:

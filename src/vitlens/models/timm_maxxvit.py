@@ -68,7 +68,12 @@ class TimmMaxxVitAdapter(TimmCNNAdapter):
         self.default_size = int_pair(tuple(m.img_size))
         kinds = {type(b).__name__ for st in m.stages for b in st.blocks}
         self.transformer = "TransformerBlock2d" in kinds
-        why = _COATNET if self.transformer and not kinds & {"MaxxVitBlock", "ParallelMaxxVitBlock"} else _MAXVIT
+        if kinds & {"MaxxVitBlock", "ParallelMaxxVitBlock"}:
+            why = _MAXVIT
+        elif self.transformer:
+            why = _COATNET
+        else:
+            why = "its stages are convolution blocks only (MBConv or ConvNeXt): it has no attention and no tokens"
         self.capability_notes = {c: why for c in _SEQUENCE_CAPS}
         self.capability_notes.update({
             TOKENS: "its convolution blocks and window/grid partitions need the full feature map: tokens cannot be "
