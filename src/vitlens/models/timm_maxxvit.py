@@ -65,7 +65,8 @@ class TimmMaxxVitAdapter(TimmCNNAdapter):
         if getattr(m, "global_pool", "avg") == "":
             raise UnsupportedModelError("global_pool='': the model outputs its feature map, not class logits")
         self.in_chans = int(m.in_chans)
-        self.default_size = int_pair(tuple(m.img_size))
+        self.size = int_pair(tuple(m.img_size))
+        self.default_size = self.size
         kinds = {type(b).__name__ for st in m.stages for b in st.blocks}
         self.transformer = "TransformerBlock2d" in kinds
         if kinds & {"MaxxVitBlock", "ParallelMaxxVitBlock"}:
@@ -107,10 +108,10 @@ class TimmMaxxVitAdapter(TimmCNNAdapter):
 
     def _size_problem(self, hw: tuple[int, int]) -> str | None:
         if self.transformer:
-            if hw == self.default_size:
+            if hw == self.size:
                 return None
             return (f"its transformer blocks' relative position tables are built for the feature maps of a "
-                    f"{self.default_size[0]}x{self.default_size[1]} input")
+                    f"{self.size[0]}x{self.size[1]} input")
         for s, ((gh, gw), parts) in enumerate(zip(self.stage_grids(hw), self.partitions)):
             for what, (ph, pw) in parts:
                 if gh % ph or gw % pw:
