@@ -33,8 +33,8 @@ def _hiera(q_pool: int = 2, seed: int = 0) -> torch.nn.Module:
 def _hf_hiera(seed: int = 0) -> torch.nn.Module:
     torch.manual_seed(seed)
     cfg = transformers.HieraConfig(embed_dim=16, image_size=[32, 32], depths=[1, 1, 1], num_heads=[1, 2, 4],
-                                   num_query_pool=2, masked_unit_size=[4, 4], masked_unit_attention=[True, False, False],
-                                   num_labels=5)
+                                   num_query_pool=2, masked_unit_size=[4, 4],
+                                   masked_unit_attention=[True, False, False], num_labels=5)
     return trained_like(transformers.HieraForImageClassification(cfg).eval())
 
 
@@ -78,7 +78,8 @@ def test_timm_and_hf_hiera_give_the_same_gradcam_with_the_same_weights():
     mapped = {"hiera.embeddings.position_embeddings": sd["pos_embed"],
               "hiera.embeddings.patch_embeddings.projection.weight": sd["patch_embed.proj.weight"],
               "hiera.embeddings.patch_embeddings.projection.bias": sd["patch_embed.proj.bias"],
-              "hiera.pooler.layernorm.weight": sd["head.norm.weight"], "hiera.pooler.layernorm.bias": sd["head.norm.bias"],
+              "hiera.pooler.layernorm.weight": sd["head.norm.weight"],
+              "hiera.pooler.layernorm.bias": sd["head.norm.bias"],
               "classifier.weight": sd["head.fc.weight"], "classifier.bias": sd["head.fc.bias"]}
     names = {"norm1": "layernorm_before", "norm2": "layernorm_after", "attn.qkv": "attn.qkv", "attn.proj": "attn.proj",
              "mlp.fc1": "mlp.fc1", "mlp.fc2": "mlp.fc2", "proj": "proj"}

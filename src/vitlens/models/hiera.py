@@ -5,9 +5,10 @@ Hiera embeds the image with a 7×7, stride-4 convolution, adds an absolute posit
 grid: the tokens are reordered so that every query-pooling step is a max over contiguous slices and every mask unit
 (an ``8×8`` patch window at 224 px) is a contiguous run. Its blocks attend within mask units (global attention in the
 later stages); the first block of each pooling stage max-pools its queries over the ``2×2`` query stride (so its
-output has a quarter of the tokens it reads) and replaces the identity skip by a projected, max-pooled one (a linear
-map of the normed input, then the same max). The relevance rules vitlens implements need an identity skip on a
-block's own tokens, and products of attention matrices the same tokens on both sides, so no attention is recorded.
+output has a quarter of the tokens it reads) and replaces the identity skip by a pooled one (the same max over a
+linear map of the normed input; without the expansion projection, the max and the mean over the stride side by
+side). The relevance rules vitlens implements need an identity skip on a block's own tokens, and products of
+attention matrices the same tokens on both sides, so no attention is recorded.
 
 What the adapters offer is the feature layer the classifier reads: the last block's output ``(B, h·w, C)``, the input
 of the mean-pooling head (timm ``head``, HF ``hiera.pooler``), on the last stage's grid. That output is still in the
@@ -39,8 +40,9 @@ __all__ = ["TimmHieraAdapter", "HFHieraAdapter"]
 
 _MASK_UNITS = ("Hiera's mask-unit attention attends within mask units of its unrolled token order, and the first "
                "block of each pooling stage max-pools its queries over the query stride (so the block outputs fewer "
-               "tokens than it reads) and replaces the identity skip by a projected, max-pooled one (a linear map of "
-               "the normed input, then a max over the stride); vitlens' relevance rules need an identity skip on the "
+               "tokens than it reads) and replaces the identity skip by a pooled, widened one (a max over the stride "
+               "of a linear map of the normed input; without the expansion projection, the max and the mean over the "
+               "stride side by side); vitlens' relevance rules need an identity skip on the "
                "block's own tokens, and products of attention matrices the same tokens on both sides, so no "
                "attention is recorded")
 _NOTES = {
@@ -102,7 +104,8 @@ class _HieraAdapter(Adapter):
         return super().lacking(capability)
 
     def grid(self, input_hw: tuple[int, int]) -> tuple[int, int]:
-        """The patch grid (the first stage's tokens): ``⌈H/4⌉ × ⌈W/4⌉`` for the 7×7, stride-4, padding-3 embedding."""
+        """The patch grid (the first stage's tokens): ``⌈H/4⌉ × ⌈W/4⌉`` for the 7×7, stride-4, padding-3
+        embedding."""
         return conv_output_size(self.embed, int_pair(input_hw))
 
     def feature_grid(self, input_hw: tuple[int, int]) -> tuple[int, int]:
