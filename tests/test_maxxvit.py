@@ -95,6 +95,12 @@ def test_sizes_are_refused_exactly_where_the_partitions_stop_dividing():
         vitlens.explain(model, _x(1, 36), method="gradcam")
     with pytest.raises(vitlens.InputError, match="3 input channels"):
         vitlens.explain(model, torch.randn(1, 1, 32, 32), method="gradcam")
+    rw = _maxvit(arch="maxvit_nano_rw_256")  # explicit padding: its 2x2 average-pool shortcut rounds down
+    with pytest.raises(RuntimeError, match="must match"):
+        rw(_x(1, 30))
+    assert vitlens.explain(_maxvit(), _x(1, 30), method="gradcam").token_maps.shape == (1, 4, 4)  # "same" padding
+    with pytest.raises(vitlens.InputError, match=r"cannot run a 30x30 input \(the model refuses it: The size of"):
+        vitlens.explain(rw, _x(1, 30), method="gradcam")
 
 
 def test_coatnet_is_read_with_its_own_reason_and_only_at_its_size():

@@ -11,9 +11,12 @@ model is read as timm's CNNs are (:class:`~vitlens.models.timm_cnn.TimmCNNAdapte
 of the global pool, is Grad-CAM's layer, and timm's ``feature_info`` (the stem and every stage, ``(B, C, h, w)``
 maps) is AHA's multi-depth input.
 
-Input sizes: the window and grid partitions must divide every stage's feature map (timm asserts it); sizes where one
-does not are refused with the model's reason (:meth:`TimmMaxxVitAdapter.check_input`). CoAtNet's transformer blocks
-have relative position tables built for the feature maps of the model's ``img_size``: only that size is accepted.
+Input sizes: the window and grid partitions must divide every stage's feature map (timm asserts it), and the strided
+blocks' shortcut must give the main branch's size (a 2×2 average pool with explicit padding rounds down where the
+strided convolution rounds up); CoAtNet's transformer blocks have relative position tables built for the feature
+maps of the model's ``img_size``. A size other than ``img_size`` is tried once, in a forward without gradients in
+eval mode, and refused with the model's own words and the stage whose grid does not fit
+(:meth:`TimmMaxxVitAdapter.check_input`).
 """
 
 from __future__ import annotations
@@ -82,6 +85,8 @@ class TimmMaxxVitAdapter(TimmCNNAdapter):
             PIXEL_LOGITS: "the model outputs class logits (B, K), not per-pixel logits",
         })
         self.any_size = not self.transformer
+        #: input size → the refusal of that size (``None``: the model runs it), from one probe forward each
+        self._verdicts: dict[tuple[int, int], str | None] = {}
         # per stage, the partition sizes (window, grid) its attention needs to divide the stage's feature map
         self.partitions: list[list[tuple[str, tuple[int, int]]]] = []
         for st in m.stages:
@@ -122,12 +127,21 @@ class TimmMaxxVitAdapter(TimmCNNAdapter):
     def check_input(self, x: Tensor) -> None:
         super().check_input(x)
         hw = int_pair(x.shape[-2:])
-        problem = self._size_problem(hw)
-        if problem is None:
+        if hw == self.size:
             return
-        try:  # the model's own words, from a forward in eval mode (batch-norm statistics untouched)
-            with torch.no_grad(), switched(list(self.model.modules()), "training", False):
-                self.model(x[:1].detach())
-        except (RuntimeError, ValueError, AssertionError, IndexError) as e:
-            problem += f"; the model refuses it: {str(e).splitlines()[0][:200]}"
-        raise InputError(f"{type(self.model).__name__} cannot run a {hw[0]}x{hw[1]} input ({problem})")
+        if hw not in self._verdicts:  # another size: the model's own forward decides (its stride-2 shortcuts and
+            # partitions have rules of their own, e.g. a 2x2 average pool that rounds down where the convolution
+            # rounds up); the stage grids say why
+            refusal = None
+            try:  # in eval mode, without gradients: batch-norm statistics untouched
+                with torch.no_grad(), switched(list(self.model.modules()), "training", False):
+                    self.model(x[:1].detach())
+            except (RuntimeError, ValueError, AssertionError, IndexError) as e:
+                problem = self._size_problem(hw)
+                words = f"the model refuses it: {str(e).splitlines()[0][:200]}"
+                refusal = (f"{type(self.model).__name__} cannot run a {hw[0]}x{hw[1]} input ("
+                           + (f"{problem}; {words})" if problem else f"{words})"))
+            self._verdicts[hw] = refusal
+        refusal = self._verdicts[hw]
+        if refusal is not None:
+            raise InputError(refusal)
