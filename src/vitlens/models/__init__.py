@@ -27,6 +27,8 @@ from .pvt_v2 import HFPvtV2Adapter, TimmPvtV2Adapter
 from .timm_cait import TimmCaitAdapter
 from .timm_cnn import TimmCNNAdapter
 from .timm_mvit import TimmMViTAdapter
+from .timm_maxxvit import TimmMaxxVitAdapter
+from .hiera import HFHieraAdapter, TimmHieraAdapter
 from .timm_families import REFUSED, TimmBeitAdapter, TimmEvaAdapter, TimmRelPosAdapter
 from .timm_swin import TimmSwinAdapter
 from .timm_swinv2 import TimmSwinV2Adapter
@@ -55,6 +57,9 @@ __all__ = [
     "HFSwinV2Adapter",
     "TimmPvtV2Adapter",
     "TimmMViTAdapter",
+    "TimmHieraAdapter",
+    "HFHieraAdapter",
+    "TimmMaxxVitAdapter",
     "HFPvtV2Adapter",
     "LinearProbe",
     "get_adapter",
@@ -134,7 +139,7 @@ def _refused_note(model: nn.Module) -> str | None:
 _ADAPTERS: list[type[Adapter]] = [TimmParallelViTAdapter, TimmBlockFeaturesAdapter, TimmViTAdapter, TimmEvaAdapter, TimmBeitAdapter, TimmRelPosAdapter, TimmSwinAdapter,
                                   TimmSwinV2Adapter, TimmCaitAdapter, HFViTAdapter, HFSequenceAdapter, HFSwinAdapter,
                                   HFSwinV2Adapter, SegformerAdapter, TimmPvtV2Adapter, HFPvtV2Adapter, TimmMViTAdapter,
-                                  TimmCNNAdapter]
+                                  TimmHieraAdapter, HFHieraAdapter, TimmMaxxVitAdapter, TimmCNNAdapter]
 
 
 def register_adapter(cls: type[Adapter], first: bool = True) -> type[Adapter]:

@@ -203,6 +203,19 @@ FAMILIES: list[Family] = [
     Family("timm MViTv2", "timm MultiScaleVit (pooling attention with residual pooling, decomposed relative "
            "position bias)", _mvit(depths=(1, 1), embed_dim=16, num_heads=1, stride_q=((1, 1), (2, 2))),
            note="refused"),
+    Family("timm Hiera", "timm Hiera (mask-unit attention, query max-pooling with projected, pooled skips; "
+           "unrolled token order)", _timm("hiera_tiny_224", False, img_size=32, embed_dim=16, num_heads=1,
+                                          stages=(1, 1, 1), q_pool=2, mask_unit_size=(4, 4),
+                                          mask_unit_attn=(True, False, False), num_classes=5), note="refused"),
+    Family("HF Hiera", "transformers HieraForImageClassification (mask-unit attention, query max-pooling with "
+           "projected, pooled skips; unrolled token order)",
+           _hf("HieraForImageClassification", "HieraConfig", plain=False, embed_dim=16, image_size=[32, 32],
+               depths=[1, 1, 1], num_heads=[1, 2, 4], num_query_pool=2, masked_unit_size=[4, 4],
+               masked_unit_attention=[True, False, False]), note="refused"),
+    Family("timm MaxViT", "timm MaxxVit (maxvit_*: MBConv blocks, block (window) and grid attention with relative "
+           "position bias)", _timm("maxvit_tiny_tf_224", False, img_size=32, num_classes=5, embed_dim=(16, 32),
+                                   depths=(1, 1), stem_width=(8, 16), head_hidden_size=32, transformer_dim_head=8,
+                                   transformer_window_size=(2, 2), transformer_grid_size=(2, 2)), note="refused"),
     Family("timm ConViT", "timm ConVit", _timm("convit_tiny", False, img_size=32, depth=2, num_classes=5),
            note="refused"),
 ]
