@@ -68,5 +68,10 @@ def test_training_steps_equal_the_earlier_code(recipe, refs):
             torch.nn.utils.clip_grad_norm_(net.decoder.parameters(), 1.0)
             opt.step()
             losses.append(got[False][0])
-    assert losses == pytest.approx(PINNED[recipe], rel=1e-4)
+    # The first step starts from the seeded weights: pinned to rounding. Later steps follow AdamW, which turns a
+    # rounding-level gradient difference into a whole step of either sign, so they depend on the machine's float
+    # kernels: on one 2-core machine the tracked case's sixth loss was 0.6 % off the value pinned on another (step 2:
+    # 4e-5, step 3: 9e-4). They are pinned loosely; the step-by-step agreement above is the tight check.
+    assert losses[0] == pytest.approx(PINNED[recipe][0], rel=1e-5)
+    assert losses[1:] == pytest.approx(PINNED[recipe][1:], rel=3e-2)
     assert sorted(cache) == (["black", "mean", "meanimage"] if recipe == "tracked" else ["black"])
