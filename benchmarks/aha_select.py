@@ -25,6 +25,7 @@ import json
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -33,6 +34,7 @@ from vitlens.aha import load_explainer
 from vitlens.aha.config import AHATrainConfig
 from vitlens.aha.data import datasets, mean_image, mean_std
 from vitlens.aha.validation import validate
+from vitlens.models import get_adapter
 from vitlens.runtime import DistributedRun
 
 DATA = {"shapes-vit": "scenes", "shapes-deit": "scenes", "shapes-vit-gap-reg": "scenes", "digits-vit": "digits",
@@ -57,9 +59,21 @@ def validation_images(model_name: str, model: torch.nn.Module, n: int, num_class
     return torch.stack([val_set[i][0] for i in range(min(n, len(val_set)))])
 
 
+def variant(spec: str) -> dict[str, Any]:
+    """AHA options of a refinement variant ``REFERENCE[,KEY=VALUE...]`` (e.g. ``mixed,lr=0.1,refine_steps=5``);
+    ``refine_steps`` defaults to 3."""
+    kind, *pairs = spec.split(",")
+    opts: dict[str, Any] = {"refine_steps": 3, "reference": kind}
+    for pair in pairs:
+        key, _, value = pair.partition("=")
+        opts[key] = int(value) if value.lstrip("-").isdigit() else float(value)
+    return opts
+
+
 def refine_choice(model_name: str, path: Path, n: int, kinds: list[str], batch: int = 8) -> dict[str, dict]:
-    """Insertion − deletion per validation image (pixel ranking, 21 points) under each reference, for GradSkip, AHA
-    T = 0 and AHA T = 3 refined with each reference kind in ``kinds``."""
+    """Insertion − deletion per validation image (21 points) under each reference with pixel and token ranking
+    (``REF`` and ``REF/token``), for GradSkip, AHA T = 0 and each refinement variant in ``kinds``
+    (:func:`variant`)."""
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from aha_protocols import ins_minus_del, maps_of  # noqa: E402
 
@@ -79,12 +93,17 @@ def refine_choice(model_name: str, path: Path, n: int, kinds: list[str], batch: 
     rows = {"gradskip": maps_of(model, x, "gradskip", batch),
             "T=0": maps_of(model, x, "aha", batch, refine_steps=0, explainer=str(path))}
     for kind in kinds:
-        rows[f"T=3 {kind}"] = maps_of(model, x, "aha", batch, refine_steps=3, reference=kind, explainer=str(path))
+        opts = variant(kind)
+        rows[f"T={opts['refine_steps']} {kind}"] = maps_of(model, x, "aha", batch, explainer=str(path), **opts)
+    ps = get_adapter(model).patch_size
+    unit = int(ps[0] if isinstance(ps, (tuple, list)) else ps) if ps else 0
+    units = {"": 1, **({"/token": unit} if unit and x.shape[-1] % unit == 0 and x.shape[-2] % unit == 0 else {})}
     out: dict[str, dict] = {}
     for label, maps in rows.items():
-        out[label] = {r: torch.cat([ins_minus_del(model, x[s:s + batch], maps[s:s + batch], cls[s:s + batch],
-                                                  refs[r][s:s + batch], 1, 21) for s in range(0, len(x), batch)
-                                    ]).tolist() for r in REFS}
+        out[label] = {r + tag: torch.cat([ins_minus_del(model, x[s:s + batch], maps[s:s + batch], cls[s:s + batch],
+                                                        refs[r][s:s + batch], u, 21)
+                                          for s in range(0, len(x), batch)]).tolist()
+                      for tag, u in units.items() for r in REFS}
     return out
 
 
@@ -92,20 +111,22 @@ def print_refine(res: dict[str, dict], n: int) -> None:
     import numpy as np
     from scipy.stats import t as student
 
-    print(f"\nRefinement on {n} validation images: insertion − deletion (pixel, 21 pts), row − GradSkip, paired 95 % t "
-          "interval\n")
-    print("| row | " + " | ".join(REFS) + " | worst cell |")
-    print("|---" * (len(REFS) + 2) + "|")
+    print(f"\nRefinement on {n} validation images: insertion − deletion (21 pts; pixel ranking, and token ranking as "
+          "REF/token), row − GradSkip, paired 95 % t interval\n")
+    cols = list(res["gradskip"])
+    print("| row | " + " | ".join(cols) + " | mean | worst cell |")
+    print("|---" * (len(cols) + 3) + "|")
     for label, v in res.items():
         if label == "gradskip":
             continue
-        cells, worst = [], 1e9
-        for r in REFS:
+        cells, worst, total = [], 1e9, 0.0
+        for r in cols:
             d = np.asarray(v[r]) - np.asarray(res["gradskip"][r])
             h = float(student.ppf(0.975, len(d) - 1) * d.std(ddof=1) / np.sqrt(len(d))) if len(d) > 1 else 0.0
             worst = min(worst, float(d.mean()))
+            total += float(d.mean()) / len(cols)
             cells.append(f"{d.mean():+.3f} ± {h:.3f}")
-        print(f"| {label} | " + " | ".join(cells) + f" | {worst:+.3f} |")
+        print(f"| {label} | " + " | ".join(cells) + f" | {total:+.3f} | {worst:+.3f} |")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -116,7 +137,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--refine", type=int, default=0, metavar="N", help="also compare refinement references on N images")
     p.add_argument("--refine-only", action="store_true", help="skip the validation matrix (only --refine)")
-    p.add_argument("--refine-references", nargs="+", default=["mean", "mixed"])
+    p.add_argument("--refine-references", nargs="+", default=["mean", "mixed"], metavar="REF[,KEY=VALUE...]",
+                   help="refinement variants: a reference kind and AHA options, e.g. mixed,lr=0.1,refine_steps=5")
     p.add_argument("--json", type=Path, default=None, help="also write the scores here")
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)

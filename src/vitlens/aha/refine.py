@@ -1,4 +1,5 @@
-"""Test-time refinement of an AHA map (our design; the seed only says "a few gradient steps, e.g. T = 3").
+"""Test-time refinement of an AHA map (our design; the seed only says "a few gradient steps, e.g. T = 3"; the
+explainer's default is T = 6 at half the step, chosen on validation images: docs/methods/aha.md §5).
 
 For one image and class, start from the explainer's map logits ``S₀`` and take ``T`` Adam steps on the soft AHA loss
 (no Gumbel noise, a fixed grid, a fixed reference, fixed curve fractions), optimising the map logits themselves, not

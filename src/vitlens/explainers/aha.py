@@ -55,7 +55,7 @@ class AHA(Explainer):
     display_name = "AHA"
     option_symbols = {"refine_steps": "T"}
     level = "pixel"
-    defaults: dict[str, Any] = {"explainer": None, "refine_steps": 3, "lr": 0.05, "grid": None, "tau": 0.03, "m": 16,
+    defaults: dict[str, Any] = {"explainer": None, "refine_steps": 6, "lr": 0.025, "grid": None, "tau": 0.03, "m": 16,
                                 "n_iters": 30, "reference": "mixed", "w_peak": 0.0025}
     fast_options: dict[str, Any] = {"explainer": "untrained", "refine_steps": 1, "m": 4}
 
