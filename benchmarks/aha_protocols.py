@@ -9,11 +9,13 @@ order, :func:`vitlens.aha.data.shuffled_digits`, as bench takes them, while AHA 
   (mean of 512 training images)} × ranking ∈ {pixel, token (the map averaged over each patch, whole tokens removed)}
   × curve points ∈ {21, 51} (51 for the mean-colour reference only, :data:`REFS_51`); score insertion − deletion AUC of the softmax probability of the predicted class, hard
   masks, stable sort; plus Chefer's positive/negative perturbation (``neg_minus_pos``, top-1 accuracy, black).
-* rows: AHA T = 0 and T = 3 (the shipped explainer, default refinement), GradSkip, and the best other single-pass
+* rows: AHA T = 0 and T = 3 (the shipped explainer, default refinement: ``reference="mixed"``), GradSkip, and the best other single-pass
   method, chosen per model among AttnLRP, GAE, input × gradient and Grad-CAM by the mean over the four references
   at 21 pixel points *on the evaluation images themselves* (which favours that baseline, not AHA); ``--extra NAME=PATH``
-  adds an AHA explainer file at T = 0 (e.g. the one shipped before the retraining); AHA T = 3 with the
-  ``reference="mixed"`` refinement (mean, black, blur in turn) is scored on the 21-point pixel cells.
+  adds an AHA explainer file at T = 0 (e.g. the one shipped before the retraining); AHA T = 3 with the earlier
+  default refinement (``reference="mean"``, the mean colour alone) is scored on the 21-point pixel cells.
+* where AHA T = 0 is behind GradSkip, the cell's insertion and deletion AUCs are compared separately (which curve
+  it loses on); time per map of each row is reported.
 * each cell: the paired mean difference over images with its 95 % t interval; a win is an interval above 0.
 
 Results are stored per model in ``--work`` (JSON); ``--resume`` skips the models already there, so a run split over
@@ -46,6 +48,7 @@ import vitlens
 from vitlens.aha.config import AHATrainConfig
 from vitlens.aha.data import datasets, mean_image
 from vitlens.aha.soft_metrics import reference
+from vitlens.explainers.aha import AHA
 from vitlens.images import data_config, normalize
 from vitlens.metrics import PositiveNegativePerturbation
 from vitlens.models import get_adapter
@@ -53,6 +56,7 @@ from vitlens.models import get_adapter
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from aha_sorter_error import print_section  # noqa: E402
 
+AHA_DEFAULTS = AHA.defaults
 START, END = "<!-- aha_protocols:start -->", "<!-- aha_protocols:end -->"
 MODELS = {"shapes-vit": "scenes", "shapes-deit": "scenes", "shapes-vit-gap-reg": "scenes", "digits-vit": "digits",
           "planted-vit": "planted"}
@@ -109,9 +113,9 @@ def token_ranks(maps: torch.Tensor, unit: int) -> tuple[torch.Tensor, int]:
 
 
 @torch.no_grad()
-def ins_minus_del(model: torch.nn.Module, x: torch.Tensor, maps: torch.Tensor, cls: torch.Tensor, ref: torch.Tensor,
-                  unit: int, n_points: int, chunk: int = 256) -> torch.Tensor:
-    """Insertion − deletion AUC ``(B,)`` (hard masks, ``n_points`` fractions of the units, trapezoidal)."""
+def ins_and_del(model: torch.nn.Module, x: torch.Tensor, maps: torch.Tensor, cls: torch.Tensor, ref: torch.Tensor,
+                unit: int, n_points: int, chunk: int = 256) -> torch.Tensor:
+    """Insertion and deletion AUC ``(B, 2)`` (hard masks, ``n_points`` fractions of the units, trapezoidal)."""
     b, c, h, w = x.shape
     rank, d = token_ranks(maps, unit)
     fr = torch.linspace(0.0, 1.0, n_points)
@@ -123,12 +127,25 @@ def ins_minus_del(model: torch.nn.Module, x: torch.Tensor, maps: torch.Tensor, c
     labels = cls[:, None].expand(b, 2 * n_points).reshape(-1)
     probs = torch.cat([model(imgs[s:s + chunk]).float().softmax(-1).gather(1, labels[s:s + chunk, None])[:, 0]
                        for s in range(0, imgs.shape[0], chunk)]).reshape(b, 2, n_points)
-    return torch.trapezoid(probs[:, 1], fr, dim=-1) - torch.trapezoid(probs[:, 0], fr, dim=-1)
+    return torch.stack([torch.trapezoid(probs[:, 1], fr, dim=-1), torch.trapezoid(probs[:, 0], fr, dim=-1)], 1)
 
 
-def maps_of(model: torch.nn.Module, x: torch.Tensor, method: str, batch: int, **options: Any) -> torch.Tensor:
-    return torch.cat([vitlens.explain(model, x[s:s + batch], method, **options).maps.detach()
-                      for s in range(0, x.shape[0], batch)])
+def ins_minus_del(model: torch.nn.Module, x: torch.Tensor, maps: torch.Tensor, cls: torch.Tensor, ref: torch.Tensor,
+                  unit: int, n_points: int, chunk: int = 256) -> torch.Tensor:
+    """Insertion − deletion AUC ``(B,)``."""
+    v = ins_and_del(model, x, maps, cls, ref, unit, n_points, chunk)
+    return v[:, 0] - v[:, 1]
+
+
+def maps_of(model: torch.nn.Module, x: torch.Tensor, method: str, batch: int, timings: dict[str, float] | None = None,
+            label: str = "", **options: Any) -> torch.Tensor:
+    """The method's maps for ``x`` in batches; ``timings[label]`` gets the seconds per image."""
+    t = time.perf_counter()
+    out = torch.cat([vitlens.explain(model, x[s:s + batch], method, **options).maps.detach()
+                     for s in range(0, x.shape[0], batch)])
+    if timings is not None:
+        timings[label or method] = (time.perf_counter() - t) / len(x)
+    return out
 
 
 def score_matrix(model: torch.nn.Module, x: torch.Tensor, maps: torch.Tensor, cls: torch.Tensor,
@@ -139,14 +156,21 @@ def score_matrix(model: torch.nn.Module, x: torch.Tensor, maps: torch.Tensor, cl
         u = 1 if ranking == "pixel" else unit
         if u is None:
             continue
-        vals = torch.cat([ins_minus_del(model, x[s:s + batch], maps[s:s + batch], cls[s:s + batch],
-                                        refs[ref_name][s:s + batch], u, points) for s in range(0, len(x), batch)])
-        out[f"{ref_name}/{ranking}/{points}"] = vals.tolist()
+        vals = torch.cat([ins_and_del(model, x[s:s + batch], maps[s:s + batch], cls[s:s + batch],
+                                      refs[ref_name][s:s + batch], u, points) for s in range(0, len(x), batch)])
+        key = f"{ref_name}/{ranking}/{points}"
+        out[key] = (vals[:, 0] - vals[:, 1]).tolist()
+        out[key + ":ins"], out[key + ":del"] = vals[:, 0].tolist(), vals[:, 1].tolist()
     return out
 
 
-def run_model(name: str, n: int, batch: int, extra: dict[str, str], candidates: list[str]) -> dict[str, Any]:
+def run_model(name: str, n: int, batch: int, extra: dict[str, str], candidates: list[str],
+              previous: dict[str, Any] | None = None, redo: tuple[str, ...] = ()) -> dict[str, Any]:
+    """The model's rows; with ``previous`` (an earlier result on the same images), its rows are kept except those
+    named in ``redo`` (e.g. the refinement rows after a change of the refinement's defaults)."""
     t0 = time.perf_counter()
+    keep = {k: v for k, v in (previous or {}).get("rows", {}).items() if k not in redo}
+    kept_times = {k: v for k, v in (previous or {}).get("seconds_per_image", {}).items() if k in keep}
     model = vitlens.load_model(name).eval()
     adapter = get_adapter(model)
     dc = data_config(model)
@@ -167,8 +191,10 @@ def run_model(name: str, n: int, batch: int, extra: dict[str, str], candidates: 
     def pn(maps: torch.Tensor) -> list[float]:
         return posneg(maps, model=model, x=x, targets=cls).values["neg_minus_pos"].tolist()
 
-    rows: dict[str, dict[str, list[float]]] = {}
+    rows: dict[str, dict[str, list[float]]] = dict(keep)
     cand_scores = {}
+    if previous and "best_other" in keep:  # the candidates were scored already: reuse the choice
+        candidates = []
     for m in candidates:
         try:
             mp = maps_of(model, x, m, batch)
@@ -176,22 +202,36 @@ def run_model(name: str, n: int, batch: int, extra: dict[str, str], candidates: 
             print(f"  {name}: {m} skipped ({str(e)[:80]})")
             continue
         cand_scores[m] = (score_matrix(model, x, mp, cls, refs, unit, quick, dc, batch), mp)
-    best_other = max(cand_scores, key=lambda m: np.mean([np.mean(v) for v in cand_scores[m][0].values()]))
-    methods = {"aha_t0": ("aha", {"refine_steps": 0}), "aha_t3": ("aha", {"refine_steps": 3}),
+    if candidates:
+        best_other = max(cand_scores, key=lambda m: np.mean([np.mean(v) for k, v in cand_scores[m][0].items()
+                                                             if ":" not in k]))
+    else:
+        assert previous is not None
+        best_other = previous["best_other"]
+    # "aha_t3" is the default refinement (the key predates the default's T = 6, lr = 0.025; kept for stored results)
+    methods = {"aha_t0": ("aha", {"refine_steps": 0}), "aha_t3": ("aha", {}),
                "gradskip": ("gradskip", {})}
+    timings: dict[str, float] = dict(kept_times)
     for key, (m, opts) in methods.items():
-        mp = maps_of(model, x, m, batch, **opts)
+        if key in rows:
+            continue
+        mp = maps_of(model, x, m, batch, timings, key, **opts)
         rows[key] = {**score_matrix(model, x, mp, cls, refs, unit, full, dc, batch), "posneg": pn(mp)}
         print(f"  {name}: {key} done ({time.perf_counter() - t0:.0f} s)")
-    mp = cand_scores[best_other][1]
-    rows["best_other"] = {**score_matrix(model, x, mp, cls, refs, unit, full, dc, batch), "posneg": pn(mp)}
-    mp = maps_of(model, x, "aha", batch, refine_steps=3, reference="mixed")
-    rows["aha_t3_mixed"] = {**score_matrix(model, x, mp, cls, refs, unit, quick, dc, batch), "posneg": pn(mp)}
+    if "best_other" not in rows:
+        mp = cand_scores[best_other][1]
+        rows["best_other"] = {**score_matrix(model, x, mp, cls, refs, unit, full, dc, batch), "posneg": pn(mp)}
+    # the refinement's earlier default, the mean colour alone, on the pixel cells: what the mixed reference is worth
+    if "aha_t3_mean" not in rows:
+        mp = maps_of(model, x, "aha", batch, timings, "aha_t3_mean", refine_steps=3, reference="mean")
+        rows["aha_t3_mean"] = {**score_matrix(model, x, mp, cls, refs, unit, quick, dc, batch), "posneg": pn(mp)}
     for label, path in extra.items():
         mp = maps_of(model, x, "aha", batch, refine_steps=0, explainer=path)
         rows[label] = {**score_matrix(model, x, mp, cls, refs, unit, quick, dc, batch), "posneg": pn(mp)}
+    cands = {m: {k: float(np.mean(v)) for k, v in s.items() if ":" not in k} for m, (s, _) in cand_scores.items()}
     return {"model": name, "n": n, "best_other": best_other, "unit": unit, "rows": rows,
-            "candidates": {m: {k: float(np.mean(v)) for k, v in s.items()} for m, (s, _) in cand_scores.items()},
+            "candidates": cands or (previous or {}).get("candidates", {}),
+            "seconds_per_image": timings,
             "seconds": round(time.perf_counter() - t0, 1)}
 
 
@@ -219,18 +259,20 @@ def cell_name(key: str) -> str:
 def model_section(res: dict[str, Any]) -> tuple[list[str], dict[str, int]]:
     rows = res["rows"]
     other = res["best_other"]
-    keys = list(rows["gradskip"])
+    keys = [k for k in rows["gradskip"] if ":" not in k]
     lines = [f"### {res['model']} ({res['n']} evaluation images; best other single-pass method: {other})", "",
-             f"| protocol | GradSkip | {other} | AHA T=0 − GradSkip | AHA T=3 − GradSkip | AHA T=0 − {other} | "
-             f"AHA T=3 − {other} |", "|---|---|---|---|---|---|---|"]
+             f"| protocol | GradSkip | {other} | AHA T=0 − GradSkip | AHA {TR} − GradSkip | AHA {TR} − T=0 | "
+             f"AHA T=0 − {other} | AHA {TR} − {other} |", "|---|---|---|---|---|---|---|---|"]
     count = {"cells": 0, "t0_ge": 0, "t0_win": 0, "t0_loss": 0, "t3_win": 0, "t3_ge": 0, "t3_loss": 0,
-             "o_t0_ge": 0, "o_t3_ge": 0}
+             "o_t0_ge": 0, "o_t3_ge": 0, "r_ge": 0}
+    behind: list[str] = []
     for key in keys:
         g, o = rows["gradskip"][key], rows["best_other"][key]
         d0, d3 = paired(rows["aha_t0"][key], g), paired(rows["aha_t3"][key], g)
         e0, e3 = paired(rows["aha_t0"][key], o), paired(rows["aha_t3"][key], o)
+        r = paired(rows["aha_t3"][key], rows["aha_t0"][key])
         lines.append(f"| {cell_name(key)} | {np.mean(g):.3f} | {np.mean(o):.3f} | {fmt(*d0)} | {fmt(*d3)} | "
-                     f"{fmt(*e0)} | {fmt(*e3)} |")
+                     f"{fmt(*r)} | {fmt(*e0)} | {fmt(*e3)} |")
         if key != "posneg":
             count["cells"] += 1
             count["t0_ge"] += d0[0] >= 0
@@ -241,19 +283,40 @@ def model_section(res: dict[str, Any]) -> tuple[list[str], dict[str, int]]:
             count["t3_loss"] += d3[0] + d3[1] < 0
             count["o_t0_ge"] += e0[0] >= 0
             count["o_t3_ge"] += e3[0] >= 0
+            count["r_ge"] += r[0] >= 0
+        if key != "posneg" and d0[0] < 0 and key + ":ins" in rows["aha_t0"]:
+            di = paired(rows["aha_t0"][key + ":ins"], rows["gradskip"][key + ":ins"])
+            dd = paired(rows["aha_t0"][key + ":del"], rows["gradskip"][key + ":del"])
+            behind.append(f"| {cell_name(key)} | {fmt(*d0)} | {fmt(*di)} | {fmt(*dd)} |")
+    if behind:
+        lines += ["", "Where AHA T=0 is behind GradSkip, which curve it loses on (insertion higher is better, "
+                  "deletion lower is better; AHA − GradSkip):", "",
+                  "| protocol | ins − del | insertion | deletion |", "|---|---|---|---|", *behind]
     quick_rows = [k for k in rows if k not in ("aha_t0", "aha_t3", "gradskip", "best_other")]
     if quick_rows:
-        qkeys = list(rows[quick_rows[0]])
+        qkeys = [k for k in rows[quick_rows[0]] if ":" not in k]
         lines += ["", "| other AHA rows − GradSkip | " + " | ".join(cell_name(k) for k in qkeys) + " |",
                   "|---|" + "---|" * len(qkeys)]
         for label in quick_rows:
-            name = {"aha_t3_mixed": "AHA T=3, mixed-reference refinement"}.get(label, f"AHA `{label}` (T=0)")
+            name = {"aha_t3_mean": "AHA T=3, lr 0.05, mean colour (the default two releases ago)",
+                    "aha_t3_prev": "AHA T=3, lr 0.05, mixed (the previous default)",
+                    "aha_t3_mixed": "AHA T=3, mixed-reference refinement"}.get(label, f"AHA `{label}` (T=0)")
             lines.append(f"| {name} | " + " | ".join(fmt(*paired(rows[label][k], rows["gradskip"][k]))
                                                    for k in qkeys) + " |")
+    tm = res.get("seconds_per_image", {})
+    if tm:
+        lines += ["", "Time per map (this run, one thread, batches of 8): " + ", ".join(
+            f"{ROW_NAMES.get(k, k)} {1000 * v:.1f} ms" for k, v in tm.items()) + "."]
     lines += ["", f"Candidates (mean insertion − deletion over the four references, 21 pixel points): "
               + ", ".join(f"{m} {np.mean(list(v.values())):.3f}" for m, v in res["candidates"].items())
               + f". {res['seconds']:.0f} s.", ""]
     return lines, count
+
+
+#: the default refinement's label (the stored row key stays ``aha_t3``)
+TR = f"T={AHA_DEFAULTS['refine_steps']}"
+ROW_NAMES = {"aha_t0": "AHA T=0", "aha_t3": f"AHA {TR}", "gradskip": "GradSkip",
+             "aha_t3_mean": "AHA T=3 (mean colour)", "aha_t3_prev": "AHA T=3 (mixed, lr 0.05)"}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -269,6 +332,8 @@ def main(argv: list[str] | None = None) -> int:
                         "before=/tmp/old/{model}-aha.safetensors)")
     p.add_argument("--work", type=Path, default=Path("runs/aha-protocols"))
     p.add_argument("--resume", action="store_true", help="keep the models already in --work")
+    p.add_argument("--redo", nargs="+", default=[], metavar="ROW",
+                   help="with --resume: recompute only these rows of the models in --work (e.g. aha_t3 aha_t3_mean)")
     p.add_argument("--out", type=Path, default=None)
     p.add_argument("--note", action="append", default=[], metavar="MODEL=TEXT",
                    help="a sentence printed under the model's heading (e.g. which explainer file the rows scored)")
@@ -281,12 +346,15 @@ def main(argv: list[str] | None = None) -> int:
     results = []
     for name in args.models:
         path = args.work / f"{name}.json"
-        if args.resume and path.is_file() and json.loads(path.read_text())["n"] == args.n:
-            results.append(json.loads(path.read_text()))
+        previous = json.loads(path.read_text()) if args.resume and path.is_file() else None
+        if previous is not None and previous["n"] != args.n:
+            previous = None
+        if previous is not None and not args.redo:
+            results.append(previous)
             continue
         print(f"{name} ...", flush=True)
         res = run_model(name, args.n, args.batch, {k: v.format(model=name) for k, v in extra.items()},
-                        args.candidates)
+                        args.candidates, previous, tuple(args.redo))
         path.write_text(json.dumps(res))
         results.append(res)
     lines = [START, "", "## AHA under every deletion protocol (the protocol matrix)", "",
@@ -295,8 +363,8 @@ def main(argv: list[str] | None = None) -> int:
              "(`benchmarks/aha_protocols.py`): four deletion references × pixel/token ranking × 21/51 points, and "
              "positive/negative perturbation.", ""]
     total: dict[str, int] = {}
-    summary = ["| model | cells | T=0 ≥ GradSkip | T=0 wins / losses | T=3 ≥ GradSkip | T=3 wins / losses | "
-               "T=0 ≥ best other | T=3 ≥ best other |", "|---|---|---|---|---|---|---|---|"]
+    summary = ["| model | cells | T=0 ≥ GradSkip | T=0 wins / losses | " + f"{TR} ≥ GradSkip | {TR} wins / losses | "
+               f"{TR} ≥ T=0 | T=0 ≥ best other | {TR} ≥ best other |", "|---|---|---|---|---|---|---|---|---|"]
     body: list[str] = []
     notes = dict(n.split("=", 1) for n in args.note)
     for res in results:
@@ -305,12 +373,13 @@ def main(argv: list[str] | None = None) -> int:
             sec[1:1] = ["", notes[res["model"]]]
         body += sec
         summary.append(f"| {res['model']} | {c['cells']} | {c['t0_ge']} | {c['t0_win']} / {c['t0_loss']} | "
-                       f"{c['t3_ge']} | {c['t3_win']} / {c['t3_loss']} | {c['o_t0_ge']} | {c['o_t3_ge']} |")
+                       f"{c['t3_ge']} | {c['t3_win']} / {c['t3_loss']} | {c['r_ge']} | {c['o_t0_ge']} | {c['o_t3_ge']} |")
         for k, v in c.items():
             total[k] = total.get(k, 0) + v
     summary.append(f"| **all** | {total.get('cells', 0)} | {total.get('t0_ge', 0)} | {total.get('t0_win', 0)} / "
                    f"{total.get('t0_loss', 0)} | {total.get('t3_ge', 0)} | {total.get('t3_win', 0)} / "
-                   f"{total.get('t3_loss', 0)} | {total.get('o_t0_ge', 0)} | {total.get('o_t3_ge', 0)} |")
+                   f"{total.get('t3_loss', 0)} | {total.get('r_ge', 0)} | {total.get('o_t0_ge', 0)} | "
+                   f"{total.get('o_t3_ge', 0)} |")
     cmd = "python benchmarks/aha_protocols.py " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:]))
     lines += summary + ["", *body,
                         f"Command: `{cmd}` — {_dt.date.today().isoformat()}, torch {torch.__version__}, "
