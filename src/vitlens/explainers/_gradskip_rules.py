@@ -191,12 +191,13 @@ def skip_gate(u: Tensor, h: Tensor, grad_h: Tensor, mode: str = "adaptive", eps:
     if mode == "none":
         return torch.ones(u.shape[:2], device=u.device, dtype=u.dtype)
     u = u[:, : h.shape[1]]
-    if mlp is not None:  # parallel block, h = u + a + m: the token-wise MLP branch keeps its share on the token
-        c_main = ((h - u - mlp) * grad_h).sum(-1).abs()
-        c_skip = (u * grad_h).sum(-1).abs() + (mlp * grad_h).sum(-1).abs()
-        return c_main / (c_main + c_skip + float(eps))
-    c_main = ((h - u) * grad_h).sum(-1).abs()
+    main = h - u
     c_skip = (u * grad_h).sum(-1).abs()
+    if mlp is not None:  # parallel block, h = u + a + m: the token-wise MLP branch keeps its share on the token
+        mlp = mlp[:, : h.shape[1]]
+        main = main - mlp
+        c_skip = c_skip + (mlp * grad_h).sum(-1).abs()
+    c_main = (main * grad_h).sum(-1).abs()
     return c_main / (c_main + c_skip + float(eps))
 
 

@@ -185,7 +185,7 @@ class LinearTaps:
                     f"block {index} calls a linear map ({type(module).__name__} {module.in_features}→"
                     f"{module.out_features}) that is not one of the q/k/v, output-projection and MLP maps its adapter "
                     "declares; vitlens cannot apply LRP rules to it")
-            variant = self._variant(index)
+            variant = self.variant(index)
             again = role == "fc1" and variant is not None and variant.gate is not None and st.stage == "fc1"
             if (st.stage not in before[role] and not again) or (role == "qkv" and st.stage == "qkv" and x is not st.n1) \
                     or (again and x is not st.fc1_in_raw):
@@ -271,7 +271,7 @@ class LinearTaps:
         # and to catch variants that change every row (q/k norms, gates, biases), at a fraction of a full attention
         rows = torch.linspace(0, t - 1, steps=min(t, _CHECK_ROWS), device=ctx.device).round().long().unique()
         tried: list[tuple[float, tuple[int, int]]] = []
-        variant = self._variant(index)
+        variant = self.variant(index)
         norms = (None, None, None) if variant is None else (variant.q_norm, variant.k_norm, variant.ctx_norm)
         with torch.no_grad():
             for qi, ki in (rest, rest[::-1]):  # call order first; the swap only if that is not exact
@@ -294,15 +294,11 @@ class LinearTaps:
         st.order = (qi, ki, vi[0])
         st.qkv_weights = (parts[qi][1], parts[ki][1], parts[vi[0]][1])
 
-    def _variant(self, index: int) -> Any:
-        """Block ``index``'s declared maps if it is a variant of the plain block (the rules are then installed)."""
-        maps = self._declared_maps[index] if index < len(self._declared_maps) else None
-        return None if maps is None or getattr(maps, "plain", True) or self.variants is None else maps
-
     def variant(self, index: int) -> Any:
         """Block ``index``'s declared maps (:class:`~vitlens.models.base.LRPLinears`) if it is a variant of the plain
-        block, else ``None``."""
-        return self._variant(index)
+        block (its rules are then installed), else ``None``."""
+        maps = self._declared_maps[index] if index < len(self._declared_maps) else None
+        return None if maps is None or getattr(maps, "plain", True) or self.variants is None else maps
 
     def _declared(self, index: int, st: BlockLinears) -> list[int]:
         """For each projected tensor in call order (as :meth:`_resolve_qkv` lists them), its place among (query,

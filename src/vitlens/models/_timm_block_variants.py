@@ -9,6 +9,7 @@ block adds to the plain ViT block (``None``: nothing). The rules themselves chec
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from torch import nn
@@ -45,30 +46,32 @@ def block_linears(blk: Any, index: int) -> LRPLinears:
     mlp_norm = None if type(mlp).__name__ == "GeGluMlp" else _norm(getattr(mlp, "norm", None), index,
                                                                       "the MLP hidden features (scale_mlp_norm)")
     qkv = [("attn.qkv",), ("attn.q_proj", "attn.k_proj", "attn.v_proj")]
+
+    def declared(fc1: str, fc2: str, **variant: Any) -> LRPLinears:
+        base = linears_at(blk, index, qkv=qkv, proj=("attn.proj",), fc1=(fc1,), fc2=(fc2,))
+        return replace(base, act=mlp.act, after_act=mlp.drop1, q_norm=q_norm, k_norm=k_norm, ctx_norm=ctx_norm,
+                       **variant)
+
+    def gate_map(name: str) -> nn.Linear:
+        g = getattr(mlp, name)
+        if not isinstance(g, nn.Linear):
+            raise UnsupportedModelError(f"block {index} ({type(blk).__name__}): no nn.Linear MLP gate map at mlp.{name}")
+        return g
+
     if type(mlp) is SwiGLU:
-        base = linears_at(blk, index, qkv=qkv, proj=("attn.proj",), fc1=("mlp.fc1_x",), fc2=("mlp.fc2",))
-        if not isinstance(mlp.fc1_g, nn.Linear):
-            raise UnsupportedModelError(f"block {index} ({type(blk).__name__}): no nn.Linear MLP gate map at mlp.fc1_g")
-        return LRPLinears(qkv=base.qkv, proj=base.proj, fc1=base.fc1, fc2=base.fc2, gate=mlp.fc1_g, act=mlp.act,
-                          after_act=mlp.drop1, q_norm=q_norm, k_norm=k_norm, ctx_norm=ctx_norm, mlp_norm=mlp_norm)
+        return declared("mlp.fc1_x", "mlp.fc2", gate=gate_map("fc1_g"), mlp_norm=mlp_norm)
     if type(mlp).__name__ == "GeGluMlp" and type(mlp).__module__.startswith("timm."):  # ViTamin: norm, then
         # act(w0(x)) · w1(x), then w2 (the norm on the MLP input is linearised like every LayerNorm)
-        base = linears_at(blk, index, qkv=qkv, proj=("attn.proj",), fc1=("mlp.w1",), fc2=("mlp.w2",))
-        if not isinstance(mlp.w0, nn.Linear):
-            raise UnsupportedModelError(f"block {index} ({type(blk).__name__}): no nn.Linear MLP gate map at mlp.w0")
-        return LRPLinears(qkv=base.qkv, proj=base.proj, fc1=base.fc1, fc2=base.fc2, gate=mlp.w0, act=mlp.act,
-                          after_act=mlp.drop1, q_norm=q_norm, k_norm=k_norm, ctx_norm=ctx_norm)
+        return declared("mlp.w1", "mlp.w2", gate=gate_map("w0"))
     if type(mlp) not in (Mlp, GluMlp):
         raise UnsupportedModelError(f"block {index}'s MLP is {type(mlp).__name__}; the LRP rules cover timm's Mlp, "
                                     "GluMlp (SwiGLUPacked) and SwiGLU")
-    base = linears_at(blk, index, qkv=qkv, proj=("attn.proj",), fc1=("mlp.fc1",), fc2=("mlp.fc2",))
     packed = None
     if type(mlp) is GluMlp:
         if getattr(mlp, "chunk_dim", -1) != -1:
             raise UnsupportedModelError(f"block {index}'s gated MLP is convolutional (use_conv=True)")
         packed = "last" if mlp.gate_last else "first"
-    return LRPLinears(qkv=base.qkv, proj=base.proj, fc1=base.fc1, fc2=base.fc2, packed_gate=packed, act=mlp.act,
-                      after_act=mlp.drop1, q_norm=q_norm, k_norm=k_norm, ctx_norm=ctx_norm, mlp_norm=mlp_norm)
+    return declared("mlp.fc1", "mlp.fc2", packed_gate=packed, mlp_norm=mlp_norm)
 
 
 def variant_of(lin: LRPLinears, index: int) -> str | None:
