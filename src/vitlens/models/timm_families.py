@@ -109,8 +109,9 @@ class TimmEvaAdapter(_TimmSequenceAdapter):
     family = "timm-eva"
     block_types = ("EvaBlock",)
     capability_notes = {TOKENS: "RoPE is tied to the token grid, so tokens cannot be dropped",
-                        LRP_LINEARS: not_plain("RoPE rotates queries and keys, q/v biases are added through F.linear, "
-                                               "the MLP may be gated (SwiGLU)")}
+                        LRP_LINEARS: not_plain("RoPE rotates queries and keys between their projection and "
+                                               "q·kᵀ (no LRP rule through the rotation here), and q/v biases are "
+                                               "added through F.linear")}
     timm_class = ("eva", "Eva")
 
 
