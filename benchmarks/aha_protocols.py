@@ -7,7 +7,7 @@ order, :func:`vitlens.aha.data.shuffled_digits`, as bench takes them, while AHA 
 
 * cells: deletion reference ∈ {dataset-mean colour, black, blurred image (σ = side/16), per-pixel dataset-mean image
   (mean of 512 training images)} × ranking ∈ {pixel, token (the map averaged over each patch, whole tokens removed)}
-  × curve points ∈ {21, 51} (51 for the mean-colour reference only, :data:`REFS_51`); score insertion − deletion AUC of the softmax probability of the predicted class, hard
+  × curve points ∈ {21, 51}; score insertion − deletion AUC of the softmax probability of the predicted class, hard
   masks, stable sort; plus Chefer's positive/negative perturbation (``neg_minus_pos``, top-1 accuracy, black).
 * rows: AHA T = 0 and refined with the defaults (the shipped explainer; T = 6, lr 0.025, ``reference="mixed"``;
   the JSON key stays ``aha_t3``), AHA T = 3, lr 0.05 (the previous default, ``aha_t3_prev``), GradSkip, and the best other single-pass
@@ -66,9 +66,9 @@ REF_NAMES = {"mean": "mean colour", "black": "black", "blur": "blur", "meanimage
 RANKINGS = ("pixel", "token")
 POINTS = (21, 51)
 CANDIDATES = ("attnlrp", "gae", "inputxgradient", "gradcam")
-#: references whose cells are also scored with 51 points (every reference gets 21): the 51-point curve costs 2.4× the
-#: 21-point one and moved no cell by more than 0.01 in a trial (digits-vit, 24 images, all 16 cells)
-REFS_51 = ("mean",)
+#: references whose cells are also scored with 51 points: all four (until session 9 only the mean colour; stored
+#: results from then are completed with ``--resume --complete``)
+REFS_51 = REFERENCES
 EVAL_SEED = 40_000
 DIGITS_FROM = 0  # the first shuffled test digits, as bench's; AHA validates from position 500 on
 
@@ -214,6 +214,16 @@ def run_model(name: str, n: int, batch: int, extra: dict[str, str], candidates: 
                "gradskip": ("gradskip", {}),
                "aha_t3_prev": ("aha", {"refine_steps": 3, "lr": 0.05})}  # the previous default, on every cell
     timings: dict[str, float] = dict(kept_times)
+    # stored rows that lack some of the full cells (e.g. results from before every reference got 51 points): the
+    # maps are recomputed (every method here is deterministic) and only the missing cells are scored
+    main_rows = {**methods, "best_other": (best_other, {})}
+    for key, (m, opts) in main_rows.items():
+        missing = [c for c in full if key in rows and f"{c[0]}/{c[1]}/{c[2]}" not in rows[key]
+                   and not (c[1] == "token" and unit is None)]
+        if missing:
+            mp = maps_of(model, x, m, batch, **opts)
+            rows[key] = {**rows[key], **score_matrix(model, x, mp, cls, refs, unit, missing, dc, batch)}
+            print(f"  {name}: {key} completed with {len(missing)} cells ({time.perf_counter() - t0:.0f} s)")
     for key, (m, opts) in methods.items():
         if key in rows:
             continue
@@ -336,6 +346,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--resume", action="store_true", help="keep the models already in --work")
     p.add_argument("--redo", nargs="+", default=[], metavar="ROW",
                    help="with --resume: recompute only these rows of the models in --work (e.g. aha_t3 aha_t3_mean)")
+    p.add_argument("--complete", action="store_true",
+                   help="with --resume: score the cells the stored rows lack (their maps are recomputed)")
     p.add_argument("--out", type=Path, default=None)
     p.add_argument("--note", action="append", default=[], metavar="MODEL=TEXT",
                    help="a sentence printed under the model's heading (e.g. which explainer file the rows scored)")
@@ -351,7 +363,7 @@ def main(argv: list[str] | None = None) -> int:
         previous = json.loads(path.read_text()) if args.resume and path.is_file() else None
         if previous is not None and previous["n"] != args.n:
             previous = None
-        if previous is not None and not args.redo:
+        if previous is not None and not args.redo and not args.complete:
             results.append(previous)
             continue
         print(f"{name} ...", flush=True)
