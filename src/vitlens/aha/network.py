@@ -23,7 +23,7 @@ import hashlib
 import json
 import math
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Sequence, cast
 
 import torch
 import torch.nn.functional as F
@@ -285,7 +285,8 @@ class AHADecoder(nn.Module):
             _, c, h, w = f.shape
             # mix(cat[z, e]) = z·W_zᵀ + (e·W_eᵀ + b): the class half is one vector per image, computed once per image
             # instead of at every token (and no concatenated (B, h, w, C + E) copy)
-            weight, bias = self.mix[k].weight, self.mix[k].bias
+            mix = cast(nn.Linear, self.mix[k])
+            weight, bias = mix.weight, mix.bias
             cond = F.linear(emb, weight[:, c:], bias)  # (B, C)
             z = torch.matmul(f.to(emb.dtype).permute(0, 2, 3, 1), weight[:, :c].t()) + cond[:, None, None, :]
             z = F.gelu(z).permute(0, 3, 1, 2)
