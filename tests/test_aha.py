@@ -107,8 +107,9 @@ def test_sorter_is_doubly_stochastic_and_scale_invariant():
 
 
 def test_scaling_sinkhorn_backward_is_autograd_through_the_loop():
-    """The scaling form's hand-written backward (one product for the 2n rank-one parts of ∂K) gives the gradient of
-    autograd through the plain loop: to rounding in float64 (and ``gradcheck``), at float32 rounding in float32."""
+    """The scaling form (row vectors times contiguous matrices, a hand-written backward with one product for the 2n
+    rank-one parts of ∂K) gives the plain loop's ``P`` and autograd's gradient through it: to rounding in float64
+    (and ``gradcheck``), at float32 rounding in float32."""
     def loop(log_alpha, n):  # the iteration as written before the hand-written backward
         k = (log_alpha - log_alpha.flatten(1).amax(1)[:, None, None]).exp()
         r = torch.ones(k.shape[0], k.shape[1], 1, dtype=k.dtype)
@@ -127,7 +128,7 @@ def test_scaling_sinkhorn_backward_is_autograd_through_the_loop():
         p = sinkhorn(la, 30, method="scaling")
         (got,) = torch.autograd.grad((p * w).sum(), la)
         (want,) = torch.autograd.grad((loop(la, 30) * w).sum(), la)
-        assert torch.equal(p.detach(), loop(la, 30).detach())  # the same forward
+        torch.testing.assert_close(p.detach(), loop(la, 30).detach(), rtol=0, atol=tol)  # the same forward
         torch.testing.assert_close(got, want, rtol=0, atol=tol * float(want.abs().max()))
     small = torch.randn(2, 5, 5, dtype=torch.float64, generator=g, requires_grad=True)
     assert torch.autograd.gradcheck(lambda a: sinkhorn(a, 7, method="scaling"), (small,))
