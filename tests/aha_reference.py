@@ -1,7 +1,9 @@
 """The AHA training step as it was before the cost work of issue #26, kept as a reference path for the tests.
 
 Restated from the code of that time (``vitlens.aha.loop.training_loss``, ``soft_metrics.soft_curves`` and
-``RegionGrid.to_pixels``, ``network.AHADecoder.forward``): the decoder in the default (NCHW) memory layout, the pixel
+``RegionGrid.to_pixels``, ``network.AHADecoder.forward`` with its fusion blocks and residual units): the decoder in
+the default (NCHW) memory layout, its class embedding concatenated to every token, its 1×1 convs after the resizes
+and a resize to the same size at the head, the pixel
 masks by nearest upsampling and a reflect-padded separable convolution, the reference's probabilities from a forward
 of the whole reference batch. The parts that did not change (the sorter, the plan, the classes, the references, the
 loss) are imported. ``tests/test_aha_numerics.py`` trains with both and compares.
@@ -31,6 +33,18 @@ def to_pixels(grid: RegionGrid, regions: Tensor, blur_sigma: float = 1.0) -> Ten
     return px.clamp(0.0, 1.0).reshape(*lead, *grid.hw)
 
 
+def _rcu(unit: Any, x: Tensor) -> Tensor:
+    return x + unit.conv2(F.relu(unit.conv1(F.relu(x))))
+
+
+def _fuse(block: Any, x: Tensor, skip: Tensor | None, size: tuple[int, int]) -> Tensor:
+    if skip is not None and block.rcu1 is not None:
+        x = x + _rcu(block.rcu1, skip)
+    x = _rcu(block.rcu2, x)
+    x = F.interpolate(x, size=size, mode="bilinear", align_corners=False)
+    return block.out(x)
+
+
 def decoder_forward(dec: Any, features: Sequence[Tensor], classes: Tensor, out_hw: tuple[int, int]) -> Tensor:
     emb = dec.class_embed(classes)
     sizes = dec.level_sizes(features)
@@ -47,7 +61,7 @@ def decoder_forward(dec: Any, features: Sequence[Tensor], classes: Tensor, out_h
     y = None
     for k in range(dec.n_levels - 1, -1, -1):
         nxt = sizes[k - 1] if k > 0 else (2 * sizes[0][0], 2 * sizes[0][1])
-        y = dec.fuse[k](levels[k] if y is None else y, None if y is None else levels[k], nxt)
+        y = _fuse(dec.fuse[k], levels[k] if y is None else y, None if y is None else levels[k], nxt)
     y = dec.head1(y)
     y = F.interpolate(y, size=tuple(out_hw), mode="bilinear", align_corners=False)
     y = dec.head3(F.relu(dec.head2(y)))

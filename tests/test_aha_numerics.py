@@ -16,6 +16,8 @@ import torch
 import vitlens
 from vitlens.aha.network import AHANet
 from vitlens.aha.train import AHATrainConfig, mean_std, training_loss
+from vitlens.explainers import get_method
+from vitlens.images import data_config
 
 import aha_reference
 
@@ -75,3 +77,27 @@ def test_training_steps_equal_the_earlier_code(recipe, refs):
     assert losses[0] == pytest.approx(PINNED[recipe][0], rel=1e-5)
     assert losses[1:] == pytest.approx(PINNED[recipe][1:], rel=3e-2)
     assert sorted(cache) == (["black", "mean", "meanimage"] if recipe == "tracked" else ["black"])
+
+
+@pytest.mark.parametrize("name", ["shapes-vit", "shapes-deit", "shapes-vit-gap-reg", "digits-vit", "planted-vit"])
+def test_shipped_maps_equal_the_earlier_decoder(name):
+    """The T = 0 map (features and decoder under ``torch.inference_mode``; the decoder's class half of the mixing
+    layer once per image, its 1×1 convs before the resizes) equals, to rounding, the earlier decoder's map computed
+    on the training path (autograd recording, ``tests/aha_reference.py``) from the shipped weights; the class it
+    explains is a plain forward's prediction."""
+    model = vitlens.load_model(name)
+    adapter = vitlens.get_adapter(model)
+    hw = data_config(model).size_hw
+    x = torch.randn(4, 3, *hw, generator=torch.Generator().manual_seed(5))
+    exp = vitlens.explain(model, x, method="aha", refine_steps=0)
+    net = get_method("aha")._network(model)
+    with adapter.session(capture=False), torch.enable_grad():
+        feats, logits = net.features(x)
+        want = net.finish(aha_reference.decoder_forward(net.decoder, feats, exp.targets, hw))
+        with torch.no_grad():
+            plain = model(x)
+    assert want.requires_grad  # the training path: the decoder's parameters record their gradients
+    want = want.detach()
+    torch.testing.assert_close(exp.maps, want, rtol=0, atol=1e-5 * float(want.abs().max()))
+    assert torch.equal(exp.targets, plain.argmax(-1))
+    assert exp.cost.forward_passes == 1 and exp.cost.backward_passes == 0

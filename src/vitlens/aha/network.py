@@ -23,7 +23,7 @@ import hashlib
 import json
 import math
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Sequence, cast
 
 import torch
 import torch.nn.functional as F
@@ -179,6 +179,22 @@ def _vit_width(model: nn.Module) -> int:
 # --------------------------------------------------------------------------------------------------------------------
 
 
+def conv1x1_resized(conv: nn.Conv2d, x: Tensor, size: tuple[int, int]) -> Tensor:
+    """``conv(resize(x, size))`` (bilinear, ``align_corners=False``) for a 1×1 ``conv``, computed on the smaller side.
+
+    Both are linear maps, one over channels and one over pixels, so they commute; the resize's two weights per axis
+    sum to one, so the bias passes through unchanged. Upsampling ×2 then convolves 4× fewer pixels (equal up to
+    rounding); the same size skips the resize (the identity).
+    """
+    hw = (int(x.shape[-2]), int(x.shape[-1]))
+    size = (int(size[0]), int(size[1]))
+    if hw == size:
+        return conv(x)
+    if size[0] * size[1] >= hw[0] * hw[1]:
+        return F.interpolate(conv(x), size=size, mode="bilinear", align_corners=False)
+    return conv(F.interpolate(x, size=size, mode="bilinear", align_corners=False))
+
+
 class ResidualConvUnit(nn.Module):
     """``x + conv3(ReLU(conv3(ReLU(x))))`` (no normalisation: every image is processed independently)."""
 
@@ -188,7 +204,8 @@ class ResidualConvUnit(nn.Module):
         self.conv2 = nn.Conv2d(width, width, 3, padding=1)
 
     def forward(self, x: Tensor) -> Tensor:
-        return x + self.conv2(F.relu(self.conv1(F.relu(x))))
+        # in place on conv1's output (a fresh tensor its backward does not keep): one activation buffer less
+        return x + self.conv2(F.relu(self.conv1(F.relu(x)), inplace=True))
 
 
 class FusionBlock(nn.Module):
@@ -204,8 +221,7 @@ class FusionBlock(nn.Module):
         if skip is not None and self.rcu1 is not None:
             x = x + self.rcu1(skip)
         x = self.rcu2(x)
-        x = F.interpolate(x, size=size, mode="bilinear", align_corners=False)
-        return self.out(x)
+        return conv1x1_resized(self.out, x, size)
 
 
 class AHADecoder(nn.Module):
@@ -266,10 +282,14 @@ class AHADecoder(nn.Module):
         sizes = self.level_sizes(features)
         levels = []
         for k, f in enumerate(features):
-            b, _, h, w = f.shape
-            z = f.to(emb.dtype).permute(0, 2, 3, 1)
-            z = torch.cat([z, emb[:, None, None, :].expand(b, h, w, emb.shape[-1])], dim=-1)
-            z = F.gelu(self.mix[k](z)).permute(0, 3, 1, 2)
+            _, c, h, w = f.shape
+            # mix(cat[z, e]) = z·W_zᵀ + (e·W_eᵀ + b): the class half is one vector per image, computed once per image
+            # instead of at every token (and no concatenated (B, h, w, C + E) copy)
+            mix = cast(nn.Linear, self.mix[k])
+            weight, bias = mix.weight, mix.bias
+            cond = F.linear(emb, weight[:, c:], bias)  # (B, C)
+            z = torch.matmul(f.to(emb.dtype).permute(0, 2, 3, 1), weight[:, :c].t()) + cond[:, None, None, :]
+            z = F.gelu(z).permute(0, 3, 1, 2)
             z = self.proj[k](z)
             if (h, w) != sizes[k]:
                 z = F.interpolate(z, size=sizes[k], mode="bilinear", align_corners=False)
@@ -279,8 +299,9 @@ class AHADecoder(nn.Module):
             nxt = sizes[k - 1] if k > 0 else (2 * sizes[0][0], 2 * sizes[0][1])
             y = self.fuse[k](levels[k] if y is None else y, None if y is None else levels[k], nxt)
         y = self.head1(y)
-        y = F.interpolate(y, size=tuple(out_hw), mode="bilinear", align_corners=False)
-        y = self.head3(F.relu(self.head2(y)))
+        if tuple(y.shape[-2:]) != tuple(out_hw):  # a bilinear resize to the same size is the identity
+            y = F.interpolate(y, size=tuple(out_hw), mode="bilinear", align_corners=False)
+        y = self.head3(F.relu(self.head2(y), inplace=True))
         return y[:, 0]
 
 

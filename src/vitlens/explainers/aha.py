@@ -137,13 +137,16 @@ class AHA(Explainer):
 
         o = self.options
         net = self._network(adapter.model)
+        steps = int(o["refine_steps"])
+        # the map alone (T = 0): no autograd bookkeeping at all; the refinement gets ordinary (no-grad) tensors
+        no_autograd = torch.no_grad if steps else torch.inference_mode
         with adapter.session(capture=False):
-            feats, logits = net.features(x)
+            with no_autograd():
+                feats, logits = net.features(x)
             tgt = self.resolve_target(target, logits)
             classes = tgt.resolved_classes().to(x.device).long()
-            with torch.no_grad():
+            with no_autograd():
                 maps = net(x, classes, feats)
-            steps = int(o["refine_steps"])
             if steps:
                 try:
                     cfg = data_config(adapter.model)
