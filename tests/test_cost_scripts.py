@@ -51,3 +51,22 @@ def test_lxt_side_by_side_agrees_with_lxt(tmp_path, monkeypatch):
     assert res["agreement"]["LXT AttnLRP"]["rel_max_diff"] < 1e-5
     assert res["agreement"]["LXT CP-LRP"]["rel_max_diff"] < 1e-5
     assert "vitlens attnlrp ÷ LXT AttnLRP" in (tmp_path / "lxt.md").read_text()
+
+
+def test_gradskip_components_times_the_steps_of_eva_and_swin_and_restores_them():
+    from vitlens.explainers import gradskip, gradskip_swin
+
+    script = load_benchmark("gradskip_components")
+    originals = (gradskip._BlockSteps._attn_step, gradskip_swin._WindowSteps.attn_step)
+    threads = torch.get_num_threads()
+    res = script.main(["--models", "eva02_tiny_patch14_224:img_size=28,depth=2,num_classes=5",
+                       "swin_tiny_patch4_window7_224:img_size=56,embed_dim=24,num_classes=5", "--batch", "2",
+                       "--repeats", "1"])
+    assert torch.get_num_threads() == threads
+    assert (gradskip._BlockSteps._attn_step, gradskip_swin._WindowSteps.attn_step) == originals
+    for r in res:
+        assert [row["row"] for row in r["rows"]] == ["(b′) floor, fused attention", "(b) floor, explicit attention",
+                                                     "(c′) GradSkip"]
+        parts = {p["part"]: p["ms"] for p in r["parts"]}
+        assert {"attention step (all)", "skip-gate step", "  of which Gini sort"} <= set(parts), r["model"]
+        assert parts["attention step (all)"] >= parts["  of which Gini sort"] > 0

@@ -14,7 +14,8 @@ from torch import Tensor
 from ..runtime import gini
 
 __all__ = ["block_backward", "filled", "gini", "probability_gini", "wide", "head_weights", "head_weights_from_flow",
-           "head_weights_from_scores", "positive_flow", "readout_relevance", "skip_gate", "weighted_attention"]
+           "head_weights_from_scores", "positive_flow", "readout_relevance", "skip_gate", "sparsity_needed",
+           "weighted_attention"]
 
 
 def wide(t: Tensor) -> Tensor:
@@ -97,13 +98,20 @@ def probability_gini(p: Tensor) -> Tensor:
     return torch.where(total > 0, g, torch.zeros_like(g))
 
 
+def sparsity_needed(mode: str, alpha: float, head_subset: tuple[str, float] | None) -> bool:
+    """Whether the head weights of these options use the Gini sparsity of the probabilities."""
+    return head_subset is not None or mode == "sparsity" or (mode == "adaptive" and alpha < 1.0)
+
+
 def head_weights_from_scores(attn: Tensor, flow: Tensor | None, mode: str, alpha: float, grad_threshold: float,
-                             head_subset: tuple[str, float] | None) -> Tensor:
+                             head_subset: tuple[str, float] | None, sparsity: Tensor | None = None) -> Tensor:
     """:func:`head_weights` from the flow score per head ``(B, H)`` (``mean_i Σ_j |A ⊙ ∇A|_ij``; unused in
-    ``uniform`` mode)."""
+    ``uniform`` mode). ``sparsity``: the mean Gini per head ``(B, H)`` where the caller took it (windows: over all
+    windows of the image, :func:`sparsity_needed` says when); else it is taken here from ``attn``."""
     b, h = attn.shape[:2]
-    needs_sparsity = head_subset is not None or mode == "sparsity" or (mode == "adaptive" and alpha < 1.0)
-    sparsity = probability_gini(attn).mean(dim=-1) if needs_sparsity else None  # (B, H): per query row, then mean over rows
+    needs_sparsity = sparsity_needed(mode, alpha, head_subset)
+    if sparsity is None and needs_sparsity:
+        sparsity = probability_gini(attn).mean(dim=-1)  # (B, H): per query row, then mean over rows
     if mode == "uniform" or flow is None:
         w = torch.full((b, h), 1.0 / h, device=attn.device, dtype=attn.dtype)
     else:

@@ -17,17 +17,24 @@ forward and one activation-only backward. The equations (``docs/methods/gradskip
    inputs that are padding (odd grids) give theirs to the remainder.
 
 Every step conserves the total: ``token_maps.sum() + remainder == y``, and ``layer_totals`` records it per block.
+
+Cost: each block's ``ω``, ``W̃`` and ``β`` are reduced inside the backward as autograd produces the block's gradients
+(tensor hooks, :func:`~._gradskip_rules.block_backward`), so no two blocks' ``(B·nW, H, N, N)`` gradients are held at
+once, and the per-image statistics are averaged from the windows' own layout (no transposed copy); the value norms
+come from the ``qkv`` output the attention computes anyway (``models/timm_swin.py``).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 from torch import Tensor
 
 from ..targets import Target
-from ._gradskip_rules import head_weights_from_flow, readout_relevance, skip_gate, weighted_attention, wide
+from ..models.timm_swin import SwinBlockRecord, SwinRecording, from_windows, to_windows
+from ._gradskip_rules import (block_backward, filled, head_weights_from_scores, positive_flow, probability_gini,
+                              readout_relevance, skip_gate, sparsity_needed, weighted_attention, wide)
 from ._windows import merge_handback
 from .base import Attribution, Explainer
 
@@ -49,7 +56,6 @@ def _stack_padded(rows: list[Tensor]) -> Tensor:
 def attribute_windowed(method: Explainer, adapter: "Adapter", x: Tensor, target: Target
                        ) -> tuple[Attribution, Tensor, Target]:
     from ..models.base import int_pair, recorded
-    from ..models.timm_swin import SwinBlockRecord, SwinRecording, from_windows, to_windows
 
     o = method.options
     with adapter.session(capture=True, conservative=bool(o["conservative"])) as session_rec:
@@ -57,40 +63,25 @@ def attribute_windowed(method: Explainer, adapter: "Adapter", x: Tensor, target:
         logits = adapter.forward(x)
         tgt = method.resolve_target(target, logits)
         y = tgt(logits)
-        blocks = [cast(SwinBlockRecord, b) for b in rec.blocks]
-        merges = [(s, m) for s, m in enumerate(rec.merges) if m is not None]
+        steps = _WindowSteps(method, [cast(SwinBlockRecord, b) for b in rec.blocks], x.shape[0])
+        merges = {s: m for s, m in enumerate(rec.merges) if m is not None}
+        g_merge: dict[int, Tensor] = {}
+        for s, m in merges.items():  # the merge inputs' gradients, kept as the backward passes them
+            m.register_hook(lambda g, s=s: g_merge.__setitem__(s, g.detach()))
         final_rec = recorded(rec.final, "final residual stream")
-        wanted = [final_rec] + [recorded(b.attn, "attention") for b in blocks] + \
-            [recorded(b.h, "post-attention residual") for b in blocks] + [m for _, m in merges]
-        grads = torch.autograd.grad(y.sum(), wanted, allow_unused=True)
-    n = len(blocks)
-    g_final = grads[0]
-    g_attn, g_h, g_merge = grads[1:1 + n], grads[1 + n:1 + 2 * n], dict(zip([s for s, _ in merges], grads[1 + 2 * n:]))
+        g_final = block_backward(y.sum(), final_rec, steps.saved, steps.attn_step, steps.h_step,
+                                 lambda li: steps.w[li] is not None, lambda li: steps.beta[li] is not None)
+    blocks = steps.blocks
     y = wide(y)
     final = wide(final_rec)
     relevance = readout_relevance(final, torch.zeros_like(final) if g_final is None else wide(g_final), y, None, 0)
     bsz = x.shape[0]
     lost = torch.zeros_like(y)
     totals = [relevance.sum(-1)]
-    omegas, betas = [], []
-    for li in range(n - 1, -1, -1):
-        b = blocks[li]
-        assert isinstance(b, SwinBlockRecord) and b.attn is not None and b.vnorm is not None
-        assert b.u is not None and b.h is not None  # the Swin capture fills every block
-        attn, vnorm = wide(b.attn), wide(b.vnorm)
-        nw = attn.shape[0] // bsz
-        heads, tok = attn.shape[1], attn.shape[2]
+    ws, betas = filled(steps.w), filled(steps.beta)
+    for li in range(len(blocks) - 1, -1, -1):
+        b, w, beta = blocks[li], ws[li], betas[li]
         with torch.no_grad():
-            flow = attn * wide(g_attn[li]) if g_attn[li] is not None else torch.zeros_like(attn)
-            # the layer's heads over all of its windows: (B, H, nW·N, N)
-            per_image = attn.reshape(bsz, nw, heads, tok, tok).transpose(1, 2).reshape(bsz, heads, nw * tok, tok)
-            flow_img = flow.reshape(bsz, nw, heads, tok, tok).transpose(1, 2).reshape(bsz, heads, nw * tok, tok)
-            omega = head_weights_from_flow(per_image, flow_img, o["head_weighting"], float(o["alpha"]),
-                                           float(o["grad_threshold"]), o["head_subset"])
-            w = weighted_attention(attn, flow, vnorm, omega.repeat_interleave(nw, dim=0))  # (B·nW, N, N)
-            u, h = wide(b.u), wide(b.h)
-            beta = skip_gate(u, h, torch.zeros_like(h) if g_h[li] is None else wide(g_h[li]), o["skip"],
-                             float(o["eps"]))
             gh, gw = b.grid
             main = (beta * relevance).reshape(bsz, gh, gw)
             win, padded = to_windows(main, b.shift, b.window, b.pad_first)
@@ -98,15 +89,11 @@ def attribute_windowed(method: Explainer, adapter: "Adapter", x: Tensor, target:
             back, fell = from_windows(back, bsz, (gh, gw), padded, b.shift, b.window, b.pad_first)
             relevance = back.reshape(bsz, -1) + (1.0 - beta) * relevance
             lost = lost + fell
-        omegas.append(omega)
-        betas.append(beta)
         first_of_stage = li == 0 or blocks[li - 1].stage != b.stage
-        if first_of_stage and b.stage in g_merge:
-            m = rec.merges[b.stage]
-            assert m is not None
-            g = g_merge[b.stage]
-            relevance, fell = merge_handback(relevance, wide(m), torch.zeros_like(wide(m)) if g is None else
-                                             wide(g))
+        if first_of_stage and b.stage in merges:
+            m = wide(merges[b.stage])
+            g = g_merge.get(b.stage)
+            relevance, fell = merge_handback(relevance, m, torch.zeros_like(m) if g is None else wide(g))
             lost = lost + fell
         totals.append(relevance.sum(-1) + lost)
     gh, gw = adapter.grid(int_pair(x.shape[-2:]))
@@ -116,8 +103,56 @@ def attribute_windowed(method: Explainer, adapter: "Adapter", x: Tensor, target:
         raise InputError(f"{relevance.shape[1]} tokens at the first stage do not fill the {gh}x{gw} token grid")
     extras = {
         # per block, zero-padded: stages differ in heads and tokens
-        "head_weights": _stack_padded(omegas[::-1]),  # (B, L, max H_l)
-        "beta_main": _stack_padded(betas[::-1]),  # (B, L, max T_l), stage-l token order
+        "head_weights": _stack_padded(filled(steps.omega)),  # (B, L, max H_l)
+        "beta_main": _stack_padded(betas),  # (B, L, max T_l), stage-l token order
         "layer_totals": torch.stack(totals[::-1], dim=1),  # (B, L+1): input of block 0 … readout
     }
     return Attribution(values=relevance.reshape(bsz, gh, gw), remainder=lost, extras=extras), logits.detach(), tgt
+
+
+class _WindowSteps:
+    """Per-block ``ω``, ``W̃`` (per window) and ``β_main``, reduced inside the backward as autograd produces each
+    block's gradients (:func:`~._gradskip_rules.block_backward`): the captured probabilities and residuals of a block
+    are dropped once it is reduced, and no block's ``(B·nW, H, N, N)`` gradient outlives its step."""
+
+    def __init__(self, method: Explainer, blocks: list[SwinBlockRecord], batch: int) -> None:
+        self.method, self.blocks, self.batch = method, blocks, batch
+        for li, b in enumerate(blocks):  # the Swin capture fills every block
+            if b.attn is None or b.vnorm is None or b.u is None or b.h is None:
+                raise AssertionError(f"Swin block {li} was not captured")
+        self.saved: list[dict[str, Any]] = [{"attn": b.attn, "vnorm": b.vnorm, "u": b.u, "h": b.h} for b in blocks]
+        for b in blocks:
+            b.attn = b.vnorm = b.u = b.h = None
+        n = len(blocks)
+        self.w: list[Tensor | None] = [None] * n
+        self.omega: list[Tensor | None] = [None] * n
+        self.beta: list[Tensor | None] = [None] * n
+
+    def attn_step(self, li: int, grad: Tensor | None) -> None:
+        """``ω`` of block ``li`` from all of its windows together (each query row of each window is one row of the
+        layer's attention), ``W̃`` per window. The per-row statistics (flow score, Gini) are taken in the windows'
+        own layout and averaged per image: no ``(B, H, nW·N, N)`` copy."""
+        o = self.method.options
+        cap = self.saved[li]
+        with torch.no_grad():
+            attn, vnorm = wide(cap.pop("attn")), wide(cap.pop("vnorm"))
+            nw = attn.shape[0] // self.batch
+            flow_terms = attn * wide(grad) if grad is not None else torch.zeros_like(attn)
+            flow = positive_flow(flow_terms).unflatten(0, (self.batch, nw)).mean(dim=1)  # (B, H); clamps in place
+            mode, alpha, subset = o["head_weighting"], float(o["alpha"]), o["head_subset"]
+            sparsity = probability_gini(attn).unflatten(0, (self.batch, nw)).mean(dim=(1, 3)) \
+                if sparsity_needed(mode, alpha, subset) else None
+            per_image = attn.unflatten(0, (self.batch, nw)).transpose(1, 2)  # (B, H, nW, N, N): a view
+            omega = head_weights_from_scores(per_image, flow, mode, alpha, float(o["grad_threshold"]), subset,
+                                             sparsity=sparsity)
+            self.w[li] = weighted_attention(attn, flow_terms, vnorm, omega.repeat_interleave(nw, dim=0),
+                                            clamped=True)  # (B·nW, N, N)
+            self.omega[li] = omega
+
+    def h_step(self, li: int, grad: Tensor | None) -> None:
+        o = self.method.options
+        cap = self.saved[li]
+        with torch.no_grad():
+            u, h = wide(cap.pop("u")), wide(cap.pop("h"))
+            self.beta[li] = skip_gate(u, h, torch.zeros_like(h) if grad is None else wide(grad), o["skip"],
+                                      float(o["eps"]))

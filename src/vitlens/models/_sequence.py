@@ -39,7 +39,7 @@ class BlockParts:
     """Where one block's tensors are. ``probs_at``: the module whose output (or ``output[probs_index]``) is the
     attention probabilities ``(B, heads, T, T)``; ``attention``: the module whose first input is the normalised
     residual stream; ``norm2``: the module whose input is ``h``; ``value``: ``(weight, bias)`` of the value
-    projection; ``heads``: number of heads."""
+    projection; ``heads``: number of heads; ``qkv_view_at``: see the field."""
 
     block: nn.Module
     attention: nn.Module
@@ -48,6 +48,10 @@ class BlockParts:
     norm2: nn.Module
     value: tuple[Tensor, Tensor | None]
     heads: int
+    #: a module inside the attention whose first input is the queries ``(B, heads, T, d)`` as a view of the fused
+    #: ``qkv`` output ``(B, T, 3·heads·d)`` (timm EVA: ``q_norm``): the values are then read from that output
+    #: instead of recomputed (see :func:`_value_hooks`)
+    qkv_view_at: nn.Module | None = None
 
 
 def value_weights(attn: nn.Module) -> tuple[Tensor, Tensor | None]:
@@ -110,7 +114,13 @@ class SequenceAdapter(Adapter):
             hooks.append(p.block.register_forward_pre_hook(self._leaf_first_block_hook(rec, i), with_kwargs=True))
             hooks.append(p.norm2.register_forward_pre_hook(self._record_h_hook(rec, i)))
             hooks.append(p.probs_at.register_forward_hook(_probs_hook(rec, i, p.probs_index)))
-            hooks.append(p.attention.register_forward_pre_hook(_value_hook(rec, i, p), with_kwargs=True))
+            if p.qkv_view_at is None:
+                hooks.append(p.attention.register_forward_pre_hook(_value_hook(rec, i, p), with_kwargs=True))
+            else:
+                pre, at_view, post = _value_hooks(rec, i, p)
+                hooks.append(p.attention.register_forward_pre_hook(pre, with_kwargs=True))
+                hooks.append(p.qkv_view_at.register_forward_pre_hook(at_view))
+                hooks.append(p.attention.register_forward_hook(post))
 
         def final_hook(module, args, output):
             rec.final = output[0] if isinstance(output, (tuple, list)) else output
@@ -130,16 +140,60 @@ def _probs_hook(rec: Recording, index: int, at: int | None) -> Callable:
     return hook
 
 
+def _attention_input(index: int, args: tuple, kwargs: dict) -> Tensor:
+    x = args[0] if args else kwargs.get("hidden_states", kwargs.get("x"))
+    if x is None:
+        raise UnsupportedModelError(f"block {index}: the attention module was called without its input (no "
+                                    "positional argument, hidden_states or x)")
+    return x
+
+
+def _recomputed_values(x: Tensor, parts: BlockParts) -> Tensor:
+    weight, bias = parts.value
+    with torch.no_grad():
+        v = F.linear(x.detach(), weight, bias)
+    b, n, d = v.shape
+    return v.reshape(b, n, parts.heads, d // parts.heads).permute(0, 2, 1, 3)
+
+
 def _value_hook(rec: Recording, index: int, parts: BlockParts) -> Callable:
     def hook(module: nn.Module, args: tuple, kwargs: dict) -> None:
-        x = args[0] if args else kwargs.get("hidden_states", kwargs.get("x"))
-        if x is None:
-            raise UnsupportedModelError(f"block {index}: the attention module was called without its input (no "
-                                        "positional argument, hidden_states or x)")
-        weight, bias = parts.value
-        with torch.no_grad():
-            v = F.linear(x.detach(), weight, bias)
-        b, n, d = v.shape
-        rec.blocks[index].value = v.reshape(b, n, parts.heads, d // parts.heads).permute(0, 2, 1, 3)
+        rec.blocks[index].value = _recomputed_values(_attention_input(index, args, kwargs), parts)
 
     return hook
+
+
+def _values_of_fused_qkv(q: Tensor) -> Tensor | None:
+    """The values ``(B, heads, T, d)`` next to the queries ``q`` in the fused ``qkv`` output ``q`` is a view of
+    (``qkv.reshape(B, T, 3, heads, d).permute(2, 0, 3, 1, 4)[0]``), or ``None`` if ``q`` is not such a view."""
+    base = q._base
+    if q.ndim != 4 or base is None:
+        return None
+    b, h, n, d = q.shape
+    c = h * d
+    if base.shape[-1] != 3 * c or base.numel() != b * n * 3 * c or not base.is_contiguous() \
+            or q.data_ptr() != base.data_ptr() or tuple(q.stride()) != (n * 3 * c, d, 3 * c, 1):
+        return None  # (F.linear may return its output as a view of a (B·T, 3·heads·d) product)
+    return base.detach().reshape(b, n, 3 * c)[..., 2 * c:].reshape(b, n, h, d).permute(0, 2, 1, 3)
+
+
+def _value_hooks(rec: Recording, index: int, parts: BlockParts) -> tuple[Callable, Callable, Callable]:
+    """The values read from the fused ``qkv`` output at ``parts.qkv_view_at`` (no second projection); ``post``
+    recomputes them from the attention's input if that module did not run or got no such view."""
+    pending: list[Tensor] = []  # the attention's input while it runs and no values were read
+
+    def pre(module: nn.Module, args: tuple, kwargs: dict) -> None:
+        pending[:] = [_attention_input(index, args, kwargs)]
+        rec.blocks[index].value = None
+
+    def at_view(module: nn.Module, args: tuple) -> None:
+        v = _values_of_fused_qkv(args[0]) if pending and args and isinstance(args[0], Tensor) else None
+        if v is not None and v.shape[1] == parts.heads:
+            rec.blocks[index].value = v
+            pending.clear()
+
+    def post(module: nn.Module, args: tuple, out: object) -> None:
+        if pending:
+            rec.blocks[index].value = _recomputed_values(pending.pop(), parts)
+
+    return pre, at_view, post

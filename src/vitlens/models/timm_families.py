@@ -114,6 +114,13 @@ class TimmEvaAdapter(_TimmSequenceAdapter):
                                                "added through F.linear")}
     timm_class = ("eva", "Eva")
 
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__(model)
+        for p in self._parts:  # fused qkv: the values are read from its output where q_norm receives q (a view)
+            q_norm = getattr(p.attention, "q_norm", None)
+            if isinstance(getattr(p.attention, "qkv", None), nn.Linear) and isinstance(q_norm, nn.Module):
+                p.qkv_view_at = q_norm
+
 
 class _TimmRelativeBiasAdapter(_TimmSequenceAdapter):
     """What timm's relative-position-bias families share: the bias tables are built for the full token grid, so the

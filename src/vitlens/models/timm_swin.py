@@ -208,8 +208,11 @@ class TimmSwinAdapter(SwinAdapter):
                 hooks.append(blk.register_forward_pre_hook(self._swin_u_hook(rec, index), with_kwargs=True))
                 hooks.append(self._h_site(blk).register_forward_pre_hook(self._record_h_hook(rec, index)))
                 hooks.append(blk.attn.softmax.register_forward_hook(_attn_hook(rec, index)))
-                hooks.append(blk.attn.register_forward_pre_hook(
-                    _vnorm_hook(rec, index, int(blk.attn.num_heads), self._value_of(blk.attn))))
+                pre, from_qkv, post = _vnorm_hooks(rec, index, int(blk.attn.num_heads), self._value_of(blk.attn))
+                hooks.append(blk.attn.register_forward_pre_hook(pre))
+                if getattr(blk.attn, "q_bias", None) is None and getattr(blk.attn, "v_bias", None) is None:
+                    hooks.append(blk.attn.qkv.register_forward_hook(from_qkv))  # its output is q, k, v as used
+                hooks.append(blk.attn.register_forward_hook(post))
                 index += 1
 
         def final_hook(module: nn.Module, args: tuple) -> tuple:
@@ -254,16 +257,36 @@ def _attn_hook(rec: SwinRecording, index: int) -> Any:
     return hook
 
 
-def _vnorm_hook(rec: SwinRecording, index: int, heads: int, value: tuple[Tensor, Tensor | None]) -> Any:
+def _vnorm_hooks(rec: SwinRecording, index: int, heads: int, value: tuple[Tensor, Tensor | None]
+                 ) -> tuple[Any, Any, Any]:
+    """The hooks that record a window attention's value norms ``(B·nW, heads, N)``: ``from_qkv`` reads them from the
+    value third of the ``qkv`` module's output (registered where that output is what the attention uses: v1;
+    SwinV2 with q/v biases adds them through ``F.linear`` or in place after the module, and is not hooked there);
+    if it did not run, ``post`` recomputes the values from the attention's input with ``value``."""
     weight, bias = value
+    pending: list[Tensor] = []  # the attention's input while it runs and no norms were read
 
-    def hook(module: nn.Module, args: tuple) -> None:
-        x = args[0].detach()
-        with torch.no_grad():
-            v = F.linear(x, weight, bias)
-            b, n, d = v.shape
-            brec = rec.blocks[index]
-            assert isinstance(brec, SwinBlockRecord)
-            brec.vnorm = v.reshape(b, n, heads, d // heads).norm(dim=-1).permute(0, 2, 1)  # (B·nW, H, N)
+    def norms(v: Tensor) -> None:
+        b, n, d = v.shape
+        brec = rec.blocks[index]
+        assert isinstance(brec, SwinBlockRecord)
+        brec.vnorm = v.reshape(b, n, heads, d // heads).norm(dim=-1).permute(0, 2, 1)
+        pending.clear()
 
-    return hook
+    def pre(module: nn.Module, args: tuple) -> None:
+        pending[:] = [args[0]]
+        brec = rec.blocks[index]
+        assert isinstance(brec, SwinBlockRecord)
+        brec.vnorm = None
+
+    def from_qkv(module: nn.Module, args: tuple, out: Tensor) -> None:
+        if pending and out.shape[-1] == 3 * weight.shape[0]:
+            with torch.no_grad():
+                norms(out.detach()[..., 2 * weight.shape[0]:])
+
+    def post(module: nn.Module, args: tuple, out: Any) -> None:
+        if pending:  # the qkv module did not run: recompute the values
+            with torch.no_grad():
+                norms(F.linear(pending[0].detach(), weight, bias))
+
+    return pre, from_qkv, post
