@@ -59,7 +59,7 @@ def pool_contributions(z: Tensor, grad: Tensor, stride: int, kind: str, rule: st
     """
     b, t, c = z.shape
     zw = z.reshape(b, stride, t // stride, c)
-    top = zw == zw.amax(dim=1, keepdim=True)
+    top = (zw == zw.amax(dim=1, keepdim=True)).to(z.dtype)
     route = top / top.sum(dim=1, keepdim=True)  # (B, s, T', C): the max's gradient routing, ties split
     if rule == "argmax":
         share = route.mean(-1)
