@@ -68,7 +68,8 @@ def _hf_from_timm(src: torch.nn.Module) -> torch.nn.Module:
     mapped = {"hiera.embeddings.position_embeddings": sd["pos_embed"],
               "hiera.embeddings.patch_embeddings.projection.weight": sd["patch_embed.proj.weight"],
               "hiera.embeddings.patch_embeddings.projection.bias": sd["patch_embed.proj.bias"],
-              "hiera.pooler.layernorm.weight": sd["head.norm.weight"], "hiera.pooler.layernorm.bias": sd["head.norm.bias"],
+              "hiera.pooler.layernorm.weight": sd["head.norm.weight"],
+              "hiera.pooler.layernorm.bias": sd["head.norm.bias"],
               "classifier.weight": sd["head.fc.weight"], "classifier.bias": sd["head.fc.bias"]}
     names = {"norm1": "layernorm_before", "norm2": "layernorm_after", "attn.qkv": "attn.qkv", "attn.proj": "attn.proj",
              "mlp.fc1": "mlp.fc1", "mlp.fc2": "mlp.fc2", "proj": "proj"}

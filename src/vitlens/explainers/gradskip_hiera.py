@@ -130,8 +130,9 @@ def _block_step(method: Explainer, brec: HieraBlockRecord, relevance: Tensor, g_
     omega = head_weights_from_flow(attn.reshape(b, heads, nw * tq, tk), flow.reshape(b, heads, nw * tq, tk),
                                    o["head_weighting"], float(o["alpha"]), float(o["grad_threshold"]),
                                    o["head_subset"])
-    per_unit = (attn.transpose(1, 2).reshape(b * nw, heads, tq, tk), flow.transpose(1, 2).reshape(b * nw, heads, tq, tk))
-    w = weighted_attention(per_unit[0], per_unit[1], vnorm.transpose(1, 2).reshape(b * nw, heads, tk),
+    unit_attn = attn.transpose(1, 2).reshape(b * nw, heads, tq, tk)
+    unit_flow = flow.transpose(1, 2).reshape(b * nw, heads, tq, tk)
+    w = weighted_attention(unit_attn, unit_flow, vnorm.transpose(1, 2).reshape(b * nw, heads, tk),
                            omega.repeat_interleave(nw, dim=0))  # (B·nW, T'/nW, T/nW)
     h = wide(cast(Tensor, brec.h))
     grad_h = torch.zeros_like(h) if g_h is None else wide(g_h)

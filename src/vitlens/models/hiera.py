@@ -50,17 +50,20 @@ from .feature_maps import feature_maps_reason
 
 __all__ = ["TimmHieraAdapter", "HFHieraAdapter", "HieraBlockRecord", "HieraRecording"]
 
-_POOLING = ("the first block of each pooling stage max-pools its queries over the query stride (its attention maps "
-            "the tokens it reads to a quarter as many pooled queries) and replaces the identity skip by a max-pooled "
-            "projection of the normed input (without the expansion projection, the max and the mean over the stride "
-            "side by side), and its blocks attend within mask units of its unrolled token order")
+_POOLING = ("first block of each pooling stage max-pools its queries over the query stride (its attention maps "
+            "the tokens it reads to fewer pooled queries, a quarter for the 2x2 stride) and replaces the identity "
+            "skip by a max-pooled projection of the normed input (without the expansion projection, the max and the "
+            "mean over the stride side by side), and its blocks attend within mask units of its unrolled token order")
 _PRODUCTS = (f"Hiera's {_POOLING}: products of attention matrices (rollout, GAE, attention Grad-CAM's one sequence) "
              "need square attention on the same tokens in successive blocks and an identity skip, which a pooling "
              "block has neither of (GradSkip's mask-unit path hands the relevance back through the max instead)")
 _LRP = (f"Hiera's {_POOLING}: vitlens' LRP rules need plain pre-norm blocks on one token sequence with an identity "
         "skip and a declared linear head on the final tokens")
 _NOTES = {c: _PRODUCTS for c in (TOKEN_SEQUENCE, WINDOWS, STAGES)}
-_NOTES.update({c: _LRP for c in (BLOCK_IO, LRP_LINEARS, LRP_VARIANT_LINEARS, LINEAR_HEAD)})
+_STREAM = (f"Hiera's {_POOLING}: there is no residual stream of the same tokens through every block to read block "
+           "by block")
+_NOTES.update({c: _LRP for c in (LRP_LINEARS, LRP_VARIANT_LINEARS, LINEAR_HEAD)})
+_NOTES[BLOCK_IO] = _STREAM
 _NOTES.update({
     CLASS_ATTENTION: "it has no class token: the classifier reads the mean of the last stage's tokens",
     TOKENS: "its unroll, mask units and query pooling are built for the full token grid: tokens cannot be dropped",
@@ -278,7 +281,7 @@ class TimmHieraAdapter(_HieraAdapter):
         self._finish()
 
     def _parts(self, blk: Any, index: int) -> dict[str, Any]:
-        att = getattr(blk, "attn", None)
+        att: Any = getattr(blk, "attn", None)
         if type(blk).__name__ != "HieraBlock" or type(att).__name__ != "MaskUnitAttention" or not all(
                 isinstance(getattr(att, n, None), nn.Linear) for n in ("qkv", "proj")):
             raise UnsupportedModelError(f"Hiera block {index} ({type(blk).__name__}) is not a timm HieraBlock with "
@@ -329,7 +332,7 @@ class HFHieraAdapter(_HieraAdapter):
         self._finish()
 
     def _parts(self, blk: Any, index: int) -> dict[str, Any]:
-        att = getattr(blk, "attn", None)
+        att: Any = getattr(blk, "attn", None)
         if type(blk).__name__ != "HieraLayer" or type(att).__name__ != "HieraMaskUnitAttention" or not all(
                 isinstance(getattr(att, n, None), nn.Linear) for n in ("qkv", "proj")):
             raise UnsupportedModelError(f"Hiera layer {index} ({type(blk).__name__}) is not a transformers HieraLayer "
