@@ -246,18 +246,36 @@ def test_model_restored_after_success_and_exception(make):
     assert model.training
 
 
-def test_fused_attention_is_switched_for_the_explanation_and_restored():
-    model = _timm()
+def test_gradskip_keeps_timms_fused_attention_and_gets_the_explicit_paths_map():
+    """The path recomputes A from the recorded qkv: the forward runs the attention as built (fused), the map is the
+    one computed with the explicit path; ``explicit_attention()`` (and a session without ``recompute``) switches the
+    fused path off, and every switch is restored."""
+    model, x = _timm(), _x()
     attns = [blk.attn for blk in model.blocks]
+    seen: list[bool] = []
+    hooks = [a.register_forward_hook(lambda m, args, out: seen.append(m.fused_attn)) for a in attns]
+    try:
+        for a in attns:
+            a.fused_attn = True
+        fused = vitlens.explain(model, x, method="gradskip", target=2)
+        assert seen == [True] * len(attns)
+        for a in attns:
+            a.fused_attn = False
+        explicit = vitlens.explain(model, x, method="gradskip", target=2)
+    finally:
+        for h in hooks:
+            h.remove()
+    scale = float(explicit.token_maps.abs().max())
+    torch.testing.assert_close(fused.token_maps, explicit.token_maps, rtol=1e-4, atol=1e-5 * scale)
     for a in attns:
         a.fused_attn = True
     adapter = vitlens.get_adapter(model)
     with torch.no_grad():
-        fused = model(_x())
+        ref = model(x)
     with adapter.session(capture=True):
         assert not any(a.fused_attn for a in attns)
         with torch.no_grad():
-            torch.testing.assert_close(adapter.forward(_x()), fused, rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(adapter.forward(x), ref, rtol=1e-5, atol=1e-5)
     assert all(a.fused_attn for a in attns)
 
 

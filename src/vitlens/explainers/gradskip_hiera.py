@@ -158,7 +158,8 @@ def attribute_mask_units(method: Explainer, adapter: "Adapter", x: Tensor, targe
     if pool_rule not in POOL_RULES:
         raise InputError(f"pool_rule must be one of {', '.join(POOL_RULES)}; got {pool_rule!r}")
     o = method.options
-    with adapter.session(capture=True, conservative=bool(o["conservative"])) as session_rec:
+    # recompute: the model's attention runs as built (timm: fused); A is recomputed from the recorded qkv
+    with adapter.session(capture=True, conservative=bool(o["conservative"]), recompute=True) as session_rec:
         rec = cast(HieraRecording, session_rec)
         logits = adapter.forward(x)
         tgt = method.resolve_target(target, logits)

@@ -92,7 +92,6 @@ class HieraBlockRecord(BlockRecord):
 class HieraRecording(Recording):
     """Blocks in forward order; ``final``: the head's input (model order); ``features``: it in raster order."""
 
-    blocks: list[BlockRecord] = field(default_factory=list)
     features: list[Tensor] = field(default_factory=list)
 
 
@@ -296,6 +295,11 @@ class TimmHieraAdapter(_HieraAdapter):
     def _explicit_attention(self) -> Iterator[None]:
         with switched([blk.attn for blk in self._blocks], "fused_attn", False):
             yield
+
+    def recomputes_attention(self) -> bool:
+        """Yes: the recording holds ``qkv`` and the attention output whichever path runs, and GradSkip's mask-unit
+        path recomputes the probabilities from them, so a ``recompute`` session keeps timm's fused attention."""
+        return True
 
 
 class HFHieraAdapter(_HieraAdapter):
