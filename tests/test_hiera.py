@@ -1,9 +1,10 @@
 """Hiera (``models/hiera.py``: timm ``Hiera``, transformers ``HieraForImageClassification``): Grad-CAM and Finer-CAM
 on the last block's output in raster order (checked against a by-hand Grad-CAM on the model's own re-roll, with all
 unrolls consumed by pooling and with one left), timm = HF with the same weights, input sizes refused with the model's
-own reason, and every method that needs attention (GradSkip, rollout, GAE, the LRP family, attention Grad-CAM), AHA,
-ViT-CX and the token-dropping methods refused with the mask-unit / query-pooling reason instead of a raw error;
-model state restored after success and after an exception."""
+own reason, and every method that needs products of attention matrices or LRP rules (rollout, GAE, the LRP family,
+attention Grad-CAM), AHA, ViT-CX and the token-dropping methods refused with the mask-unit / query-pooling reason
+instead of a raw error (GradSkip runs: tests/test_gradskip_hiera.py); model state restored after success and after
+an exception."""
 
 from __future__ import annotations
 
@@ -101,7 +102,7 @@ def test_timm_and_hf_hiera_give_the_same_gradcam_with_the_same_weights():
                                rtol=1e-4, atol=1e-7)
 
 
-ATTENTION_METHODS = ["gradskip", "rollout", "gae", "transformer_attribution", "attnlrp", "cplrp", "attn_gradcam"]
+ATTENTION_METHODS = ["rollout", "gae", "transformer_attribution", "attnlrp", "cplrp", "attn_gradcam"]
 
 
 @pytest.mark.parametrize("make,name", [(_hiera, "Hiera (timm-hiera)"),
@@ -109,7 +110,7 @@ ATTENTION_METHODS = ["gradskip", "rollout", "gae", "transformer_attribution", "a
 def test_attention_methods_aha_and_token_methods_refuse_with_the_reason(make, name):
     model = make()
     working = working_methods(model)
-    assert {"gradcam", "finercam", "gradient", "rise"} <= set(working) and "aha" not in working
+    assert {"gradcam", "finercam", "gradient", "rise", "gradskip"} <= set(working) and "aha" not in working
     for method in [*ATTENTION_METHODS, "vitcx", "aha", "tis", "mutex"]:
         opts = {"explainer": "untrained", "refine_steps": 0} if method == "aha" else {}
         with pytest.raises(UnsupportedModelError) as err:

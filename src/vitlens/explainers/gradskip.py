@@ -16,7 +16,7 @@ from torch import Tensor, nn
 from ..errors import InputError
 from ..models import Adapter
 from ..models.base import int_pair, recorded
-from ..models.capabilities import ATTENTION, CLASS_ATTENTION, STAGES, TOKEN_SEQUENCE, WINDOWS
+from ..models.capabilities import ATTENTION, CLASS_ATTENTION, MASK_UNITS, STAGES, TOKEN_SEQUENCE, WINDOWS
 from ..targets import Target
 from ._gradskip_rules import (
     block_backward,
@@ -57,7 +57,7 @@ class GradSkip(Explainer):
 
     name = "gradskip"
     description = "relevance propagation with adaptive head weights and skip-aware gates; conserves relevance"
-    needs = (ATTENTION, (TOKEN_SEQUENCE, WINDOWS, CLASS_ATTENTION, STAGES))
+    needs = (ATTENTION, (TOKEN_SEQUENCE, WINDOWS, CLASS_ATTENTION, STAGES, MASK_UNITS))
     display_name = "GradSkip"
     level = "token"
     defaults: dict[str, Any] = {
@@ -100,6 +100,10 @@ class GradSkip(Explainer):
             from .gradskip_cait import attribute_class_attention
 
             return attribute_class_attention(self, adapter, x, target)
+        if adapter.provides(MASK_UNITS):  # Hiera: docs/methods/gradskip.md (Hiera)
+            from .gradskip_hiera import attribute_mask_units
+
+            return attribute_mask_units(self, adapter, x, target)
         if adapter.provides(STAGES):  # SegFormer: docs/methods/gradskip_segformer.md
             from .gradskip_segformer import attribute_hierarchical
 
