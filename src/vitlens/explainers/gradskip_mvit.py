@@ -43,7 +43,7 @@ if TYPE_CHECKING:
 __all__ = ["attribute_pooled", "depthwise_contributions", "maxpool_contributions", "pooled_handback"]
 
 
-def _geometry(module: nn.Module) -> dict[str, Any]:
+def _geometry(module: Any) -> dict[str, Any]:
     """``F.unfold`` arguments of a convolution or max-pool window (explicit padding sizes only)."""
     if isinstance(getattr(module, "padding", 0), str):
         raise InputError(f"pooling with padding={module.padding!r}: the window hand-back needs explicit sizes")
@@ -155,11 +155,12 @@ def _block_step(method: Explainer, blk: PooledBlockRecord, relevance: Tensor, gr
     b, tq = out.shape[:2]
     grad_o = grads[id(out)].reshape(b, tq, heads, -1).transpose(1, 2)  # (B, H, T_q, d): ∂y/∂(A·v)
     q, v = wide(recorded(blk.q, "pooled queries")), wide(recorded(blk.v, "pooled values"))
-    pooled_q = q if bool(att.residual_pooling) else torch.zeros_like(q)
-    av = wide(out).reshape(b, tq, heads, -1).transpose(1, 2) - pooled_q
-    c_av = (av * grad_o).sum((1, 3)).abs()
-    c_q = (pooled_q * grad_o).sum((1, 3)).abs()
-    gamma = c_av / (c_av + c_q + eps)
+    if bool(att.residual_pooling):
+        av = wide(out).reshape(b, tq, heads, -1).transpose(1, 2) - q
+        c_av, c_q = (av * grad_o).sum((1, 3)).abs(), (q * grad_o).sum((1, 3)).abs()
+        gamma = c_av / (c_av + c_q + eps)  # as skip_gate: a token without gradient keeps its relevance on q
+    else:  # o = A·v: all of it through the attention
+        gamma = torch.ones_like(beta)
     # A·v: W̃ (queries × keys) with GradSkip's head weights, then back through the key/value pooling
     attn = attention_probabilities(blk)
     grad_attn = grad_o @ v.transpose(-2, -1)  # ∂y/∂A

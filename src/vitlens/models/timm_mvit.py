@@ -32,8 +32,8 @@ import torch
 from torch import Tensor, nn
 
 from ..errors import InputError, UnsupportedModelError
-from ._stages import ConvRecord, conv_hook, conv_output_size, residual_input_hook
-from .base import Adapter, BlockRecord, Recording, int_pair
+from ._stages import ConvRecord, StageBlockRecord, conv_hook, conv_output_size, residual_input_hook
+from .base import Adapter, Recording, int_pair
 from .capabilities import (ATTENTION, BLOCK_IO, CLASS_ATTENTION, CLASS_LOGITS, FEATURE_MAPS, FEATURES, LRP_LINEARS,
                            PIXEL_LOGITS, POOLING_ATTENTION, STAGES, TOKEN_GRID, TOKEN_SEQUENCE, TOKENS, WINDOWS)
 from .feature_maps import feature_maps_reason
@@ -171,8 +171,10 @@ class TimmMViTAdapter(Adapter):
         self.exact = m.pos_embed is not None  # absolute position embeddings: the built size only
         self.size = (self.built[0] * self.patch_size[0], self.built[1] * self.patch_size[1])
         self.default_size = self.size
+        self.any_size = False  # the built size, or smaller without absolute position embeddings (check_input)
         self._maps_reason = feature_maps_reason(m, self.size)
-        if not all(type(b.attn).__name__ == "MultiScaleAttention" and not b.attn.unshared for b in self.blocks()):
+        blocks: list[Any] = self.blocks()
+        if not all(type(b.attn).__name__ == "MultiScaleAttention" and not b.attn.unshared for b in blocks):
             self.capabilities = self.capabilities - {ATTENTION, POOLING_ATTENTION}
             self.capability_notes = {**_NOTES, ATTENTION: _UNREAD, POOLING_ATTENTION: _UNREAD}
 
@@ -224,9 +226,9 @@ class TimmMViTAdapter(Adapter):
 
         hooks.append(self.model.norm.register_forward_pre_hook(final_hook))
 
-    def _capture_block(self, blk: nn.Module, brec: PooledBlockRecord, leaf: bool, hooks: list) -> None:
+    def _capture_block(self, blk: Any, brec: PooledBlockRecord, leaf: bool, hooks: list) -> None:
         att, heads = blk.attn, int(blk.attn.num_heads)
-        first = residual_input_hook(BlockRecord(), leaf)  # the first block's input becomes a leaf
+        first = residual_input_hook(StageBlockRecord(), leaf)  # the first block's input becomes a leaf
 
         def block_hook(module: nn.Module, args: tuple, kwargs: dict) -> Any:
             out = first(module, args, kwargs)
