@@ -64,8 +64,9 @@ def depthwise_contributions(x: Tensor, grad_out: Tensor, conv: nn.Conv2d) -> Ten
     geo = _geometry(conv)
     n, c = x.shape[:2]
     cols = F.unfold(x, **geo).reshape(n, c, -1, grad_out.shape[-2] * grad_out.shape[-1])  # (N, C, kk, K)
-    weight = conv.weight.detach().to(x.dtype).reshape(c, -1)  # (C, kk)
-    return torch.einsum("ncok,co,nck->nko", cols, weight, grad_out.flatten(2).to(x.dtype))
+    weight = conv.weight.detach().to(x.dtype).reshape(1, c, -1, 1)  # (1, C, kk, 1)
+    cols.mul_(grad_out.flatten(2).to(x.dtype)[:, :, None, :]).mul_(weight)  # in place: unfold made a fresh tensor
+    return cols.sum(1).transpose(1, 2)
 
 
 def maxpool_contributions(x: Tensor, grad_out: Tensor, pool: nn.Module) -> Tensor:

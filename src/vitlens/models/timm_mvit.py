@@ -215,14 +215,18 @@ class TimmMViTAdapter(Adapter):
 
     def _install_capture(self, rec: Recording, hooks: list) -> None:
         record: Any = rec  # a PooledRecording (what _new_recording made; the base types it as Recording)
-        for i, blk in enumerate(self.blocks()):
+        pooled = self.provides(POOLING_ATTENTION)
+        for i, blk in enumerate(self.blocks() if pooled else []):
             brec = PooledBlockRecord(attn=blk.attn)
             record.blocks.append(brec)
             self._capture_block(blk, brec, leaf=(i == 0), hooks=hooks)
 
-        def final_hook(module: nn.Module, args: tuple) -> None:
-            record.final = args[0]
-            record.features = [args[0]]
+        def final_hook(module: nn.Module, args: tuple) -> Any:
+            # without the pooled capture the final norm's input is the leaf (only the norm and head are differentiated)
+            u = args[0] if pooled else args[0].detach().requires_grad_(True)
+            record.final = u
+            record.features = [u]
+            return None if pooled else (u, *args[1:])
 
         hooks.append(self.model.norm.register_forward_pre_hook(final_hook))
 
