@@ -1,8 +1,9 @@
 """GradSkip on timm MViTv2 (``explainers/gradskip_mvit.py``, ``models/timm_mvit.py``): the capture matches the
 model's own attention (``o − q = A·v``), the pooling hand-backs are exact first-order splits and conserve, the map
 is complete (``map.sum() + remainder == y``) and every block conserves the total, with and without a CLS token, as
-initialised and with trained-like parameters; one forward and one backward per batch, batch = one by one,
-deterministic, the ablation switches act, and the model is restored after success and after an exception."""
+initialised and with trained-like parameters; on an MViTv2 that is a ViT (nothing pooled) it gives the plain ViT
+path's maps; one forward and one backward per batch, batch = one by one, deterministic, the ablation switches act,
+and the model is restored after success and after an exception."""
 
 from __future__ import annotations
 
@@ -155,6 +156,38 @@ def test_complete_and_conserved_block_by_block(kind, trained):
             assert gate.shape == (3, adapter.num_prefix_tokens + tq) and 0 <= float(gate.min()) <= float(gate.max()) <= 1
     if kind == "no-residual-pooling":
         assert all(bool((exp.extras[f"gamma_attention_block{li}"] > 1 - 1e-6).all()) for li in range(4))
+
+
+def _mvit_and_its_vit(cls_token: bool) -> tuple[nn.Module, nn.Module]:
+    """An MViTv2 with nothing pooled (1×1 kernels, stride 1), no residual pooling, no relative positions and a 4×4
+    patchifying embedding — its blocks are then plain pre-norm ViT blocks — and a timm ViT with the same weights."""
+    from timm.models.vision_transformer import VisionTransformer
+
+    torch.manual_seed(0)
+    cfg = MultiScaleVitCfg(depths=(3,), embed_dim=16, num_heads=2, stride_q=((1, 1),), kernel_qkv=(1, 1),
+                           stride_kv_adaptive=(1, 1), residual_pooling=False, rel_pos_type="none", use_abs_pos=True,
+                           use_cls_token=cls_token, patch_kernel=(4, 4), patch_stride=(4, 4), patch_padding=(0, 0))
+    mvit = trained_like(sharpen(MultiScaleVit(cfg, img_size=32, num_classes=5).eval()))
+    vit = VisionTransformer(img_size=32, patch_size=4, embed_dim=16, depth=3, num_heads=2, num_classes=5,
+                            class_token=cls_token, global_pool="token" if cls_token else "avg", fc_norm=False).eval()
+    vit.load_state_dict({k.replace("stages.0.blocks.", "blocks.").replace("head.fc.", "head."): v
+                         for k, v in mvit.state_dict().items()})
+    return mvit, vit
+
+
+@pytest.mark.parametrize("opts", [{}, {"skip": "fixed"}, {"head_weighting": "uniform"}], ids=options_id)
+@pytest.mark.parametrize("cls_token", [False, True], ids=["avg", "cls"])
+def test_without_pooling_it_is_the_plain_vit_path(cls_token, opts):
+    """The pooled path reduces to the plain ViT path (``explainers/gradskip.py``, another implementation) where
+    the model reduces to a ViT: the same maps and remainder, from the same weights."""
+    mvit, vit = _mvit_and_its_vit(cls_token)
+    x = _x(2)
+    torch.testing.assert_close(mvit(x), vit(x), rtol=1e-5, atol=1e-6)
+    a = vitlens.explain(mvit, x, method="gradskip", **opts)
+    b = vitlens.explain(vit, x, method="gradskip", **opts)
+    assert vitlens.get_adapter(vit).family == "timm-vit"
+    torch.testing.assert_close(a.token_maps, b.token_maps, rtol=1e-4, atol=1e-6 * float(b.token_maps.abs().max()))
+    torch.testing.assert_close(a.remainder, b.remainder, rtol=1e-4, atol=1e-7)
 
 
 def test_other_targets_and_smaller_inputs_stay_complete():
