@@ -271,3 +271,14 @@ def test_model_restored_after_success_and_exception(train_mode):
     with pytest.raises(Boom):
         vitlens.explain(model, _x(1), method="gradskip", target=ExplodingTarget(1))
     assert model_fingerprint(model) == before and model.training == train_mode
+
+
+def test_cost_script_runs_and_reports_complete_maps():
+    """``benchmarks/gradskip_mvit_cost.py`` end to end on the tiny models (times are never asserted on)."""
+    from conftest import load_benchmark
+
+    threads = torch.get_num_threads()
+    rows = load_benchmark("gradskip_mvit_cost").main(["--pairs", "1"])
+    assert torch.get_num_threads() == threads and len(rows) == 2
+    for r in rows:
+        assert r["completeness"] <= 1e-5 and r["conservation"] <= 1e-5 and r["ratio_median"] > 0
