@@ -21,7 +21,8 @@ from vitlens.models.families import FAMILIES, build
 from conftest import model_fingerprint
 
 SUPPORTED = [f.name for f in FAMILIES if f.note == ""]  # the transformer classifiers
-#: hierarchical classifiers with spatial-reduction attention (PVTv2): no single token sequence, so no rollout/GAE
+#: hierarchical classifiers (PVTv2: spatial-reduction attention; MViTv2: pooling attention): no single token
+#: sequence, so no rollout/GAE
 STAGED = [f.name for f in FAMILIES if f.note == "stages"]
 REFUSED = [f.name for f in FAMILIES if f.note == "refused"]
 NEW = [n for n in SUPPORTED if n not in ("timm ViT", "timm DeiT distilled", "HF ViT")]

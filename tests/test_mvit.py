@@ -1,7 +1,9 @@
 """timm MViTv2 (``models/timm_mvit.py``): Grad-CAM and Finer-CAM on the last stage's tokens (checked against a
-by-hand Grad-CAM, with and without a CLS token), input sizes refused exactly where the model's own tables stop, and
-every method that needs attention (GradSkip, rollout, GAE, the LRP family, attention Grad-CAM), AHA, ViT-CX and the
-token-dropping methods refused with the pooling-attention reason instead of a raw error."""
+by-hand Grad-CAM, with and without a CLS token), input sizes refused exactly where the model's own tables stop,
+GradSkip on its pooling attention (the propagation itself: ``tests/test_gradskip_mvit.py``), and every method that
+needs one token sequence (rollout, GAE, the LRP family, attention Grad-CAM), AHA, ViT-CX and the token-dropping
+methods refused with the reason instead of a raw error; GradSkip refused, with the reason, where the attention pools
+before its q/k/v maps (``pool_first=True``)."""
 
 from __future__ import annotations
 
@@ -59,25 +61,38 @@ def test_gradcam_is_the_grad_cam_of_the_last_stage_tokens(cls_token):
     assert fin.token_maps.shape == (2, 4, 4) and torch.isfinite(fin.maps).all()
 
 
-ATTENTION_METHODS = ["gradskip", "rollout", "gae", "transformer_attribution", "attnlrp", "cplrp", "attn_gradcam"]
+SEQUENCE_METHODS = ["rollout", "gae", "transformer_attribution", "attnlrp", "cplrp", "attn_gradcam"]
 
 
 @pytest.mark.parametrize("cls_token", [False, True], ids=["avg", "cls"])
-def test_attention_methods_aha_and_token_methods_refuse_with_the_reason(cls_token):
+def test_gradskip_runs_and_sequence_aha_and_token_methods_refuse_with_the_reason(cls_token):
     model = _mvit(cls_token)
     working = working_methods(model)
-    assert {"gradcam", "finercam", "gradient", "rise"} <= set(working)
-    for name in [*ATTENTION_METHODS, "vitcx", "aha", "tis", "mutex"]:
+    assert {"gradskip", "gradcam", "finercam", "gradient", "rise"} <= set(working)
+    exp = vitlens.explain(model, _x(2), method="gradskip")
+    assert exp.token_maps.shape == (2, 8, 8)
+    torch.testing.assert_close(exp.token_maps.sum((1, 2)) + exp.remainder, exp.scores, rtol=1e-5, atol=1e-6)
+    for name in [*SEQUENCE_METHODS, "vitcx", "aha", "tis", "mutex"]:
         opts = {"explainer": "untrained", "refine_steps": 0} if name == "aha" else {}
         with pytest.raises(UnsupportedModelError) as err:
             get_method(name, **opts).explain(model, _x(1))
         msg = str(err.value)
         assert msg.startswith(f"method '{name}' needs ") and "MultiScaleVit (timm-mvitv2)" in msg and "\n" not in msg
-        why = "tokens cannot be dropped" if name in ("tis", "mutex") else "pooling attention pools each block's queries"
+        why = "tokens cannot be dropped" if name in ("tis", "mutex") else "successive blocks do not share their tokens"
         assert why in msg, msg
         assert msg.split("methods that work on this model: ")[1].split(", ") == working, name
     with pytest.raises(UnsupportedModelError, match="'feature_maps'.*feature_info"):
         get_method("aha", explainer="untrained", refine_steps=0).explain(model, _x(1))
+
+
+def test_attention_that_pools_before_its_qkv_maps_refuses_gradskip_with_the_reason():
+    torch.manual_seed(0)
+    cfg = MultiScaleVitCfg(depths=(1, 2), embed_dim=16, num_heads=1, stride_q=((1, 1), (2, 2)), pool_first=True)
+    model = MultiScaleVit(cfg, img_size=32, num_classes=5).eval()
+    assert "gradskip" not in working_methods(model) and "gradcam" in working_methods(model)
+    with pytest.raises(UnsupportedModelError, match="needs 'attention'.*pool_first=True.*methods that work on this"):
+        vitlens.explain(model, _x(1), method="gradskip")  # refused before the forward (which the installed timm's
+        # MultiScaleAttentionPoolFirst cannot run on this config anyway)
 
 
 def test_sizes_are_refused_exactly_where_the_models_tables_stop():

@@ -16,7 +16,8 @@ from torch import Tensor, nn
 from ..errors import InputError
 from ..models import Adapter
 from ..models.base import int_pair, recorded
-from ..models.capabilities import ATTENTION, CLASS_ATTENTION, MASK_UNITS, STAGES, TOKEN_SEQUENCE, WINDOWS
+from ..models.capabilities import (ATTENTION, CLASS_ATTENTION, MASK_UNITS, POOLING_ATTENTION, STAGES,
+                                   TOKEN_SEQUENCE, WINDOWS)
 from ..targets import Target
 from ._gradskip_rules import (
     block_backward,
@@ -57,7 +58,7 @@ class GradSkip(Explainer):
 
     name = "gradskip"
     description = "relevance propagation with adaptive head weights and skip-aware gates; conserves relevance"
-    needs = (ATTENTION, (TOKEN_SEQUENCE, WINDOWS, CLASS_ATTENTION, STAGES, MASK_UNITS))
+    needs = (ATTENTION, (TOKEN_SEQUENCE, WINDOWS, CLASS_ATTENTION, STAGES, MASK_UNITS, POOLING_ATTENTION))
     display_name = "GradSkip"
     level = "token"
     defaults: dict[str, Any] = {
@@ -108,6 +109,10 @@ class GradSkip(Explainer):
             from .gradskip_segformer import attribute_hierarchical
 
             return attribute_hierarchical(self, adapter, x, target)
+        if adapter.provides(POOLING_ATTENTION):  # MViTv2: docs/methods/gradskip.md, "MViTv2"
+            from .gradskip_mvit import attribute_pooled
+
+            return attribute_pooled(self, adapter, x, target)
         o = self.options
         fast = adapter.readout_only(all_queries=True) if o["readout_path"] else contextlib.nullcontext(False)
         steps = _BlockSteps(self)  # reduces each block's gradients as the backward produces them

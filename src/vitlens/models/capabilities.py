@@ -9,7 +9,7 @@ computed from the two in one place, :mod:`vitlens.explainers.support`; no method
 from __future__ import annotations
 
 __all__ = ["ATTENTION", "BLOCK_IO", "TOKEN_SEQUENCE", "WINDOWS", "CLASS_ATTENTION", "STAGES", "LRP_LINEARS",
-           "LRP_VARIANT_LINEARS", "MASK_UNITS",
+           "LRP_VARIANT_LINEARS", "MASK_UNITS", "POOLING_ATTENTION",
            "LINEAR_HEAD", "TOKENS", "FEATURES", "FEATURE_MAPS", "TOKEN_GRID", "CLASS_LOGITS", "PIXEL_LOGITS",
            "DESCRIPTIONS", "describe_need"]
 
@@ -28,6 +28,9 @@ STAGES = "stages"
 #: attention within mask units of an unrolled token order, with query max-pooling and pooled, projected skips at
 #: stage transitions (Hiera: ``vitlens.models.hiera.HieraRecording``)
 MASK_UNITS = "mask_units"
+#: multiscale pooling attention (MViTv2): per block, the pooled queries, keys and values with their pooling
+#: convolutions, the residual-pooling term and the (max-pooled) skip, in a ``PooledRecording``
+POOLING_ATTENTION = "pooling_attention"
 #: per block, the declared q/k/v, output-projection and MLP linear maps of a plain pre-norm block (``lrp_linears()``)
 LRP_LINEARS = "lrp_linears"
 #: as :data:`LRP_LINEARS`, for pre-norm blocks that may also normalise queries/keys (``qk_norm``) or the attention
@@ -57,6 +60,7 @@ DESCRIPTIONS = {
     CLASS_ATTENTION: "class-attention blocks after self-attention on the patch tokens",
     STAGES: "hierarchical stages",
     MASK_UNITS: "mask-unit attention in an unrolled token order, with query max-pooling",
+    POOLING_ATTENTION: "pooling attention with pooled queries, keys and values and a pooled skip (MViTv2)",
     LRP_LINEARS: "declared linear maps of plain pre-norm blocks (for LRP rules)",
     LRP_VARIANT_LINEARS: "declared linear maps of pre-norm blocks, also with q/k norms, scale norms or a gated MLP "
                          "(for the gradient x input LRP rules)",

@@ -27,7 +27,8 @@ class Family:
     classes: str
     build: Callable[[], nn.Module]
     #: "" a transformer classifier the attention methods read; "no attention": one whose blocks give features but no
-    #: attention maps; "segmentation", "cnn"; "refused": no adapter reads it
+    #: attention maps; "stages": a hierarchical classifier GradSkip reads but not as one token sequence (PVTv2,
+    #: MViTv2); "segmentation", "cnn"; "refused": no adapter reads it
     note: str = ""
 
 
@@ -202,7 +203,7 @@ FAMILIES: list[Family] = [
            _timm("pit_ti_224", False, img_size=32, num_classes=5), note="refused"),
     Family("timm MViTv2", "timm MultiScaleVit (pooling attention with residual pooling, decomposed relative "
            "position bias)", _mvit(depths=(1, 1), embed_dim=16, num_heads=1, stride_q=((1, 1), (2, 2))),
-           note="refused"),
+           note="stages"),
     Family("timm Hiera", "timm Hiera (mask-unit attention, query max-pooling with projected, pooled skips; "
            "unrolled token order)", _timm("hiera_tiny_224", False, img_size=32, embed_dim=16, num_heads=1,
                                           stages=(1, 1, 1), q_pool=2, mask_unit_size=(4, 4),
