@@ -16,7 +16,7 @@ from torch import Tensor, nn
 from ..errors import InputError
 from ..models import Adapter
 from ..models.base import int_pair, recorded
-from ..models.capabilities import ATTENTION, CLASS_ATTENTION, STAGES, TOKEN_SEQUENCE, WINDOWS
+from ..models.capabilities import ATTENTION, CLASS_ATTENTION, PARTITION_ATTENTION, STAGES, TOKEN_SEQUENCE, WINDOWS
 from ..targets import Target
 from ._gradskip_rules import (
     block_backward,
@@ -57,7 +57,7 @@ class GradSkip(Explainer):
 
     name = "gradskip"
     description = "relevance propagation with adaptive head weights and skip-aware gates; conserves relevance"
-    needs = (ATTENTION, (TOKEN_SEQUENCE, WINDOWS, CLASS_ATTENTION, STAGES))
+    needs = (ATTENTION, (TOKEN_SEQUENCE, WINDOWS, CLASS_ATTENTION, STAGES, PARTITION_ATTENTION))
     display_name = "GradSkip"
     level = "token"
     defaults: dict[str, Any] = {
@@ -104,6 +104,10 @@ class GradSkip(Explainer):
             from .gradskip_segformer import attribute_hierarchical
 
             return attribute_hierarchical(self, adapter, x, target)
+        if adapter.provides(PARTITION_ATTENTION):  # MaxViT: docs/methods/gradskip.md ("MaxViT")
+            from .gradskip_maxvit import attribute_partitioned
+
+            return attribute_partitioned(self, adapter, x, target)
         o = self.options
         fast = adapter.readout_only(all_queries=True) if o["readout_path"] else contextlib.nullcontext(False)
         steps = _BlockSteps(self)  # reduces each block's gradients as the backward produces them

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 __all__ = ["ATTENTION", "BLOCK_IO", "TOKEN_SEQUENCE", "WINDOWS", "CLASS_ATTENTION", "STAGES", "LRP_LINEARS",
            "LRP_VARIANT_LINEARS",
-           "LINEAR_HEAD", "TOKENS", "FEATURES", "FEATURE_MAPS", "TOKEN_GRID", "CLASS_LOGITS", "PIXEL_LOGITS",
+           "LINEAR_HEAD", "TOKENS", "PARTITION_ATTENTION", "FEATURES", "FEATURE_MAPS", "TOKEN_GRID", "CLASS_LOGITS", "PIXEL_LOGITS",
            "DESCRIPTIONS", "describe_need"]
 
 #: per-block attention probabilities, part of the autograd graph (explicit attention; ``Recording.blocks[i].attn``)
@@ -25,6 +25,9 @@ WINDOWS = "windows"
 CLASS_ATTENTION = "class_attention"
 #: hierarchical stages with their own token grids, reduced keys and patch merging (SegFormer; Swin's stages)
 STAGES = "stages"
+#: convolution (MBConv) blocks, then attention within windows and within a dilated grid of a 2-d feature map, with
+#: the partitions and the convolutions recorded (MaxViT; ``session(partitions=True)`` of its adapter)
+PARTITION_ATTENTION = "partition_attention"
 #: per block, the declared q/k/v, output-projection and MLP linear maps of a plain pre-norm block (``lrp_linears()``)
 LRP_LINEARS = "lrp_linears"
 #: as :data:`LRP_LINEARS`, for pre-norm blocks that may also normalise queries/keys (``qk_norm``) or the attention
@@ -53,6 +56,7 @@ DESCRIPTIONS = {
     WINDOWS: "shifted-window attention with patch merging",
     CLASS_ATTENTION: "class-attention blocks after self-attention on the patch tokens",
     STAGES: "hierarchical stages",
+    PARTITION_ATTENTION: "MBConv blocks, then block (window) and grid attention over a 2-d feature map",
     LRP_LINEARS: "declared linear maps of plain pre-norm blocks (for LRP rules)",
     LRP_VARIANT_LINEARS: "declared linear maps of pre-norm blocks, also with q/k norms, scale norms or a gated MLP "
                          "(for the gradient x input LRP rules)",
