@@ -71,6 +71,16 @@ def _geometry(module: nn.Module) -> dict[str, tuple[int, int]]:
             "stride": _pair(getattr(module, "stride"))}
 
 
+def _offsets(module: nn.Module, out_hw: tuple[int, int]) -> list[tuple[slice, slice]]:
+    """Per kernel offset ``o`` (row-major), the strided slices of the padded input that offset reads for every output
+    cell (``x_pad[..., rows, cols]`` is ``(…, h_out, w_out)``)."""
+    geo = _geometry(module)
+    (kh, kw), (sh, sw), (dh, dw) = geo["kernel_size"], geo["stride"], geo["dilation"]
+    h, w = out_hw
+    return [(slice(i * dh, i * dh + sh * (h - 1) + 1, sh), slice(j * dw, j * dw + sw * (w - 1) + 1, sw))
+            for i in range(kh) for j in range(kw)]
+
+
 def window_op_contributions(x: Tensor, grad_out: Tensor, module: nn.Module) -> tuple[Tensor, Tensor, tuple]:
     """First-order contribution of every input cell to every output window of a depthwise convolution or an average
     pool ``module``, ``(B, K, k_h·k_w)``, and which window offsets fall inside the image ``(1, K, k_h·k_w)``.
@@ -78,26 +88,28 @@ def window_op_contributions(x: Tensor, grad_out: Tensor, module: nn.Module) -> t
     Depthwise: ``c[b, k, o] = Σ_c x[b, c, p(k, o)] · W[c, o] · ∂y/∂out[b, c, k]``, so ``Σ_o c[b, k, o] =
     ⟨∂y/∂out_k, out_k − bias⟩``. Average pool: ``c[b, k, o] = Σ_c x[b, c, p(k, o)] · ∂y/∂out[b, c, k]`` (the
     pool's weight is the same at every in-image offset of a window, so it leaves the shares unchanged).
-    ``p(k, o)`` is the input cell under offset ``o`` of output ``k``; padding holds zeros.
+    ``p(k, o)`` is the input cell under offset ``o`` of output ``k``; padding holds zeros. Computed offset by offset
+    on strided views of the padded input (no unfolded ``(B, C·k_h·k_w, K)`` copy).
     """
     b, c, h, w = x.shape
-    geo = _geometry(module)
     pads = _pads(module, (h, w))
-    kk = geo["kernel_size"][0] * geo["kernel_size"][1]
-    cols = F.unfold(F.pad(x, pads), **geo)  # (B, C·kk, K)
-    k = cols.shape[-1]
-    if grad_out.shape[-2] * grad_out.shape[-1] != k or grad_out.shape[1] != c:
-        raise InputError(f"{type(module).__name__} output {tuple(grad_out.shape[1:])} does not match its unfolded "
-                         f"input ({c} channels, {k} windows)")
-    cols = cols.reshape(b, c, kk, k)
-    g = grad_out.flatten(2).to(cols.dtype)  # (B, C, K)
-    if isinstance(module, nn.Conv2d):
-        weight = module.weight.detach().reshape(c, kk).to(cols.dtype)
-        contrib = torch.einsum("bcok,bck,co->bko", cols, g, weight)
-    else:
-        contrib = torch.einsum("bcok,bck->bko", cols, g)
-    inside = F.unfold(F.pad(torch.ones(1, 1, h, w, dtype=cols.dtype, device=cols.device), pads), **geo)
-    return contrib, inside.transpose(1, 2), pads
+    out_hw = (int(grad_out.shape[-2]), int(grad_out.shape[-1]))
+    if grad_out.shape[1] != c:
+        raise InputError(f"{type(module).__name__} output has {grad_out.shape[1]} channels, its input {c}")
+    xp = F.pad(x, pads)
+    g = grad_out.to(x.dtype)
+    ones = F.pad(torch.ones(1, 1, h, w, dtype=x.dtype, device=x.device), pads)
+    depthwise = isinstance(module, nn.Conv2d)
+    weight = module.weight.detach().reshape(c, -1).to(x.dtype) if depthwise else None
+    contrib, inside = [], []
+    for o, (rows, cols) in enumerate(_offsets(module, out_hw)):
+        xs = xp[:, :, rows, cols]
+        if xs.shape[-2:] != out_hw:
+            raise InputError(f"{type(module).__name__}: the input does not give its {out_hw} output")
+        prod = (xs * g).flatten(2)  # (B, C, K); the depthwise weight is folded in by one product over channels
+        contrib.append(prod.sum(1) if weight is None else torch.matmul(weight[:, o], prod))
+        inside.append(ones[:, 0, rows, cols].flatten(1))
+    return torch.stack(contrib, dim=-1), torch.stack(inside, dim=-1), pads
 
 
 def window_op_handback(relevance: Tensor, x: Tensor, grad_out: Tensor, module: nn.Module) -> Tensor:
@@ -108,13 +120,16 @@ def window_op_handback(relevance: Tensor, x: Tensor, grad_out: Tensor, module: n
     ``(B, H·W)`` on the input grid."""
     h, w = x.shape[-2:]
     contrib, inside, (left, right, top, bottom) = window_op_contributions(x, grad_out, module)
-    contrib = contrib.clamp_min(0) * inside
+    contrib = contrib.clamp_min_(0).mul_(inside)
     total = contrib.sum(-1, keepdim=True)
     uniform = inside / inside.sum(-1, keepdim=True).clamp_min(1.0)
     share = torch.where(total > 0, contrib / total.clamp_min(torch.finfo(contrib.dtype).tiny), uniform)
-    parts = (share * relevance[:, :, None].to(share.dtype)).transpose(1, 2)  # (B, kk, K)
-    back = F.fold(parts, output_size=(h + top + bottom, w + left + right), **_geometry(module))
-    return back[:, 0, top:top + h, left:left + w].flatten(1)
+    parts = share * relevance[:, :, None].to(share.dtype)  # (B, K, kk)
+    out_hw = (int(grad_out.shape[-2]), int(grad_out.shape[-1]))
+    back = parts.new_zeros(parts.shape[0], h + top + bottom, w + left + right)
+    for o, (rows, cols) in enumerate(_offsets(module, out_hw)):
+        back[:, rows, cols] += parts[:, :, o].reshape(-1, *out_hw)
+    return back[:, top:top + h, left:left + w].flatten(1)
 
 
 def _cells(t: Tensor) -> Tensor:
