@@ -2,11 +2,13 @@
 layout against timm's own partition functions, the exact window hand-back through depthwise convolutions and average
 pools (symmetric and "same" padding), the recorded value norms against timm's q/k/v split, completeness and
 conservation per block on trained-like models (non-zero biases, non-trivial batch-norm statistics) in both attention
-layouts, conservative LayerNorm2d, one forward and one backward, batch equivariance, determinism, model state
+layouts and in half precision, conservative LayerNorm2d, one forward and one backward, batch equivariance, determinism, model state
 restored after success and after an exception, ablations, and the refusals that remain (rollout, GAE, CoAtNet,
 ConvNeXt-block MaxxViT)."""
 
 from __future__ import annotations
+
+import copy
 
 import pytest
 import torch
@@ -188,6 +190,17 @@ def test_each_ablation_is_complete_and_changes_the_map(opts):
     exp = get_method("gradskip", **opts).explain(model, x, target=1)
     assert_complete(exp)
     assert not torch.allclose(exp.token_maps, base.token_maps, rtol=1e-4, atol=1e-7), opts
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+def test_half_precision_matches_float32_and_is_complete(dtype):
+    model, x = maxvit("tf"), images(2)
+    ref = vitlens.explain(model, x, method="gradskip", target=1)
+    exp = vitlens.explain(copy.deepcopy(model).to(dtype), x, method="gradskip", target=1)
+    a, b = exp.token_maps.flatten(1).double(), ref.token_maps.flatten(1).double()
+    a, b = a - a.mean(1, keepdim=True), b - b.mean(1, keepdim=True)
+    assert ((a * b).sum(1) / (a.norm(dim=1) * b.norm(dim=1))).min() >= 0.99  # measured: fp16 0.9999, bf16 0.998
+    assert_complete(exp)
 
 
 # -- cost, equivariance, determinism --------------------------------------------------------------------------------

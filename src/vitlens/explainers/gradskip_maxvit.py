@@ -99,8 +99,7 @@ def window_op_contributions(x: Tensor, grad_out: Tensor, module: nn.Module) -> t
     xp = F.pad(x, pads)
     g = grad_out.to(x.dtype)
     ones = F.pad(torch.ones(1, 1, h, w, dtype=x.dtype, device=x.device), pads)
-    depthwise = isinstance(module, nn.Conv2d)
-    weight = module.weight.detach().reshape(c, -1).to(x.dtype) if depthwise else None
+    weight = module.weight.detach().reshape(c, -1).to(x.dtype) if isinstance(module, nn.Conv2d) else None
     contrib, inside = [], []
     for o, (rows, cols) in enumerate(_offsets(module, out_hw)):
         xs = xp[:, :, rows, cols]
