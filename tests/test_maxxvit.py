@@ -1,9 +1,10 @@
 """timm MaxxVit (``models/timm_maxxvit.py``: MaxViT, and CoAtNet built by the same class): Grad-CAM and Finer-CAM on
 the final feature map (checked against a by-hand Grad-CAM), AHA on timm's feature_info maps, input sizes refused
-exactly where the window/grid partitions stop dividing a stage's feature map (with the model's own words), and every
-method that needs attention or a token sequence (GradSkip, rollout, GAE, the LRP family, attention Grad-CAM), ViT-CX
-and the token-dropping methods refused with the MBConv / block-grid-attention reason instead of a raw error; model
-state (batch-norm statistics included) restored after success and after an exception."""
+exactly where the window/grid partitions stop dividing a stage's feature map (with the model's own words), GradSkip
+listed (its MaxViT path: tests/test_gradskip_maxvit.py), every method that needs a token sequence (rollout, GAE, the
+LRP family, attention Grad-CAM), ViT-CX and the token-dropping methods refused with the MBConv / block-grid-attention
+reason instead of a raw error; model state (batch-norm statistics included) restored after success and after an
+exception."""
 
 from __future__ import annotations
 
@@ -63,13 +64,13 @@ def test_gradcam_is_the_grad_cam_of_the_final_feature_map(arch):
     assert aha.maps.shape == (2, 32, 32) and torch.isfinite(aha.maps).all()
 
 
-ATTENTION_METHODS = ["gradskip", "rollout", "gae", "transformer_attribution", "attnlrp", "cplrp", "attn_gradcam"]
+ATTENTION_METHODS = ["rollout", "gae", "transformer_attribution", "attnlrp", "cplrp", "attn_gradcam"]
 
 
-def test_attention_and_token_methods_refuse_with_the_reason():
+def test_sequence_and_token_methods_refuse_with_the_reason():
     model = _maxvit()
     working = working_methods(model)
-    assert {"gradcam", "finercam", "aha", "gradient", "rise"} <= set(working)
+    assert {"gradcam", "finercam", "aha", "gradient", "rise", "gradskip"} <= set(working)
     for name in [*ATTENTION_METHODS, "vitcx", "tis", "mutex"]:
         with pytest.raises(UnsupportedModelError) as err:
             get_method(name).explain(model, _x(1))
@@ -77,8 +78,14 @@ def test_attention_and_token_methods_refuse_with_the_reason():
         assert msg.startswith(f"method '{name}' needs ") and "MaxxVit (timm-maxxvit)" in msg and "\n" not in msg
         why = "tokens cannot be dropped" if name in ("tis", "mutex") else "MBConv convolution block"
         assert why in msg and "a CNN has no attention" not in msg, msg
+        if name not in ("tis", "mutex"):
+            assert "no token sequence whose attention matrices chain" in msg, msg
         assert msg.split("methods that work on this model: ")[1].split(", ") == working, name
-    assert "grid attention over a dilated grid" in vitlens.get_adapter(model).lacking("attention")
+    adapter = vitlens.get_adapter(model)
+    assert adapter.provides("attention") and adapter.provides("partition_attention")
+    assert "grid attention over a dilated grid" in adapter.lacking("token_sequence")
+    exp = vitlens.explain(model, _x(), method="gradskip")  # tests/test_gradskip_maxvit.py checks it in full
+    torch.testing.assert_close(exp.token_maps.sum((1, 2)), exp.scores, rtol=1e-5, atol=1e-6)
 
 
 def test_sizes_are_refused_exactly_where_the_partitions_stop_dividing():

@@ -16,8 +16,9 @@ from torch import Tensor, nn
 from ..errors import InputError
 from ..models import Adapter
 from ..models.base import int_pair, recorded
-from ..models.capabilities import (ATTENTION, CLASS_ATTENTION, MASK_UNITS, POOLING_ATTENTION, STAGES,
-                                   TOKEN_SEQUENCE, WINDOWS)
+from ..models.capabilities import (ATTENTION, CLASS_ATTENTION, MASK_UNITS, PARTITION_ATTENTION,
+                                   POOLING_ATTENTION,
+                                   STAGES, TOKEN_SEQUENCE, WINDOWS)
 from ..targets import Target
 from ._gradskip_rules import (
     block_backward,
@@ -58,7 +59,8 @@ class GradSkip(Explainer):
 
     name = "gradskip"
     description = "relevance propagation with adaptive head weights and skip-aware gates; conserves relevance"
-    needs = (ATTENTION, (TOKEN_SEQUENCE, WINDOWS, CLASS_ATTENTION, STAGES, MASK_UNITS, POOLING_ATTENTION))
+    needs = (ATTENTION, (TOKEN_SEQUENCE, WINDOWS, CLASS_ATTENTION, STAGES, MASK_UNITS, POOLING_ATTENTION,
+                         PARTITION_ATTENTION))
     display_name = "GradSkip"
     level = "token"
     defaults: dict[str, Any] = {
@@ -113,6 +115,10 @@ class GradSkip(Explainer):
             from .gradskip_mvit import attribute_pooled
 
             return attribute_pooled(self, adapter, x, target)
+        if adapter.provides(PARTITION_ATTENTION):  # MaxViT: docs/methods/gradskip.md ("MaxViT")
+            from .gradskip_maxvit import attribute_partitioned
+
+            return attribute_partitioned(self, adapter, x, target)
         o = self.options
         fast = adapter.readout_only(all_queries=True) if o["readout_path"] else contextlib.nullcontext(False)
         steps = _BlockSteps(self)  # reduces each block's gradients as the backward produces them

@@ -9,7 +9,7 @@ computed from the two in one place, :mod:`vitlens.explainers.support`; no method
 from __future__ import annotations
 
 __all__ = ["ATTENTION", "BLOCK_IO", "TOKEN_SEQUENCE", "WINDOWS", "CLASS_ATTENTION", "STAGES", "LRP_LINEARS",
-           "LRP_VARIANT_LINEARS", "MASK_UNITS", "POOLING_ATTENTION",
+           "LRP_VARIANT_LINEARS", "MASK_UNITS", "POOLING_ATTENTION", "PARTITION_ATTENTION",
            "LINEAR_HEAD", "TOKENS", "FEATURES", "FEATURE_MAPS", "TOKEN_GRID", "CLASS_LOGITS", "PIXEL_LOGITS",
            "DESCRIPTIONS", "describe_need"]
 
@@ -31,6 +31,9 @@ MASK_UNITS = "mask_units"
 #: multiscale pooling attention (MViTv2): per block, the pooled queries, keys and values with their pooling
 #: convolutions, the residual-pooling term and the (max-pooled) skip, in a ``PooledRecording``
 POOLING_ATTENTION = "pooling_attention"
+#: convolution (MBConv) blocks, then attention within windows and within a dilated grid of a 2-d feature map, with
+#: the partitions and the convolutions recorded (MaxViT; ``session(partitions=True)`` of its adapter)
+PARTITION_ATTENTION = "partition_attention"
 #: per block, the declared q/k/v, output-projection and MLP linear maps of a plain pre-norm block (``lrp_linears()``)
 LRP_LINEARS = "lrp_linears"
 #: as :data:`LRP_LINEARS`, for pre-norm blocks that may also normalise queries/keys (``qk_norm``) or the attention
@@ -61,6 +64,7 @@ DESCRIPTIONS = {
     STAGES: "hierarchical stages",
     MASK_UNITS: "mask-unit attention in an unrolled token order, with query max-pooling",
     POOLING_ATTENTION: "pooling attention with pooled queries, keys and values and a pooled skip (MViTv2)",
+    PARTITION_ATTENTION: "MBConv blocks, then block (window) and grid attention over a 2-d feature map",
     LRP_LINEARS: "declared linear maps of plain pre-norm blocks (for LRP rules)",
     LRP_VARIANT_LINEARS: "declared linear maps of pre-norm blocks, also with q/k norms, scale norms or a gated MLP "
                          "(for the gradient x input LRP rules)",

@@ -28,7 +28,8 @@ class Family:
     build: Callable[[], nn.Module]
     #: "" a transformer classifier the attention methods read; "no attention": one whose blocks give features but no
     #: attention maps; "stages": a hierarchical classifier GradSkip reads but not as one token sequence (PVTv2,
-    #: MViTv2); "segmentation", "cnn"; "refused": no adapter reads it
+    #: MViTv2); "segmentation", "cnn"; "partitions": MBConv blocks with block and grid attention (MaxViT:
+    #: GradSkip, no token sequence); "refused": no adapter reads it
     note: str = ""
 
 
@@ -223,7 +224,7 @@ FAMILIES: list[Family] = [
     Family("timm MaxViT", "timm MaxxVit (maxvit_*: MBConv blocks, block (window) and grid attention with relative "
            "position bias)", _timm("maxvit_tiny_tf_224", False, img_size=32, num_classes=5, embed_dim=(16, 32),
                                    depths=(1, 1), stem_width=(8, 16), head_hidden_size=32, transformer_dim_head=8,
-                                   transformer_window_size=(2, 2), transformer_grid_size=(2, 2)), note="refused"),
+                                   transformer_window_size=(2, 2), transformer_grid_size=(2, 2)), note="partitions"),
     Family("timm ConViT", "timm ConVit", _timm("convit_tiny", False, img_size=32, depth=2, num_classes=5),
            note="refused"),
 ]
