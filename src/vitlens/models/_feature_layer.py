@@ -113,7 +113,7 @@ class FeatureLayerAdapter(Adapter):
             return self.token_grid(hw)
         if hw not in self._grids:  # not seen in a forward yet: one trial forward records it
             p = next(iter(self.model.parameters()))
-            self._trial(torch.zeros(1, self.in_chans, *hw, dtype=p.dtype, device=p.device))
+            self._trial(torch.zeros(1, int(self.in_chans or 3), *hw, dtype=p.dtype, device=p.device))
         if hw not in self._grids:
             raise InputError(self._verdicts.get(hw) or f"the feature layer of {type(self.model).__name__} was not "
                                                        f"reached for a {hw[0]}x{hw[1]} input")

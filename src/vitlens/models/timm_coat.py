@@ -23,6 +23,8 @@ scale 2; no later single tensor carries the prediction. Input sizes: the patch e
 
 from __future__ import annotations
 
+from typing import Any
+
 from torch import nn
 
 from ..errors import UnsupportedModelError
@@ -57,7 +59,7 @@ class TimmCoaTAdapter(FeatureLayerAdapter):
             raise UnsupportedModelError("return_interm_layers=True: the model outputs its features, not class logits")
         self.parallel = getattr(m, "parallel_blocks", None) is not None
         why = _FACTORIZED + (_PARALLEL if self.parallel else "") + _END
-        embeds = [getattr(m, f"patch_embed{i}", None) for i in (1, 2, 3, 4)]
+        embeds: list[Any] = [getattr(m, f"patch_embed{i}", None) for i in (1, 2, 3, 4)]
         if any(e is None for e in embeds):
             raise UnsupportedModelError("CoaT with pruned stages (a patch embedding is None)")
         super().__init__(model, why, "its position-encoding convolutions need the full token grid: tokens cannot be "

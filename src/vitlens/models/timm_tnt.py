@@ -44,7 +44,8 @@ class TimmTNTAdapter(FeatureLayerAdapter):
         embed = getattr(model, "pixel_embed")
         super().__init__(model, _WHY, "its inner transformers and position embeddings need every patch: tokens cannot "
                                       "be dropped", int_pair(tuple(embed.img_size)))
-        self.patch_size = int_pair(tuple(embed.patch_size))
+        self.patch: tuple[int, int] = int_pair(tuple(embed.patch_size))
+        self.patch_size = self.patch
         self.num_prefix_tokens = int(getattr(model, "num_prefix_tokens", 1))
         self.readout_tokens = (0,) if self.model.global_pool == "token" else None
 
@@ -60,4 +61,4 @@ class TimmTNTAdapter(FeatureLayerAdapter):
 
     def token_grid(self, input_hw: tuple[int, int]) -> tuple[int, int]:
         """The patch grid: ``H // p × W // p``."""
-        return input_hw[0] // self.patch_size[0], input_hw[1] // self.patch_size[1]
+        return input_hw[0] // self.patch[0], input_hw[1] // self.patch[1]
