@@ -197,7 +197,8 @@ def test_aha_reads_the_feature_info_maps(case):
 
 @pytest.mark.parametrize("case, words", [
     ("twins_svt", "feature_info names 'block.k' where the stages are the containers 'blocks.k'"),
-    ("coat", "'serial_blocksK' and 'parallel_blocks', never called"),
+    ("coat", "feature_info module 'serial_blocks1' is never called in the forward (a container"),
+    ("tnt", "feature_info module 'blocks.0' outputs (16, 4, 8), not a (B, C, h, w) map"),
     ("crossvit", "outputs (1, 17, 16), not a (B, C, h, w) map"),
 ])
 def test_aha_refusal_says_why_the_maps_cannot_be_read(case, words):
@@ -230,6 +231,8 @@ def test_sizes_the_model_cannot_run_are_refused_in_its_own_words():
             vitlens.explain(model, _x(1, 48), method="gradcam")
     with pytest.raises(vitlens.InputError, match="3 input channels"):
         vitlens.explain(twins, torch.randn(1, 1, 32, 32), method="gradcam")
+    assert [vitlens.get_adapter(_model(c)).any_size for c in ("twins_svt", "crossvit", "effvit")] == [True] * 3
+    assert [vitlens.get_adapter(_model(c)).any_size for c in ("coat", "nest", "volo", "tnt")] == [False] * 4
 
 
 #: the module a failing hook is put on, inside the forward after the feature layer

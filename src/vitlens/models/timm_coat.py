@@ -65,6 +65,7 @@ class TimmCoaTAdapter(FeatureLayerAdapter):
         super().__init__(model, why, "its position-encoding convolutions need the full token grid: tokens cannot be "
                                      "dropped", int_pair(tuple(getattr(embeds[0], "img_size"))))
         self.num_prefix_tokens = 1
+        self.any_size = False  # the patch embedding checks img_size
         self.readout_tokens = (0,) if getattr(m, "global_pool", "token") == "token" else None
         stages = 2 if self.parallel else 4
         self.embeds = [e.proj for e in embeds[:stages]]
@@ -79,7 +80,3 @@ class TimmCoaTAdapter(FeatureLayerAdapter):
     def token_grid(self, input_hw: tuple[int, int]) -> tuple[int, int]:
         """The feature layer's grid: the patch embeddings' convolutions up to its stage, applied in turn."""
         return stage_grids(self.embeds, input_hw)[-1]
-
-    def maps_note(self) -> str:
-        return (f"{super().maps_note()} (timm's CoaT feature_info names its block containers 'serial_blocksK' and "
-                "'parallel_blocks', never called as layers)")

@@ -43,6 +43,7 @@ class TimmNestAdapter(FeatureLayerAdapter):
     def __init__(self, model: nn.Module) -> None:
         super().__init__(model, _WHY, "its blocks and block aggregation need the full patch grid: tokens cannot be "
                                       "dropped", int_pair(tuple(getattr(model, "patch_embed").img_size)))
+        self.any_size = False  # the patch embedding checks img_size
 
     def feature_module(self) -> nn.Module:
         """The global pool: its input is the final (normed) feature map."""

@@ -47,6 +47,7 @@ class TimmTNTAdapter(FeatureLayerAdapter):
         self.patch: tuple[int, int] = int_pair(tuple(embed.patch_size))
         self.patch_size = self.patch
         self.num_prefix_tokens = int(getattr(model, "num_prefix_tokens", 1))
+        self.any_size = False  # the patch embedding checks img_size
         self.readout_tokens = (0,) if self.model.global_pool == "token" else None
 
     def feature_module(self) -> nn.Module:

@@ -55,6 +55,7 @@ class TimmVoloAdapter(FeatureLayerAdapter):
         super().__init__(model, _WHY, "its outlook attention, merging convolution and position embedding need the "
                                       "full token grid: tokens cannot be dropped",
                          (int(pos.shape[1]) * scale, int(pos.shape[2]) * scale))
+        self.any_size = False  # the position embedding fixes the merged grid
 
     def feature_module(self) -> nn.Module:
         """The last stage (its output is the last stage's token map)."""
