@@ -28,6 +28,13 @@ from .timm_cait import TimmCaitAdapter
 from .timm_cnn import TimmCNNAdapter
 from .timm_mvit import TimmMViTAdapter
 from .timm_maxxvit import TimmMaxxVitAdapter
+from .timm_twins import TimmTwinsAdapter
+from .timm_coat import TimmCoaTAdapter
+from .timm_crossvit import TimmCrossVitAdapter
+from .timm_nest import TimmNestAdapter
+from .timm_volo import TimmVoloAdapter
+from .timm_tnt import TimmTNTAdapter
+from .timm_efficientvit import TimmEfficientVitMsraAdapter
 from .hiera import HFHieraAdapter, TimmHieraAdapter
 from .timm_families import REFUSED, TimmBeitAdapter, TimmEvaAdapter, TimmRelPosAdapter
 from .timm_swin import TimmSwinAdapter
@@ -60,6 +67,13 @@ __all__ = [
     "TimmHieraAdapter",
     "HFHieraAdapter",
     "TimmMaxxVitAdapter",
+    "TimmTwinsAdapter",
+    "TimmCoaTAdapter",
+    "TimmCrossVitAdapter",
+    "TimmNestAdapter",
+    "TimmVoloAdapter",
+    "TimmTNTAdapter",
+    "TimmEfficientVitMsraAdapter",
     "HFPvtV2Adapter",
     "LinearProbe",
     "get_adapter",
@@ -139,7 +153,9 @@ def _refused_note(model: nn.Module) -> str | None:
 _ADAPTERS: list[type[Adapter]] = [TimmParallelViTAdapter, TimmBlockFeaturesAdapter, TimmViTAdapter, TimmEvaAdapter, TimmBeitAdapter, TimmRelPosAdapter, TimmSwinAdapter,
                                   TimmSwinV2Adapter, TimmCaitAdapter, HFViTAdapter, HFSequenceAdapter, HFSwinAdapter,
                                   HFSwinV2Adapter, SegformerAdapter, TimmPvtV2Adapter, HFPvtV2Adapter, TimmMViTAdapter,
-                                  TimmHieraAdapter, HFHieraAdapter, TimmMaxxVitAdapter, TimmCNNAdapter]
+                                  TimmHieraAdapter, HFHieraAdapter, TimmMaxxVitAdapter, TimmTwinsAdapter, TimmCoaTAdapter, TimmCrossVitAdapter,
+                                  TimmNestAdapter, TimmVoloAdapter, TimmTNTAdapter, TimmEfficientVitMsraAdapter,
+                                  TimmCNNAdapter]
 
 
 def register_adapter(cls: type[Adapter], first: bool = True) -> type[Adapter]:

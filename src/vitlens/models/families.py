@@ -84,6 +84,18 @@ def _mvit(**cfg) -> Callable[[], nn.Module]:
     return make
 
 
+def _timm_class(module: str, cls_name: str, **kw) -> Callable[[], nn.Module]:
+    """timm class ``cls_name`` of ``timm.models.<module>`` with random weights (for models whose registered
+    architectures fix the arguments a tiny config sets, e.g. NesT's and VOLO's widths and depths)."""
+
+    def make() -> nn.Module:
+        import importlib
+
+        return getattr(importlib.import_module(f"timm.models.{module}"), cls_name)(**kw)
+
+    return make
+
+
 def _probe(backbone_cls: str, cfg_name: str, readout: str, **kw) -> Callable[[], nn.Module]:
     """A transformers backbone with random weights and a linear head (:class:`vitlens.models.LinearProbe`)."""
 
@@ -226,6 +238,32 @@ FAMILIES: list[Family] = [
                                    depths=(1, 1), stem_width=(8, 16), head_hidden_size=32, transformer_dim_head=8,
                                    transformer_window_size=(2, 2), transformer_grid_size=(2, 2)), note="partitions"),
     Family("timm ConViT", "timm ConVit", _timm("convit_tiny", False, img_size=32, depth=2, num_classes=5),
+           note="refused"),
+    Family("timm Twins", "timm Twins (twins_svt_*: locally-grouped and global sub-sampled attention; twins_pcpvt_*: "
+           "sub-sampled attention; position-encoding convolutions)",
+           _timm("twins_svt_small", False, img_size=32, embed_dims=(16, 32), num_heads=(1, 2), mlp_ratios=(2, 2),
+                 depths=(2, 1), wss=(2, 2), sr_ratios=(2, 1), num_classes=5), note="refused"),
+    Family("timm CoaT", "timm CoaT (coat_*, coat_lite_*: factorized conv-attention; coat_*: parallel blocks across "
+           "scales)", _timm("coat_tiny", False, img_size=32, embed_dims=(16, 16, 16, 16), serial_depths=(1, 1, 1, 1),
+                            parallel_depth=1, num_heads=2, crpe_window={3: 2}, mlp_ratios=(2, 2, 2, 2),
+                            num_classes=5), note="refused"),
+    Family("timm CrossViT", "timm CrossVit (crossvit_*: two branches of different patch sizes fused by "
+           "cross-attention)", _timm("crossvit_tiny_240", False, img_size=32, img_scale=(1.0, 0.75), patch_size=[8, 12],
+                                     embed_dim=[16, 32], depth=[[1, 1, 0], [1, 1, 0]], num_heads=[2, 2],
+                                     mlp_ratio=[2, 2, 1], num_classes=5), note="refused"),
+    Family("timm NesT", "timm Nest (nest_*, jx_nest_*: attention inside image blocks, block aggregation)",
+           _timm_class("nest", "Nest", img_size=32, patch_size=4, num_levels=2, embed_dims=(16, 32), num_heads=(1, 2),
+                       depths=(1, 1), num_classes=5), note="refused"),
+    Family("timm VOLO", "timm VOLO (volo_*: outlook attention, then transformer and class-attention blocks)",
+           _timm_class("volo", "VOLO", img_size=32, layers=(1, 1), embed_dims=(16, 32), num_heads=(1, 2),
+                       outlook_attention=(True, False), downsamples=(True, False), stem_hidden_dim=8, mlp_ratio=2.0,
+                       num_classes=5), note="refused"),
+    Family("timm TNT", "timm TNT (tnt_*: inner transformers on pixel tokens, outer on patch tokens)",
+           _timm("tnt_s_patch16_224", False, img_size=32, patch_size=8, embed_dim=32, inner_dim=8, depth=2,
+                 num_heads_inner=2, num_heads_outer=2, num_classes=5), note="refused"),
+    Family("timm EfficientViT-MSRA", "timm EfficientVitMsra (efficientvit_m*: cascaded group attention in local "
+           "windows)", _timm("efficientvit_m0", False, img_size=32, embed_dim=(16, 16), depth=(1, 1), num_heads=(2, 2),
+                             window_size=(2, 2), key_dim=(4, 4), down_ops=(("", 1), ("", 1)), num_classes=5),
            note="refused"),
 ]
 
