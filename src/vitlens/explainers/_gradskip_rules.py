@@ -13,7 +13,7 @@ from torch import Tensor
 
 from ..runtime import gini
 
-__all__ = ["block_backward", "filled", "gini", "probability_gini", "wide", "head_weights", "head_weights_from_flow",
+__all__ = ["stack_padded", "block_backward", "filled", "gini", "probability_gini", "wide", "head_weights", "head_weights_from_flow",
            "head_weights_from_scores", "positive_flow", "readout_relevance", "skip_gate", "sparsity_needed",
            "weighted_attention"]
 
@@ -234,3 +234,12 @@ def block_backward(y: Tensor, final: Tensor, saved: Sequence[dict[str, Any]],
         if not h_done(li):
             h_step(li, None)
     return grads[0]
+
+
+def stack_padded(rows: list[Tensor]) -> Tensor:
+    """``L`` tensors ``(B, n_l)`` → ``(B, L, max n_l)``, zero-padded."""
+    width = max(r.shape[1] for r in rows)
+    out = rows[0].new_zeros(rows[0].shape[0], len(rows), width)
+    for i, r in enumerate(rows):
+        out[:, i, : r.shape[1]] = r
+    return out

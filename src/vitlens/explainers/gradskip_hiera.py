@@ -30,7 +30,8 @@ from torch import Tensor
 
 from ..errors import InputError
 from ..targets import Target
-from ._gradskip_rules import head_weights_from_flow, readout_relevance, skip_gate, weighted_attention, wide
+from ._gradskip_rules import (head_weights_from_flow, readout_relevance, skip_gate, stack_padded,
+                              weighted_attention, wide)
 from .base import Attribution, Explainer
 
 if TYPE_CHECKING:
@@ -111,15 +112,6 @@ def _skip(brec: HieraBlockRecord) -> Tensor:
     return pooled if brec.skip == "proj" else torch.cat([pooled, zw.mean(dim=1)], dim=-1)
 
 
-def _stack_padded(rows: list[Tensor]) -> Tensor:
-    """``L`` tensors ``(B, n_l)`` → ``(B, L, max n_l)``, zero-padded."""
-    width = max(r.shape[1] for r in rows)
-    out = rows[0].new_zeros(rows[0].shape[0], len(rows), width)
-    for i, r in enumerate(rows):
-        out[:, i, : r.shape[1]] = r
-    return out
-
-
 def _block_step(method: Explainer, brec: HieraBlockRecord, relevance: Tensor, g_out: Tensor | None,
                 g_h: Tensor | None, pool_rule: str) -> tuple[Tensor, Tensor, Tensor]:
     """One block, output relevance ``(B, T')`` → input relevance ``(B, T)``; also ``ω`` ``(B, H)`` and ``β``."""
@@ -187,8 +179,8 @@ def attribute_mask_units(method: Explainer, adapter: "Adapter", x: Tensor, targe
         raise InputError(f"{relevance.shape[1]} tokens at block 0 do not fill the {gh}x{gw} token grid")
     extras = {
         # per block, zero-padded: stages differ in heads and tokens
-        "head_weights": _stack_padded(omegas[::-1]),  # (B, L, max H_l)
-        "beta_main": _stack_padded(betas[::-1]),  # (B, L, max T'_l), in the block's unrolled output order
+        "head_weights": stack_padded(omegas[::-1]),  # (B, L, max H_l)
+        "beta_main": stack_padded(betas[::-1]),  # (B, L, max T'_l), in the block's unrolled output order
         "layer_totals": torch.stack(totals[::-1], dim=1),  # (B, L+1): input of block 0 … readout
     }
     att = Attribution(values=relevance[:, order].reshape(-1, gh, gw), remainder=torch.zeros_like(y), extras=extras)

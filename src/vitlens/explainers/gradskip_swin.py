@@ -34,7 +34,7 @@ from torch import Tensor
 from ..targets import Target
 from ..models.timm_swin import SwinBlockRecord, SwinRecording, from_windows, to_windows
 from ._gradskip_rules import (block_backward, filled, head_weights_from_scores, positive_flow, probability_gini,
-                              readout_relevance, skip_gate, sparsity_needed, weighted_attention, wide)
+                              readout_relevance, skip_gate, sparsity_needed, stack_padded, weighted_attention, wide)
 from ._windows import merge_handback
 from .base import Attribution, Explainer
 
@@ -42,15 +42,6 @@ if TYPE_CHECKING:
     from ..models.base import Adapter
 
 __all__ = ["attribute_windowed"]
-
-
-def _stack_padded(rows: list[Tensor]) -> Tensor:
-    """``L`` tensors ``(B, n_l)`` → ``(B, L, max n_l)``, zero-padded."""
-    width = max(r.shape[1] for r in rows)
-    out = rows[0].new_zeros(rows[0].shape[0], len(rows), width)
-    for i, r in enumerate(rows):
-        out[:, i, : r.shape[1]] = r
-    return out
 
 
 def attribute_windowed(method: Explainer, adapter: "Adapter", x: Tensor, target: Target
@@ -103,8 +94,8 @@ def attribute_windowed(method: Explainer, adapter: "Adapter", x: Tensor, target:
         raise InputError(f"{relevance.shape[1]} tokens at the first stage do not fill the {gh}x{gw} token grid")
     extras = {
         # per block, zero-padded: stages differ in heads and tokens
-        "head_weights": _stack_padded(filled(steps.omega)),  # (B, L, max H_l)
-        "beta_main": _stack_padded(betas),  # (B, L, max T_l), stage-l token order
+        "head_weights": stack_padded(filled(steps.omega)),  # (B, L, max H_l)
+        "beta_main": stack_padded(betas),  # (B, L, max T_l), stage-l token order
         "layer_totals": torch.stack(totals[::-1], dim=1),  # (B, L+1): input of block 0 … readout
     }
     return Attribution(values=relevance.reshape(bsz, gh, gw), remainder=lost, extras=extras), logits.detach(), tgt
