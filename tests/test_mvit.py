@@ -33,9 +33,19 @@ def _x(n: int = 2, size: int = 32, seed: int = 1) -> torch.Tensor:
     return torch.randn(n, 3, size, size, generator=torch.Generator().manual_seed(seed))
 
 
-@pytest.mark.parametrize("cls_token", [False, True], ids=["avg", "cls"])
+def test_cams_refuse_a_class_token_readout_instead_of_an_all_zero_map():
+    # the patch tokens at the final norm's input carry no gradient when the head reads CLS alone: a map there is 0
+    model = _mvit(cls_token=True)
+    assert model.global_pool == "token"
+    for name in ("gradcam", "finercam"):
+        with pytest.raises(vitlens.VitlensError, match="reads the class token alone"):
+            vitlens.explain(model, _x(), method=name, target=2)
+
+
+@pytest.mark.parametrize("cls_token", [False, True], ids=["avg", "cls-avg"])
 def test_gradcam_is_the_grad_cam_of_the_last_stage_tokens(cls_token):
     model = _mvit(cls_token)
+    model.global_pool = "avg"  # with a CLS token, the mean-pooled readout still has a CAM
     a = vitlens.get_adapter(model)
     assert a.family == "timm-mvitv2" and a.num_prefix_tokens == int(cls_token)
     assert a.grid((32, 32)) == (8, 8) and a.feature_grid((32, 32)) == (4, 4) and a.patch_size == (4, 4)
@@ -56,6 +66,7 @@ def test_gradcam_is_the_grad_cam_of_the_last_stage_tokens(cls_token):
     expected = (u * g.mean(1, keepdim=True)).sum(-1).clamp_min(0).reshape(2, 4, 4)
     model.zero_grad(set_to_none=True)
     exp = vitlens.explain(model, x, method="gradcam", target=2)
+    assert float(expected.detach().abs().sum()) > 0  # a real map, not two zeros
     torch.testing.assert_close(exp.token_maps, expected.detach(), rtol=1e-4, atol=1e-8)
     fin = vitlens.explain(model, x, method="finercam", target=2)
     assert fin.token_maps.shape == (2, 4, 4) and torch.isfinite(fin.maps).all()
@@ -68,7 +79,9 @@ SEQUENCE_METHODS = ["rollout", "gae", "transformer_attribution", "attnlrp", "cpl
 def test_gradskip_runs_and_sequence_aha_and_token_methods_refuse_with_the_reason(cls_token):
     model = _mvit(cls_token)
     working = working_methods(model)
-    assert {"gradskip", "gradcam", "finercam", "gradient", "rise"} <= set(working)
+    cams = set() if cls_token else {"gradcam", "finercam"}  # a CLS readout refuses them (test above)
+    assert {"gradskip", "gradient", "rise"} | cams <= set(working)
+    assert not cls_token or not {"gradcam", "finercam"} & set(working)
     exp = vitlens.explain(model, _x(2), method="gradskip")
     assert exp.token_maps.shape == (2, 8, 8)
     torch.testing.assert_close(exp.token_maps.sum((1, 2)) + exp.remainder, exp.scores, rtol=1e-5, atol=1e-6)

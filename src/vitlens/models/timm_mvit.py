@@ -46,6 +46,10 @@ _POOLING = ("MViTv2's pooling attention maps each block's pooled queries (a 3×3
             "max-pools the residual path at stage transitions: its attention matrices are not square and successive "
             "blocks do not share their tokens, so there is no single token sequence to multiply attention along or "
             "to declare plain-block linear maps on")
+#: why class-activation maps are refused on a class-token readout
+_CLS_READOUT = ("the classifier reads the class token alone (global_pool='token'), so at the last stage's output the "
+                "patch tokens carry no gradient and a class-activation map there would be all zero; the class token "
+                "gathers them inside the last block's attention (GradSkip follows that path)")
 _NOTES = {
     BLOCK_IO: _POOLING, TOKEN_SEQUENCE: _POOLING, LRP_LINEARS: _POOLING,
     STAGES: "its stages are recorded as pooling attention, not as SegFormer-style stages with one key reduction",
@@ -177,6 +181,9 @@ class TimmMViTAdapter(Adapter):
         if not all(type(b.attn).__name__ == "MultiScaleAttention" and not b.attn.unshared for b in blocks):
             self.capabilities = self.capabilities - {ATTENTION, POOLING_ATTENTION}
             self.capability_notes = {**_NOTES, ATTENTION: _UNREAD, POOLING_ATTENTION: _UNREAD}
+        if m.global_pool == "token":  # the classifier reads the class token alone
+            self.capabilities = self.capabilities - {FEATURES}
+            self.capability_notes = {**self.capability_notes, FEATURES: _CLS_READOUT}
 
     def _built_grid(self, attn: nn.Module) -> tuple[int, int]:
         """The patch grid the model was built for: from its absolute position embedding, else from the first
