@@ -39,6 +39,7 @@ from torch import Tensor, nn
 from ..errors import InputError
 from ..targets import Target
 from ._gradskip_rules import head_weights_from_flow, readout_relevance, skip_gate, weighted_attention, wide
+from ._gradskip_capture import captured_gradients
 from .base import Attribution, Explainer
 
 if TYPE_CHECKING:
@@ -191,14 +192,8 @@ def attribute_partitioned(method: Explainer, adapter: Adapter, x: Tensor, target
 
     o = method.options
     ad = cast(TimmMaxxVitAdapter, adapter)
-    with ad.session(capture=True, conservative=bool(o["conservative"]), partitions=True) as session_rec:
-        rec = cast(PartitionRecording, session_rec)
-        logits = adapter.forward(x)
-        tgt = method.resolve_target(target, logits)
-        y = tgt(logits)
-        wanted = rec.graph_tensors()
-        grad = {id(t): wide(g) for t, g in zip(wanted, method.gradients(y, wanted))}
-    y = wide(y)
+    session_rec, logits, tgt, y, grad = captured_gradients(method, ad, x, target, partitions=True)
+    rec = cast(PartitionRecording, session_rec)
     bsz = x.shape[0]
     final = recorded(rec.final, "last stage output")
     gxa = (wide(final) * grad[id(final)]).sum(1).flatten(1)  # (B, h·w)

@@ -35,6 +35,7 @@ from ..errors import InputError
 from ..models.base import Adapter, int_pair, recorded
 from ..targets import Target
 from ._gradskip_rules import filled, head_weights, readout_relevance, skip_gate, weighted_attention, wide
+from ._gradskip_capture import captured_gradients
 from .base import Attribution, Explainer
 
 if TYPE_CHECKING:
@@ -182,14 +183,7 @@ def attribute_pooled(method: Explainer, adapter: Adapter, x: Tensor,
                      target: Target) -> tuple[Attribution, Tensor, Target]:
     """GradSkip for one chunk on a pooling-attention adapter: token maps on the first stage's grid, ``remainder``
     the relevance that ends on the CLS token (0 without one)."""
-    o = method.options
-    with adapter.session(capture=True, conservative=bool(o["conservative"])) as rec:
-        logits = adapter.forward(x)
-        tgt = method.resolve_target(target, logits)
-        y = tgt(logits)
-        wanted = rec.graph_tensors()
-        grads = {id(t): wide(g) for t, g in zip(wanted, method.gradients(y, wanted))}
-    y = wide(y)
+    rec, logits, tgt, y, grads = captured_gradients(method, adapter, x, target)
     blocks: list[PooledBlockRecord] = list(getattr(rec, "blocks"))
     final = recorded(getattr(rec, "final", None), "final token stream")
     p = adapter.num_prefix_tokens

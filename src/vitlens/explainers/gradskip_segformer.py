@@ -32,6 +32,7 @@ from ..errors import InputError
 from ..models.base import Adapter, recorded
 from ..targets import Target
 from ._gradskip_rules import filled, head_weights, readout_relevance, skip_gate, weighted_attention, wide
+from ._gradskip_capture import captured_gradients
 from .base import Attribution, Explainer
 
 if TYPE_CHECKING:
@@ -119,14 +120,7 @@ def attribute_hierarchical(method: Explainer, adapter: Adapter, x: Tensor, targe
     if start not in ("readouts", "last"):
         raise InputError(f"start must be 'readouts' or 'last', got {start!r}")
     o = method.options
-    with adapter.session(capture=True, conservative=bool(o["conservative"])) as rec:
-        logits = adapter.forward(x)
-        tgt = method.resolve_target(target, logits)
-        y = tgt(logits)
-        wanted = rec.graph_tensors()
-        # the propagation runs in at least float32 whatever the model's dtype (as on the plain path)
-        grad = {id(t): wide(g) for t, g in zip(wanted, method.gradients(y, wanted))}
-    y = wide(y)
+    rec, logits, tgt, y, grad = captured_gradients(method, adapter, x, target)
     stages = cast("StageRecording", rec).stages  # a hierarchical adapter's session records stages
 
     # 1. start: y over the tokens of every readout, in proportion to the direct gradient × activation
