@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
@@ -37,6 +38,23 @@ class Rerouted(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, g: Tensor) -> tuple[None, Tensor, None]:
         return None, g if ctx.factor is None else g * ctx.factor, None
+
+
+@functools.lru_cache(maxsize=64)
+def _check_rows(t: int, device: torch.device) -> Tensor:
+    """The query rows (up to :data:`_CHECK_ROWS`, spread over the ``t`` tokens) the q/k/v identification checks."""
+    return torch.linspace(0, t - 1, steps=min(t, _CHECK_ROWS), device=device).round().long().unique()
+
+
+def _same_values(p: Tensor, value: Tensor) -> bool:
+    """Whether the projected tensor ``p`` holds the adapter's captured values: the same view of the same memory
+    (no comparison needed), else equal element by element."""
+    if p.shape != value.shape:
+        return False
+    if (p.device == value.device and p.dtype == value.dtype and p.data_ptr() == value.data_ptr()
+            and p.stride() == value.stride()):
+        return True
+    return torch.equal(p.detach(), value)
 
 
 # -- the hooks that find a block's linear maps ------------------------------------------------------------------
@@ -254,34 +272,37 @@ class LinearTaps:
         if len(parts) != 3:
             raise UnsupportedModelError(
                 f"block {index}: expected query, key and value projections, found {len(parts)} projected tensors")
-        vi = [i for i, (p, _) in enumerate(parts) if p.shape == value.shape and torch.equal(p.detach(), value)]
+        vi = [i for i, (p, _) in enumerate(parts) if _same_values(p, value)]
         if len(vi) != 1:
             raise UnsupportedModelError(f"block {index}: cannot tell which projection gives the values")
         rest = [i for i in range(3) if i != vi[0]]
         ctx = st.ctx
         assert ctx is not None  # the output-projection hook sets it before calling this
         scale = dh ** -0.5
-        v = parts[vi[0]][0]
+        v_all = v = parts[vi[0]][0]
+        # checked on the first image (a variant — q/k norms, gates, biases — changes every image alike; the check
+        # is then a quarter of the work at batch 4, with no copy of the batch's keys and values)
+        ctx0, v = ctx[:1], v[:1]
         # tolerances at least the model's rounding: a half-precision fused kernel rounds differently from this check
         # (which runs in float32)
-        top, eps = float(ctx.abs().max()), float(torch.finfo(ctx.dtype).eps)
+        top, eps = float(ctx0.abs().max()), float(torch.finfo(ctx.dtype).eps)
         exact = max(1e-5, eps) * top + 1e-7
         loose = max(1e-3, 4 * eps) * top + 1e-6
         # checked on a few query rows spread over the sequence (every key and value): enough to tell query from key
         # and to catch variants that change every row (q/k norms, gates, biases), at a fraction of a full attention
-        rows = torch.linspace(0, t - 1, steps=min(t, _CHECK_ROWS), device=ctx.device).round().long().unique()
+        rows = _check_rows(t, ctx.device)
         tried: list[tuple[float, tuple[int, int]]] = []
         variant = self.variant(index)
         norms = (None, None, None) if variant is None else (variant.q_norm, variant.k_norm, variant.ctx_norm)
         with torch.no_grad():
             for qi, ki in (rest, rest[::-1]):  # call order first; the swap only if that is not exact
                 wide = torch.promote_types(ctx.dtype, torch.float32)
-                q, k = parts[qi][0][:, :, rows], parts[ki][0]
+                q, k = parts[qi][0][:1, :, rows], parts[ki][0][:1]
                 q, k = normed(norms[0], q).to(wide), normed(norms[1], k).to(wide)
                 attn = ((q * scale) @ k.transpose(-2, -1)).softmax(dim=-1)
-                got = normed(norms[2], (attn @ v.to(wide)).transpose(1, 2).reshape(b, len(rows), width).to(ctx.dtype))
+                got = normed(norms[2], (attn @ v.to(wide)).transpose(1, 2).reshape(1, len(rows), width).to(ctx.dtype))
                 got = got.to(wide)
-                err = float((got - ctx[:, rows].to(wide)).abs().max())
+                err = float((got - ctx0[:, rows].to(wide)).abs().max())
                 tried.append((err, (qi, ki)))
                 if err <= exact:
                     break
@@ -290,7 +311,7 @@ class LinearTaps:
             raise UnsupportedModelError(
                 f"block {index}: softmax(q·kᵀ/√d)·v does not reproduce the attention output (max error "
                 f"{err:.2e}); attention variants (q/k norms, gates, biases) are not supported")
-        st.q, st.k, st.v = parts[qi][0], parts[ki][0], v
+        st.q, st.k, st.v = parts[qi][0], parts[ki][0], v_all
         st.order = (qi, ki, vi[0])
         st.qkv_weights = (parts[qi][1], parts[ki][1], parts[vi[0]][1])
 
