@@ -26,6 +26,8 @@ Usage::
 
     python benchmarks/aha_protocols.py --n 32 --out docs/benchmarks/aha.md --resume
     python benchmarks/aha_protocols.py --models digits-vit --n 8          # quick look
+    python benchmarks/aha_protocols.py --n 24 --first 24 --work runs/aha-protocols-fresh --resume \
+        --out docs/benchmarks/aha_protocols_fresh.md                      # replication on the next 24 images
 """
 
 from __future__ import annotations
@@ -71,23 +73,29 @@ CANDIDATES = ("attnlrp", "gae", "inputxgradient", "gradcam")
 REFS_51 = REFERENCES
 EVAL_SEED = 40_000
 DIGITS_FROM = 0  # the first shuffled test digits, as bench's; AHA validates from position 500 on
+DIGITS_VALIDATION = 500
 
 
-def eval_images(model_name: str, model: torch.nn.Module, n: int) -> torch.Tensor:
-    """``n`` normalised evaluation images of the model's own kind (seeds and indices no training run uses)."""
+def eval_images(model_name: str, model: torch.nn.Module, n: int, first: int = 0) -> torch.Tensor:
+    """``n`` normalised evaluation images of the model's own kind (seeds and indices no training run uses), from
+    evaluation image ``first`` on (``first = 24``: the 24 images after those of a 24-image run, the same images a
+    larger run would score there)."""
     cfg = data_config(model)
     kind = MODELS[model_name]
     if kind == "digits":
         from vitlens.aha.data import shuffled_digits
 
         _, test = shuffled_digits()  # the class-ordered split, shuffled
-        return normalize(test.images[DIGITS_FROM:DIGITS_FROM + n], cfg)
+        if DIGITS_FROM + first + n > DIGITS_VALIDATION:
+            raise SystemExit(f"digits {first}..{first + n} would reach the validation digits (from "
+                             f"{DIGITS_VALIDATION})")
+        return normalize(test.images[DIGITS_FROM + first:DIGITS_FROM + first + n], cfg)
     from vitlens.data.evidence import make_planted_scenes
     from vitlens.data.scenes import make_scenes
 
     make = make_scenes if kind == "scenes" else make_planted_scenes
-    s = make(n, seed=EVAL_SEED, size=cfg.size_hw[0])
-    return normalize(s.images, cfg)
+    s = make(first + n, seed=EVAL_SEED, size=cfg.size_hw[0])
+    return normalize(s.images[first:], cfg)
 
 
 def training_mean_image(model_name: str, model: torch.nn.Module, num_classes: int) -> torch.Tensor:
@@ -166,7 +174,7 @@ def score_matrix(model: torch.nn.Module, x: torch.Tensor, maps: torch.Tensor, cl
 
 
 def run_model(name: str, n: int, batch: int, extra: dict[str, str], candidates: list[str],
-              previous: dict[str, Any] | None = None, redo: tuple[str, ...] = ()) -> dict[str, Any]:
+              previous: dict[str, Any] | None = None, redo: tuple[str, ...] = (), first: int = 0) -> dict[str, Any]:
     """The model's rows; with ``previous`` (an earlier result on the same images), its rows are kept except those
     named in ``redo`` (e.g. the refinement rows after a change of the refinement's defaults)."""
     t0 = time.perf_counter()
@@ -175,7 +183,7 @@ def run_model(name: str, n: int, batch: int, extra: dict[str, str], candidates: 
     model = vitlens.load_model(name).eval()
     adapter = get_adapter(model)
     dc = data_config(model)
-    x = eval_images(name, model, n)
+    x = eval_images(name, model, n, first)
     with torch.no_grad():
         cls = model(x).argmax(-1)
     mi = training_mean_image(name, model, int(model(x[:1]).shape[-1]))
@@ -241,7 +249,7 @@ def run_model(name: str, n: int, batch: int, extra: dict[str, str], candidates: 
         mp = maps_of(model, x, "aha", batch, refine_steps=0, explainer=path)
         rows[label] = {**score_matrix(model, x, mp, cls, refs, unit, quick, dc, batch), "posneg": pn(mp)}
     cands = {m: {k: float(np.mean(v)) for k, v in s.items() if ":" not in k} for m, (s, _) in cand_scores.items()}
-    return {"model": name, "n": n, "best_other": best_other, "unit": unit, "rows": rows,
+    return {"model": name, "n": n, "first": first, "best_other": best_other, "unit": unit, "rows": rows,
             "candidates": cands or (previous or {}).get("candidates", {}),
             "seconds_per_image": timings,
             "seconds": round(time.perf_counter() - t0, 1)}
@@ -335,6 +343,8 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
     p.add_argument("--n", type=int, default=32, help="evaluation images per model")
+    p.add_argument("--first", type=int, default=0, help="index of the first evaluation image (e.g. 24: a "
+                   "replication on the 24 images after a 24-image run's; use its own --work)")
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--candidates", nargs="+", default=list(CANDIDATES), help="single-pass methods the best other is "
                    "chosen from")
@@ -361,14 +371,14 @@ def main(argv: list[str] | None = None) -> int:
     for name in args.models:
         path = args.work / f"{name}.json"
         previous = json.loads(path.read_text()) if args.resume and path.is_file() else None
-        if previous is not None and previous["n"] != args.n:
+        if previous is not None and (previous["n"], previous.get("first", 0)) != (args.n, args.first):
             previous = None
         if previous is not None and not args.redo and not args.complete:
             results.append(previous)
             continue
         print(f"{name} ...", flush=True)
         res = run_model(name, args.n, args.batch, {k: v.format(model=name) for k, v in extra.items()},
-                        args.candidates, previous, tuple(args.redo))
+                        args.candidates, previous, tuple(args.redo), args.first)
         path.write_text(json.dumps(res))
         results.append(res)
     lines = [START, "", "## AHA under every deletion protocol (the protocol matrix)", "",
