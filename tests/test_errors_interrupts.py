@@ -94,11 +94,20 @@ def checkpoint_step(out: Path) -> int:
         return -1
 
 
+def _default_signals() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
 def interrupt_at(args: list[str], point: str, sig: int, cli: list[str] = CLI) -> subprocess.CompletedProcess:
     """Start ``vitlens ARGS`` held at pause point ``point``; once it is there, send ``sig``."""
     marker = Path(tempfile.mkdtemp(prefix="vitlens-pause-")) / "reached"
     e = {**env(), "VITLENS_PAUSE_AT": point, "VITLENS_PAUSE_FILE": str(marker), "VITLENS_PAUSE_SECONDS": "300"}
-    proc = subprocess.Popen(cli + args, env=e, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # SIGINT and SIGTERM at their defaults in the child: a suite started in the background by a non-interactive
+    # shell inherits SIGINT ignored, and an ignored signal stays ignored across exec (the run would then never see
+    # the Ctrl-C this test sends)
+    proc = subprocess.Popen(cli + args, env=e, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=_default_signals)
     try:
         deadline = time.monotonic() + 300  # only a bound for a broken run, never what the test waits for
         while not marker.exists() and proc.poll() is None and time.monotonic() < deadline:
