@@ -49,7 +49,7 @@ import torch.nn.functional as F
 
 import vitlens
 from vitlens.aha.config import AHATrainConfig
-from vitlens.aha.data import datasets, mean_image
+from vitlens.aha.data import DIGITS_VAL_FROM, datasets, mean_image
 from vitlens.aha.soft_metrics import reference
 from vitlens.explainers.aha import AHA
 from vitlens.images import data_config, normalize
@@ -73,7 +73,6 @@ CANDIDATES = ("attnlrp", "gae", "inputxgradient", "gradcam")
 REFS_51 = REFERENCES
 EVAL_SEED = 40_000
 DIGITS_FROM = 0  # the first shuffled test digits, as bench's; AHA validates from position 500 on
-DIGITS_VALIDATION = 500
 
 
 def eval_images(model_name: str, model: torch.nn.Module, n: int, first: int = 0) -> torch.Tensor:
@@ -86,9 +85,9 @@ def eval_images(model_name: str, model: torch.nn.Module, n: int, first: int = 0)
         from vitlens.aha.data import shuffled_digits
 
         _, test = shuffled_digits()  # the class-ordered split, shuffled
-        if DIGITS_FROM + first + n > DIGITS_VALIDATION:
+        if DIGITS_FROM + first + n > DIGITS_VAL_FROM:
             raise SystemExit(f"digits {first}..{first + n} would reach the validation digits (from "
-                             f"{DIGITS_VALIDATION})")
+                             f"{DIGITS_VAL_FROM})")
         return normalize(test.images[DIGITS_FROM + first:DIGITS_FROM + first + n], cfg)
     from vitlens.data.evidence import make_planted_scenes
     from vitlens.data.scenes import make_scenes

@@ -25,4 +25,4 @@ def test_eval_digits_stop_before_the_validation_digits():
     script = load_benchmark("aha_protocols")
     model = vitlens.load_model("digits-vit").eval()
     with pytest.raises(SystemExit, match="validation digits"):
-        script.eval_images("digits-vit", model, 10, first=script.DIGITS_VALIDATION - 5)
+        script.eval_images("digits-vit", model, 10, first=script.DIGITS_VAL_FROM - 5)

@@ -279,10 +279,10 @@ class LinearTaps:
         ctx = st.ctx
         assert ctx is not None  # the output-projection hook sets it before calling this
         scale = dh ** -0.5
-        v_all = v = parts[vi[0]][0]
+        v = parts[vi[0]][0]
         # checked on the first image (a variant — q/k norms, gates, biases — changes every image alike; the check
         # is then a quarter of the work at batch 4, with no copy of the batch's keys and values)
-        ctx0, v = ctx[:1], v[:1]
+        ctx0, v0 = ctx[:1], v[:1]
         # tolerances at least the model's rounding: a half-precision fused kernel rounds differently from this check
         # (which runs in float32)
         top, eps = float(ctx0.abs().max()), float(torch.finfo(ctx.dtype).eps)
@@ -300,7 +300,7 @@ class LinearTaps:
                 q, k = parts[qi][0][:1, :, rows], parts[ki][0][:1]
                 q, k = normed(norms[0], q).to(wide), normed(norms[1], k).to(wide)
                 attn = ((q * scale) @ k.transpose(-2, -1)).softmax(dim=-1)
-                got = normed(norms[2], (attn @ v.to(wide)).transpose(1, 2).reshape(1, len(rows), width).to(ctx.dtype))
+                got = normed(norms[2], (attn @ v0.to(wide)).transpose(1, 2).reshape(1, len(rows), width).to(ctx.dtype))
                 got = got.to(wide)
                 err = float((got - ctx0[:, rows].to(wide)).abs().max())
                 tried.append((err, (qi, ki)))
@@ -311,7 +311,7 @@ class LinearTaps:
             raise UnsupportedModelError(
                 f"block {index}: softmax(q·kᵀ/√d)·v does not reproduce the attention output (max error "
                 f"{err:.2e}); attention variants (q/k norms, gates, biases) are not supported")
-        st.q, st.k, st.v = parts[qi][0], parts[ki][0], v_all
+        st.q, st.k, st.v = parts[qi][0], parts[ki][0], v
         st.order = (qi, ki, vi[0])
         st.qkv_weights = (parts[qi][1], parts[ki][1], parts[vi[0]][1])
 
