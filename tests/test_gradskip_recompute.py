@@ -157,21 +157,27 @@ def test_no_rerouting_without_a_consumer_or_with_normalised_queries():
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-def test_probability_gini_is_the_gini_coefficient(dtype):
+@pytest.mark.parametrize("n", [57, 256, 257, 258])
+def test_probability_gini_is_the_gini_coefficient(dtype, n):
     """GradSkip's head sparsity sorts the rows as integers with the same bits (``probability_gini``): the same
-    coefficient as the definition (``vitlens.runtime.gini``) on softmax rows, spikes, uniform, zero and tied rows."""
+    coefficient as the definition (``vitlens.runtime.gini``) on softmax rows, spikes, uniform, zero and tied rows;
+    257 values (a 16x16 grid and a class token) take the split path (256 sorted, the last added by one pass), the
+    spike and the tie placed in the column past the sort width too."""
     from vitlens.explainers._gradskip_rules import probability_gini
     from vitlens.runtime import gini
 
     g = torch.Generator().manual_seed(0)
-    rows = torch.randn(2, 3, 40, 57, generator=g, dtype=dtype).mul(4).softmax(-1)
+    rows = torch.randn(2, 3, 40, n, generator=g, dtype=dtype).mul(4).softmax(-1)
     rows[0, 0, 0] = 0.0
-    rows[0, 0, 1] = 1.0 / 57
-    rows[0, 0, 2] = torch.nn.functional.one_hot(torch.tensor(5), 57).to(dtype)
+    rows[0, 0, 1] = 1.0 / n
+    rows[0, 0, 2] = torch.nn.functional.one_hot(torch.tensor(5), n).to(dtype)
     rows[0, 0, 3, :30] = 0.25
     rows[0, 0, 3, 30:] = 0.0
+    rows[0, 0, 4] = torch.nn.functional.one_hot(torch.tensor(n - 1), n).to(dtype)  # the spike in the last column
+    rows[0, 0, 5, -1] = rows[0, 0, 5, 0]  # a tie between the last column and a sorted one
     got, ref = probability_gini(rows), gini(rows)
     assert got.dtype == dtype and got.shape == (2, 3, 40)
     torch.testing.assert_close(got, ref, rtol=0.0, atol=1e-6 if dtype == torch.float32 else 1e-12)
     assert float(got[0, 0, 0]) == 0.0 and abs(float(got[0, 0, 1])) < 1e-6
-    assert float(got[0, 0, 2]) == pytest.approx(56 / 57)
+    assert float(got[0, 0, 2]) == pytest.approx((n - 1) / n)
+    assert float(got[0, 0, 4]) == pytest.approx((n - 1) / n)

@@ -47,17 +47,24 @@ class ProbabilitiesInBackward(torch.autograd.Function):
         b, t, three_c = qkv.shape
         heads, tq = ctx.heads, grad.shape[1]
         d = three_c // (3 * heads)
+        n = b * heads
         wide = torch.promote_types(qkv.dtype, torch.float32)
-        q, k, v = qkv.detach().to(wide).reshape(b, t, 3, heads, d).permute(2, 0, 3, 1, 4).unbind(0)
-        g = grad.to(wide).reshape(b, tq, heads, d).transpose(1, 2)  # (B, H, T_q, d)
-        attn = ((q * ctx.scale) @ k.transpose(-2, -1)).softmax(dim=-1)  # (B, H, T, T)
-        rows = attn[:, :, :tq]
-        flow = (g @ v.transpose(-2, -1)).mul_(rows)  # F = A ⊙ ∂y/∂A on the rows O holds
-        scores = torch.addcmul(flow, rows, flow.sum(dim=-1, keepdim=True), value=-1.0)  # ∂y/∂S
-        out = qkv.new_zeros(b, t, 3, heads, d) if tq < t else qkv.new_empty(b, t, 3, heads, d)
-        out[:, :tq, 0] = (scores @ k).mul_(ctx.scale).transpose(1, 2)
-        out[:, :, 1] = (scores.transpose(-2, -1) @ q[:, :, :tq]).mul_(ctx.scale).transpose(1, 2)
-        out[:, :, 2] = (rows.transpose(-2, -1) @ g).transpose(1, 2)
+        # q, k, v once in (B·H, T, d) rows (one copy; the batched products then run on contiguous operands), the
+        # scale folded into the products (baddbmm's alpha), the three gradients written into one buffer
+        q, k, v = qkv.detach().to(wide).reshape(b, t, 3, heads, d).permute(2, 0, 3, 1, 4).reshape(3, n, t, d)
+        g = grad.to(wide).reshape(b, tq, heads, d).transpose(1, 2).reshape(n, tq, d)
+        scores = qkv.new_empty((n, t, t), dtype=wide)
+        attn = torch.baddbmm(scores, q, k.transpose(-2, -1), beta=0.0, alpha=ctx.scale, out=scores).softmax(dim=-1)
         del scores
+        rows = attn[:, :tq]
+        flow = torch.bmm(g, v.transpose(-2, -1)).mul_(rows)  # F = A ⊙ ∂y/∂A on the rows O holds
+        ds = torch.addcmul(flow, rows, flow.sum(dim=-1, keepdim=True), value=-1.0)  # ∂y/∂S
+        parts = qkv.new_zeros((3, n, t, d), dtype=wide) if tq < t else qkv.new_empty((3, n, t, d), dtype=wide)
+        torch.baddbmm(parts[0, :, :tq], ds, k, beta=0.0, alpha=ctx.scale, out=parts[0, :, :tq])
+        torch.baddbmm(parts[1], ds.transpose(-2, -1), q[:, :tq], beta=0.0, alpha=ctx.scale, out=parts[1])
+        torch.bmm(rows.transpose(-2, -1), g, out=parts[2])
+        del ds
+        out = parts.view(3, b, heads, t, d).permute(1, 3, 0, 2, 4).reshape(b, t, three_c).to(qkv.dtype)
+        attn, flow = attn.view(b, heads, t, t), flow.view(b, heads, tq, t)
         ctx.sink(ctx.block, attn, flow)
-        return None, out.reshape(b, t, three_c), None, None, None, None
+        return None, out, None, None, None, None
