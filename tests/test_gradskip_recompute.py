@@ -160,9 +160,9 @@ def test_no_rerouting_without_a_consumer_or_with_normalised_queries():
 @pytest.mark.parametrize("n", [57, 256, 257, 258])
 def test_probability_gini_is_the_gini_coefficient(dtype, n):
     """GradSkip's head sparsity sorts the rows as integers with the same bits (``probability_gini``): the same
-    coefficient as the definition (``vitlens.runtime.gini``) on softmax rows, spikes, uniform, zero and tied rows;
-    257 values (a 16x16 grid and a class token) take the split path (256 sorted, the last added by one pass), the
-    spike and the tie placed in the column past the sort width too."""
+    coefficient as the definition (``vitlens.runtime.gini``) on softmax rows, spikes, uniform, zero and tied rows,
+    also at 256-258 values (past the width NumPy's SIMD sort handles in one network), a spike and a tie in the last
+    column."""
     from vitlens.explainers._gradskip_rules import probability_gini
     from vitlens.runtime import gini
 

@@ -78,10 +78,6 @@ def positive_flow(flow_terms: Tensor, rows: int | None = None) -> Tensor:
     return per_row.sum(dim=-1) / rows
 
 
-#: rows up to this many values sort in one SIMD network in NumPy's AVX-512 sort; one column more doubles the sort
-#: time (257 tokens: EVA02 and DINOv2 at 224 px, a 16x16 grid and a class token), so a row of up to
-#: ``_SORT_WIDTH + _SPLIT_EXTRA`` values is sorted on its first ``_SORT_WIDTH`` and the rest is added by one pass each
-_SORT_WIDTH, _SPLIT_EXTRA = 256, 1
 #: the integer type with the bit layout of each float type: non-negative floats sort like their bit patterns
 _SAME_ORDER_INTS = {torch.float32: np.int32, torch.float64: np.int64}
 
@@ -96,20 +92,9 @@ def probability_gini(p: Tensor) -> Tensor:
         return gini(p)
     n = p.shape[-1]
     arr = p.contiguous().numpy()
-    m = _SORT_WIDTH if 0 < n - _SORT_WIDTH <= _SPLIT_EXTRA else n
-    srt = torch.from_numpy(np.sort(arr[..., :m].view(ints), axis=-1).view(arr.dtype))
-    num = srt @ torch.arange(1 - m, m + 1, 2, dtype=p.dtype)  # Σ_{i<j} |x_i − x_j| over the sorted columns
+    srt = torch.from_numpy(np.sort(arr.view(ints), axis=-1).view(arr.dtype))
     total = srt.sum(dim=-1)
-    if m < n:  # the columns past the sort width: Σ_{i<j}|x_i − x_j| gains Σ_i |x_i − e| for each of them
-        extra = p[..., m:].contiguous()
-        buf = torch.empty_like(srt)
-        for j in range(n - m):
-            e = extra[..., j]
-            num += torch.sub(srt, e[..., None], out=buf).abs_().sum(dim=-1)
-            for jj in range(j):
-                num += (extra[..., jj] - e).abs_()
-            total += e
-    g = num / (n * total.clamp_min(torch.finfo(p.dtype).tiny))
+    g = (srt @ torch.arange(1 - n, n + 1, 2, dtype=p.dtype)) / (n * total.clamp_min(torch.finfo(p.dtype).tiny))
     return torch.where(total > 0, g, torch.zeros_like(g))
 
 
@@ -214,15 +199,14 @@ def skip_gate(u: Tensor, h: Tensor, grad_h: Tensor, mode: str = "adaptive", eps:
     if mode == "none":
         return torch.ones(u.shape[:2], device=u.device, dtype=u.dtype)
     u = u[:, : h.shape[1]]
-    main = h - u  # the branch itself, not ⟨h, ∇h⟩ − ⟨u, ∇h⟩ (which cancels where the branch is small)
-    # dot products as vecdot: one pass over each pair, no (B, T, D) product tensor
-    c_skip = torch.linalg.vecdot(u, grad_h).abs_()
+    main = h - u
+    c_skip = (u * grad_h).sum(-1).abs()
     if mlp is not None:  # parallel block, h = u + a + m: the token-wise MLP branch keeps its share on the token
         mlp = mlp[:, : h.shape[1]]
-        main.sub_(mlp)
-        c_skip.add_(torch.linalg.vecdot(mlp, grad_h).abs_())
-    c_main = torch.linalg.vecdot(main, grad_h).abs_()
-    return c_main.div_(c_main + c_skip + float(eps))
+        main = main - mlp
+        c_skip = c_skip + (mlp * grad_h).sum(-1).abs()
+    c_main = (main * grad_h).sum(-1).abs()
+    return c_main / (c_main + c_skip + float(eps))
 
 
 def block_backward(y: Tensor, final: Tensor, saved: Sequence[dict[str, Any]],

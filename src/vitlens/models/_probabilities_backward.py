@@ -8,7 +8,8 @@ which recomputes them blockwise and does not expose them, and once more to recom
 (before ``attn.norm``) is routed through :class:`ProbabilitiesInBackward`: the forward returns ``O`` itself (the
 fused kernel's values, unchanged), and the backward computes, from the block's ``qkv`` output,
 
-- ``A = softmax(q·scale·kᵀ)`` on every query row (as timm's explicit path computes it),
+- ``A = softmax(q·scale·kᵀ)`` on every query row (timm's explicit path up to rounding: the scale is applied to
+  the product),
 - ``∂y/∂A = (∂y/∂O)·vᵀ`` and ``F = A ⊙ ∂y/∂A`` on the rows ``O`` holds (all, or the readout rows),
 - the softmax backward ``∂y/∂S = F − A·rowsum(F)`` and from it ``∂y/∂q``, ``∂y/∂k``, ``∂y/∂v``, written into one
   ``(B, T, 3·H·d)`` gradient of the ``qkv`` output,
