@@ -28,6 +28,8 @@ Usage::
     python benchmarks/aha_protocols.py --models digits-vit --n 8          # quick look
     python benchmarks/aha_protocols.py --n 24 --first 24 --work runs/aha-protocols-fresh --resume \
         --out docs/benchmarks/aha_protocols_fresh.md                      # replication on the next 24 images
+    python benchmarks/aha_protocols.py --n 24 --first 24 --work runs/aha-protocols-fresh --resume \
+        --pool runs/aha-protocols                                         # both runs as one over 48 images
 """
 
 from __future__ import annotations
@@ -254,6 +256,42 @@ def run_model(name: str, n: int, batch: int, extra: dict[str, str], candidates: 
             "seconds": round(time.perf_counter() - t0, 1)}
 
 
+def image_ranges(res: dict[str, Any]) -> list[tuple[int, int]]:
+    """The evaluation-image ranges ``[first, first + n)`` a result scored (several after :func:`pool`)."""
+    return [tuple(r) for r in res.get("ranges", [(res.get("first", 0), res.get("first", 0) + res["n"])])]
+
+
+def pool(parts: list[dict[str, Any]]) -> dict[str, Any]:
+    """One model's results on disjoint evaluation-image ranges as one result on all their images: the per-image
+    values of the rows and cells every part has are concatenated (so the paired intervals are over all images). The
+    best other single-pass method stays the one each part chose on its own images; where the parts chose different
+    methods, the row pairs each image with its own part's choice and is named by both."""
+    model = {p["model"] for p in parts}
+    if len(model) != 1:
+        raise SystemExit(f"cannot pool results of different models: {sorted(model)}")
+    ranges = sorted(r for p in parts for r in image_ranges(p))
+    for (a0, a1), (b0, b1) in zip(ranges, ranges[1:]):
+        if b0 < a1:
+            raise SystemExit(f"{parts[0]['model']}: evaluation images {a0}..{a1 - 1} and {b0}..{b1 - 1} overlap; "
+                             "pool only runs on disjoint images (--first)")
+    row_keys = set.intersection(*(set(p["rows"]) for p in parts))
+    rows = {}
+    for r in sorted(row_keys, key=list(parts[0]["rows"]).index):
+        cells = [k for k in parts[0]["rows"][r] if all(k in p["rows"][r] for p in parts)]
+        rows[r] = {k: [v for p in parts for v in p["rows"][r][k]] for k in cells}
+    n = sum(p["n"] for p in parts)
+    others = list(dict.fromkeys(p["best_other"] for p in parts))
+    times = set.intersection(*(set(p.get("seconds_per_image", {})) for p in parts))
+    cands = set.intersection(*(set(p.get("candidates", {})) for p in parts))
+    return {"model": parts[0]["model"], "n": n, "first": ranges[0][0], "ranges": ranges, "best_other": "/".join(others),
+            "unit": parts[0]["unit"], "rows": rows,
+            "candidates": {m: {k: sum(p["n"] * p["candidates"][m][k] for p in parts) / n
+                               for k in parts[0]["candidates"][m] if all(k in p["candidates"][m] for p in parts)}
+                           for m in cands},
+            "seconds_per_image": {k: sum(p["n"] * p["seconds_per_image"][k] for p in parts) / n for k in times},
+            "seconds": sum(p["seconds"] for p in parts)}
+
+
 def paired(a: list[float], b: list[float]) -> tuple[float, float]:
     """Mean of ``a − b`` and the half-width of its 95 % t interval."""
     from scipy.stats import t as student
@@ -279,7 +317,8 @@ def model_section(res: dict[str, Any]) -> tuple[list[str], dict[str, int]]:
     rows = res["rows"]
     other = res["best_other"]
     keys = [k for k in rows["gradskip"] if ":" not in k]
-    lines = [f"### {res['model']} ({res['n']} evaluation images; best other single-pass method: {other})", "",
+    spans = " and ".join(f"{a}–{b - 1}" for a, b in image_ranges(res))
+    lines = [f"### {res['model']} ({res['n']} evaluation images, {spans}; best other single-pass method: {other})", "",
              f"| protocol | GradSkip | {other} | AHA T=0 − GradSkip | AHA {TR} − GradSkip | AHA {TR} − T=0 | "
              f"AHA T=0 − {other} | AHA {TR} − {other} |", "|---|---|---|---|---|---|---|---|"]
     count = {"cells": 0, "t0_ge": 0, "t0_win": 0, "t0_loss": 0, "t3_win": 0, "t3_ge": 0, "t3_loss": 0,
@@ -357,6 +396,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="with --resume: recompute only these rows of the models in --work (e.g. aha_t3 aha_t3_mean)")
     p.add_argument("--complete", action="store_true",
                    help="with --resume: score the cells the stored rows lack (their maps are recomputed)")
+    p.add_argument("--pool", nargs="+", type=Path, default=[], metavar="WORK",
+                   help="pool each model's results with those stored in these --work folders from runs on other, "
+                        "disjoint evaluation images (per-image values concatenated; the page is over all images)")
     p.add_argument("--out", type=Path, default=None)
     p.add_argument("--note", action="append", default=[], metavar="MODEL=TEXT",
                    help="a sentence printed under the model's heading (e.g. which explainer file the rows scored)")
@@ -380,6 +422,13 @@ def main(argv: list[str] | None = None) -> int:
                         args.candidates, previous, tuple(args.redo), args.first)
         path.write_text(json.dumps(res))
         results.append(res)
+    for i, res in enumerate(results):
+        if args.pool:
+            stored = [w / f"{res['model']}.json" for w in args.pool]
+            lacking = [str(s) for s in stored if not s.is_file()]
+            if lacking:
+                raise SystemExit(f"--pool: no stored results {', '.join(lacking)}")
+            results[i] = pool([res, *(json.loads(s.read_text()) for s in stored)])
     lines = [START, "", "## AHA under every deletion protocol (the protocol matrix)", "",
              "Each cell: the paired mean difference of insertion − deletion over the evaluation images with its 95 % "
              "t interval (✓ interval above 0, ✗ below 0). Protocols, rows and images as in the script's docstring "

@@ -26,3 +26,38 @@ def test_eval_digits_stop_before_the_validation_digits():
     model = vitlens.load_model("digits-vit").eval()
     with pytest.raises(SystemExit, match="validation digits"):
         script.eval_images("digits-vit", model, 10, first=script.DIGITS_VAL_FROM - 5)
+
+
+def _result(first, n, other="gae", seed=0):
+    g = torch.Generator().manual_seed(seed)
+    cells = ["mean/pixel/21", "mean/pixel/21:ins", "mean/pixel/21:del", "posneg"]
+    rows = {r: {c: torch.rand(n, generator=g).tolist() for c in cells}
+            for r in ("aha_t0", "aha_t3", "gradskip", "best_other")}
+    return {"model": "shapes-vit", "n": n, "first": first, "best_other": other, "unit": 8, "rows": rows,
+            "candidates": {other: {"mean/pixel/21": 0.1 * (seed + 1)}}, "seconds_per_image": {"aha_t0": 0.01},
+            "seconds": 5.0}
+
+
+def test_pool_concatenates_disjoint_runs_per_image():
+    script = load_benchmark("aha_protocols")
+    a, b = _result(0, 4, seed=1), _result(4, 3, seed=2)
+    p = script.pool([b, a])
+    assert p["n"] == 7 and p["ranges"] == [(0, 4), (4, 7)] and p["best_other"] == "gae"
+    assert p["rows"]["gradskip"]["mean/pixel/21"] == b["rows"]["gradskip"]["mean/pixel/21"] + \
+        a["rows"]["gradskip"]["mean/pixel/21"]
+    # the paired interval is over all seven images, in the same pairing
+    d = [x - y for x, y in zip(p["rows"]["aha_t0"]["mean/pixel/21"], p["rows"]["gradskip"]["mean/pixel/21"])]
+    m, h = script.paired(p["rows"]["aha_t0"]["mean/pixel/21"], p["rows"]["gradskip"]["mean/pixel/21"])
+    assert m == pytest.approx(sum(d) / 7)
+    assert h > 0
+    lines, count = script.model_section(p)
+    assert "7 evaluation images, 0–3 and 4–6" in lines[0]
+    assert count["cells"] == 1
+
+
+def test_pool_refuses_overlapping_images_and_names_both_choices():
+    script = load_benchmark("aha_protocols")
+    with pytest.raises(SystemExit, match="overlap"):
+        script.pool([_result(0, 4), _result(3, 4)])
+    p = script.pool([_result(0, 2, "gae"), _result(2, 2, "attnlrp", seed=3)])
+    assert p["best_other"] == "gae/attnlrp" and p["candidates"] == {}
