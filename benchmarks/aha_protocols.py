@@ -26,10 +26,10 @@ Usage::
 
     python benchmarks/aha_protocols.py --n 32 --out docs/benchmarks/aha.md --resume
     python benchmarks/aha_protocols.py --models digits-vit --n 8          # quick look
-    python benchmarks/aha_protocols.py --n 24 --first 24 --work runs/aha-protocols-fresh --resume \
+    python benchmarks/aha_protocols.py --n 24 --first 24 --work benchmarks/results/aha-protocols-fresh --resume \
         --out docs/benchmarks/aha_protocols_fresh.md                      # replication on the next 24 images
-    python benchmarks/aha_protocols.py --n 24 --first 24 --work runs/aha-protocols-fresh --resume \
-        --pool runs/aha-protocols                                         # both runs as one over 48 images
+    python benchmarks/aha_protocols.py --n 24 --first 24 --work benchmarks/results/aha-protocols-fresh --resume \
+        --pool benchmarks/results/aha-protocols                           # both runs as one over 48 images
 """
 
 from __future__ import annotations
@@ -422,13 +422,12 @@ def main(argv: list[str] | None = None) -> int:
                         args.candidates, previous, tuple(args.redo), args.first)
         path.write_text(json.dumps(res))
         results.append(res)
-    for i, res in enumerate(results):
-        if args.pool:
-            stored = [w / f"{res['model']}.json" for w in args.pool]
-            lacking = [str(s) for s in stored if not s.is_file()]
-            if lacking:
-                raise SystemExit(f"--pool: no stored results {', '.join(lacking)}")
-            results[i] = pool([res, *(json.loads(s.read_text()) for s in stored)])
+    for i, res in enumerate(results if args.pool else []):
+        stored = [w / f"{res['model']}.json" for w in args.pool]
+        lacking = [str(s) for s in stored if not s.is_file()]
+        if lacking:
+            raise SystemExit(f"--pool: no stored results {', '.join(lacking)}")
+        results[i] = pool([res, *(json.loads(s.read_text()) for s in stored)])
     lines = [START, "", "## AHA under every deletion protocol (the protocol matrix)", "",
              "Each cell: the paired mean difference of insertion − deletion over the evaluation images with its 95 % "
              "t interval (✓ interval above 0, ✗ below 0). Protocols, rows and images as in the script's docstring "
