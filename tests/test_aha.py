@@ -187,6 +187,33 @@ def test_soft_aucs_approach_hard_aucs():
         torch.testing.assert_close(hard.deletion[:, -1], prob(ref, cls), atol=1e-5, rtol=1e-4)
 
 
+def test_straight_through_curves_are_the_hard_ones_with_the_sorters_gradient():
+    model = tiny_target()
+    adapter = vitlens.get_adapter(model)
+    x = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(0))
+    maps = torch.randn(2, 32, 32, generator=torch.Generator().manual_seed(1))
+    grid = RegionGrid((32, 32), 4)
+    fr = curve_fractions(9)
+    ref = reference(x, "mean", (0.5,) * 3, (0.25,) * 3)
+    with adapter.session(capture=False):
+        cls = adapter.forward(x).argmax(-1)
+
+        def prob(im, c):
+            return adapter.forward(im).softmax(-1).gather(1, c[:, None])[:, 0]
+
+        with torch.no_grad():
+            hard = soft_curves(prob, x, ref, maps, cls, grid, fr, tau=1.0, hard=True)
+            soft = soft_curves(prob, x, ref, maps, cls, grid, fr, tau=0.1)
+        m = maps.clone().requires_grad_(True)
+        st = soft_curves(prob, x, ref, m, cls, grid, fr, tau=0.1, straight_through=True)
+        (st.del_auc - st.ins_auc).sum().backward()
+    torch.testing.assert_close(st.del_auc.detach(), hard.del_auc)  # the values are the hard ranking's
+    torch.testing.assert_close(st.ins_auc.detach(), hard.ins_auc)
+    g = m.grad
+    assert g is not None and bool(torch.isfinite(g).all()) and float(g.abs().max()) > 0  # the sorter's gradient
+    assert float((soft.del_auc - hard.del_auc).abs().max()) > 1e-4  # ... which the relaxation's values are not
+
+
 # --------------------------------------------------------------------------------------------------------------------
 # Loss, training, resume, DDP
 # --------------------------------------------------------------------------------------------------------------------

@@ -57,12 +57,13 @@ def test_cli_recipe_defaults_and_explicit_flags(monkeypatch, tmp_path):
                         AHATrainConfig.preset("authors", tau_start=0.2, tau_end=0.05, references=("mean",))),
                        (("--references", "black,blur", "--val-references", "mean", "--select", "last"),
                         AHATrainConfig.preset("tracked", references=("black", "blur"), val_references=("mean",),
-                                              select="last"))]:
+                                              select="last")),
+                       (("--straight-through",), AHATrainConfig.preset("tracked", straight_through=True))]:
         args = _parse(*argv, "--out", str(tmp_path / "o"), "--steps", "3")
         args.func(args)
         got = seen["cfg"]
         for key in ("lr", "tau_start", "tau_end", "noise_scale", "m", "step_sampling", "classes_per_image",
-                    "references", "val_references", "select", "recipe"):
+                    "references", "val_references", "select", "recipe", "straight_through"):
             assert getattr(got, key) == getattr(want, key), (argv, key)
 
 

@@ -65,7 +65,8 @@ def model_card(meta: dict[str, Any], net: AHANet) -> str:
         f"- Loss: w_del {t['w_del']}, w_ins {t['w_ins']}, w_peak {t['w_peak']} (pool {t['peak_kernel']}); "
         f"m = {t['m']} ({t['step_sampling']}); grid range {t['grid_range'] or 'default'}, offset {t['grid_offset']}; "
         f"references {t['references']}; τ {t['tau_start']} → {t['tau_end']}, Gumbel noise × {t.get('noise_scale', 1.0)}, "
-        f"{t['n_iters']} Sinkhorn iterations; {t['classes_per_image']} class(es) per image.",
+        f"{t['n_iters']} Sinkhorn iterations{' (straight-through: hard ranking forward)' if t.get('straight_through') else ''}; "
+        f"{t['classes_per_image']} class(es) per image.",
         f"- Optimiser: AdamW lr {t['lr']}, weight decay {t['weight_decay']}, clip {t['clip']}, warm-up "
         f"{t['warmup_frac']:.0%} then cosine.",
         f"- Final training loss (mean of the last 10 steps): "

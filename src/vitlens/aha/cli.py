@@ -84,6 +84,8 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--n-iters", type=positive_int, default=d.n_iters, help="Sinkhorn iterations")
     p.add_argument("--noise-scale", type=nonnegative_float, default=None,
                    help=f"Gumbel noise multiplier, 0: none (tracked: {d.noise_scale:g})")
+    p.add_argument("--straight-through", action="store_true",
+                   help="training curves use the hard ranking of the regions, gradients the sorter's")
     p.add_argument("--w-peak", type=nonnegative_float, default=d.w_peak,
                    help="weight of the peak penalty in the loss (w_del = w_ins = 1)")
     p.add_argument("--width", type=positive_int, default=d.width, help="decoder width")
@@ -138,6 +140,7 @@ def cmd_train_aha(args: argparse.Namespace) -> int:
         steps=args.steps, batch_size=args.batch_size, weight_decay=args.weight_decay,
         grid_range=tuple(args.grid_range) if args.grid_range else None,
         grid_offset=not args.no_grid_offset, n_iters=args.n_iters, w_peak=args.w_peak,
+        straight_through=args.straight_through,
         width=args.width, backbone=args.backbone, pool=args.pool, choose_pool=not args.no_choose_pool,
         n_train=args.n_train, n_val=args.n_val, val_every=args.val_every, ckpt_every=args.ckpt_every,
         chunk=args.chunk, amp=args.amp, grad_checkpointing=args.grad_checkpointing, seed=args.seed,

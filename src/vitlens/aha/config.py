@@ -28,6 +28,10 @@ class AHATrainConfig:
     references every validation measures (its headline is their mean, so the explainer is chosen on a matrix of
     protocols, not on the one it trains with); ``select`` ``"best"`` ships the decoder of the best validation,
     ``"last"`` the last one.
+
+    Sorting: ``straight_through`` evaluates the training curves with the hard ranking of the regions and
+    back-propagates through the sorter (:func:`~vitlens.aha.soft_metrics.soft_curves`), so the objective's value
+    is the hard metric's at the grid's resolution instead of its relaxation's.
     """
 
     steps: int = 1000
@@ -53,6 +57,7 @@ class AHATrainConfig:
     w_peak: float = 0.0025
     peak_kernel: int = 15
     mask_sigma: float = 1.0
+    straight_through: bool = False
     width: int = 32
     n_levels: int = 4
     depths: tuple[int, ...] | None = None

@@ -188,7 +188,8 @@ def training_loss(net: AHANet, decoder: nn.Module, x: Tensor, labels: Tensor, in
         noise = torch.cat([image_noise(cfg, step, i, k, grid.d) for i in indices]).to(x.device)
     curves = soft_curves(lambda im, c: target_probs(adapter, im, c, cfg.chunk, amp), rep(x), rep(ref), maps, cls,
                          grid, plan.fractions, tau, cfg.n_iters, noise=noise,
-                         endpoints=(p0.reshape(-1), p1.reshape(-1)), mask_sigma=cfg.mask_sigma)
+                         endpoints=(p0.reshape(-1), p1.reshape(-1)), mask_sigma=cfg.mask_sigma,
+                         straight_through=cfg.straight_through)
     loss_items, parts = aha_loss(curves, maps, cfg.w_del, cfg.w_ins, cfg.w_peak, cfg.peak_kernel)
     return loss_items.mean(), parts, plan
 

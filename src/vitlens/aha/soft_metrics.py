@@ -307,6 +307,7 @@ def soft_curves(
     endpoints: tuple[Tensor, Tensor] | None = None,
     hard: bool = False,
     mask_sigma: float = 1.0,
+    straight_through: bool = False,
 ) -> CurveResult:
     """Soft deletion and insertion curves of ``maps`` ``(B, H, W)`` for ``classes`` ``(B,)``.
 
@@ -323,6 +324,10 @@ def soft_curves(
             ``fractions[-1] == 1``.
         hard: use the hard (argsort) permutation instead of the sorter (the limit ``τ → 0``).
         mask_sigma: blur of the pixel masks, in pixels.
+        straight_through: forward with the hard permutation, backward through the sorter's
+            (``P = P_hard + P_soft − stop_grad(P_soft)``): the curve values are those of the hard ranking at the
+            grid's resolution, so the target is queried on images with whole regions deleted (as the metric does),
+            and the gradient is the relaxation's. Ignored with ``hard``.
     """
     b = maps.shape[0]
     scores = grid.pool(maps)
@@ -333,6 +338,9 @@ def soft_curves(
         na = None if noise is None else noise[:, 1]
         p_desc = soft_sort(scores, tau, n_iters, noise=nd, descending=True)
         p_asc = soft_sort(scores, tau, n_iters, noise=na, descending=False)
+        if straight_through:
+            p_desc = hard_sort(scores.detach(), True) + (p_desc - p_desc.detach())
+            p_asc = hard_sort(scores.detach(), False) + (p_asc - p_asc.detach())
     fr = fractions.to(maps.device, maps.dtype)
     if endpoints is not None:
         if float(fr[0]) != 0.0 or float(fr[-1]) != 1.0:
