@@ -160,14 +160,16 @@ def test_soft_membership_counts_and_interpolates():
     torch.testing.assert_close(h[0, 0], torch.tensor([1, 1, 0.5, 0, 0, 0, 0, 0, 0.0]).flip(0))
 
 
-def test_soft_aucs_approach_hard_aucs():
-    model = tiny_target()
-    adapter = vitlens.get_adapter(model)
+def _curve_case():
+    """A tiny target's adapter, two images, two random maps, a 4×4 grid, 9 fractions, the mean reference."""
+    adapter = vitlens.get_adapter(tiny_target())
     x = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(0))
     maps = torch.randn(2, 32, 32, generator=torch.Generator().manual_seed(1))
-    grid = RegionGrid((32, 32), 4)
-    fr = curve_fractions(9)
-    ref = reference(x, "mean", (0.5,) * 3, (0.25,) * 3)
+    return adapter, x, maps, RegionGrid((32, 32), 4), curve_fractions(9), reference(x, "mean", (0.5,) * 3, (0.25,) * 3)
+
+
+def test_soft_aucs_approach_hard_aucs():
+    adapter, x, maps, grid, fr, ref = _curve_case()
     with adapter.session(capture=False), torch.no_grad():
         cls = adapter.forward(x).argmax(-1)
 
@@ -188,13 +190,7 @@ def test_soft_aucs_approach_hard_aucs():
 
 
 def test_straight_through_curves_are_the_hard_ones_with_the_sorters_gradient():
-    model = tiny_target()
-    adapter = vitlens.get_adapter(model)
-    x = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(0))
-    maps = torch.randn(2, 32, 32, generator=torch.Generator().manual_seed(1))
-    grid = RegionGrid((32, 32), 4)
-    fr = curve_fractions(9)
-    ref = reference(x, "mean", (0.5,) * 3, (0.25,) * 3)
+    adapter, x, maps, grid, fr, ref = _curve_case()
     with adapter.session(capture=False):
         cls = adapter.forward(x).argmax(-1)
 
