@@ -43,6 +43,7 @@ def versions() -> dict[str, str]:
 def model_card(meta: dict[str, Any], net: AHANet) -> str:
     """The Markdown model card of the explainer ``net`` from its metadata ``meta`` (as saved beside the weights)."""
     t = meta["train"]
+    sorting = " (straight-through: hard ranking forward)" if t.get("straight_through") else ""
     v = meta.get("validation") or {}
     sfx = "" if v.get("output_pool", t.get("pool", "none")) == t.get("pool", "none") else f"_{v['output_pool']}"
     n_params = sum(p.numel() for p in net.decoder.parameters())
@@ -65,7 +66,7 @@ def model_card(meta: dict[str, Any], net: AHANet) -> str:
         f"- Loss: w_del {t['w_del']}, w_ins {t['w_ins']}, w_peak {t['w_peak']} (pool {t['peak_kernel']}); "
         f"m = {t['m']} ({t['step_sampling']}); grid range {t['grid_range'] or 'default'}, offset {t['grid_offset']}; "
         f"references {t['references']}; τ {t['tau_start']} → {t['tau_end']}, Gumbel noise × {t.get('noise_scale', 1.0)}, "
-        f"{t['n_iters']} Sinkhorn iterations{' (straight-through: hard ranking forward)' if t.get('straight_through') else ''}; "
+        f"{t['n_iters']} Sinkhorn iterations{sorting}; "
         f"{t['classes_per_image']} class(es) per image.",
         f"- Optimiser: AdamW lr {t['lr']}, weight decay {t['weight_decay']}, clip {t['clip']}, warm-up "
         f"{t['warmup_frac']:.0%} then cosine.",
