@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import platform
+import shlex
 from typing import Any
 
 import numpy as np
@@ -44,6 +45,14 @@ def model_card(meta: dict[str, Any], net: AHANet) -> str:
     """The Markdown model card of the explainer ``net`` from its metadata ``meta`` (as saved beside the weights)."""
     t = meta["train"]
     sorting = " (straight-through: hard ranking forward)" if t.get("straight_through") else ""
+    # the recorded command may be the invocation that resumed the run: shown as the one that starts it afresh
+    # (``--resume`` on an empty folder is refused)
+    command = meta.get("command") or "train_aha(...) (Python API)"
+    words = shlex.split(command) if meta.get("command") else []
+    resumed = "--resume" in words
+    if resumed:
+        command = shlex.join(w for w in words if w != "--resume")
+    odds = f" drawn with odds {t['reference_weights']}" if t.get("reference_weights") else ""
     v = meta.get("validation") or {}
     sfx = "" if v.get("output_pool", t.get("pool", "none")) == t.get("pool", "none") else f"_{v['output_pool']}"
     n_params = sum(p.numel() for p in net.decoder.parameters())
@@ -56,7 +65,7 @@ def model_card(meta: dict[str, Any], net: AHANet) -> str:
         "",
         "## Training",
         "",
-        f"- Command: `{meta.get('command') or 'train_aha(...) (Python API)'}`",
+        f"- Command: `{command}`" + (" (add `--resume` to continue an interrupted run)" if resumed else ""),
         f"- Seed {meta['seed']}; {meta['steps']} steps of {t['batch_size']} images on {meta['processes']} "
         f"process(es), {meta['device']}; wall time {meta['seconds']:.0f} s; written {meta['written']}.",
         f"- Data: {json.dumps(meta['data'])}",
@@ -65,7 +74,7 @@ def model_card(meta: dict[str, Any], net: AHANet) -> str:
         f"- Recipe: `{t.get('recipe', 'authors')}` (docs/methods/aha.md §4).",
         f"- Loss: w_del {t['w_del']}, w_ins {t['w_ins']}, w_peak {t['w_peak']} (pool {t['peak_kernel']}); "
         f"m = {t['m']} ({t['step_sampling']}); grid range {t['grid_range'] or 'default'}, offset {t['grid_offset']}; "
-        f"references {t['references']}; τ {t['tau_start']} → {t['tau_end']}, Gumbel noise × {t.get('noise_scale', 1.0)}, "
+        f"references {t['references']}{odds}; τ {t['tau_start']} → {t['tau_end']}, Gumbel noise × {t.get('noise_scale', 1.0)}, "
         f"{t['n_iters']} Sinkhorn iterations{sorting}; "
         f"{t['classes_per_image']} class(es) per image.",
         f"- Optimiser: AdamW lr {t['lr']}, weight decay {t['weight_decay']}, clip {t['clip']}, warm-up "
