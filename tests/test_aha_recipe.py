@@ -58,12 +58,14 @@ def test_cli_recipe_defaults_and_explicit_flags(monkeypatch, tmp_path):
                        (("--references", "black,blur", "--val-references", "mean", "--select", "last"),
                         AHATrainConfig.preset("tracked", references=("black", "blur"), val_references=("mean",),
                                               select="last")),
-                       (("--straight-through",), AHATrainConfig.preset("tracked", straight_through=True))]:
+                       (("--straight-through",), AHATrainConfig.preset("tracked", straight_through=True)),
+                       (("--reference-weights", "2,1,1,2"),
+                        AHATrainConfig.preset("tracked", reference_weights=(2.0, 1.0, 1.0, 2.0)))]:
         args = _parse(*argv, "--out", str(tmp_path / "o"), "--steps", "3")
         args.func(args)
         got = seen["cfg"]
         for key in ("lr", "tau_start", "tau_end", "noise_scale", "m", "step_sampling", "classes_per_image",
-                    "references", "val_references", "select", "recipe", "straight_through"):
+                    "references", "val_references", "select", "recipe", "straight_through", "reference_weights"):
             assert getattr(got, key) == getattr(want, key), (argv, key)
 
 
@@ -72,10 +74,32 @@ def test_empty_or_repeated_reference_lists_are_refused(tmp_path):
                         (("--references", " , "), "--references is empty"),
                         (("--val-references", ""), "--val-references is empty"),
                         (("--references", "mean,mean"), "distinct names"),
-                        (("--references", "grey"), "references must be")]:
+                        (("--references", "grey"), "references must be"),
+                        (("--reference-weights", "1,2"), "one finite number >= 0 per reference"),
+                        (("--reference-weights", "0,0,0,0"), "not all 0"),
+                        (("--reference-weights", "1,-1,1,1"), "reference_weights must be"),
+                        (("--reference-weights", "1,x,1,1"), "comma-separated numbers")]:
         args = _parse(*argv, "--out", str(tmp_path / "o"), "--steps", "3")
         with pytest.raises(InputError, match=match):
             args.func(args)
+
+
+def test_reference_weights_set_the_odds_of_each_steps_reference():
+    from vitlens.aha.plan import plan_step
+
+    def drawn(cfg):
+        return [plan_step(cfg, step, (64, 64)).reference for step in range(400)]
+
+    equal = AHATrainConfig()
+    # no weights: the draw every earlier run made (a shipped command retrains to the same weights)
+    assert drawn(equal)[:10] == ["meanimage", "black", "mean", "mean", "mean", "mean", "meanimage", "black", "blur",
+                                 "black"]
+    counts = {r: drawn(equal).count(r) for r in equal.references}
+    assert all(70 <= c <= 130 for c in counts.values()), counts
+    skewed = drawn(AHATrainConfig(reference_weights=(3.0, 1.0, 0.0, 0.0)))
+    assert set(skewed) == {"mean", "black"}
+    assert 250 <= skewed.count("mean") <= 350, skewed.count("mean")
+    assert skewed == drawn(AHATrainConfig(reference_weights=(3.0, 1.0, 0.0, 0.0)))  # a function of (seed, step)
 
 
 def test_mean_image_reference_is_the_training_mean():
@@ -210,3 +234,23 @@ def test_every_bundled_classifier_has_a_shipped_explainer(name, recwarn):
         warnings.simplefilter("error")  # the explainer was trained for exactly these weights (no digest warning)
         exp = vitlens.explain(model, x, method="aha", refine_steps=0)
     assert exp.maps.shape == (2, size, size) and torch.isfinite(exp.maps).all()
+
+
+@pytest.mark.parametrize("name, resumed", [("shapes-deit", True), ("digits-vit", False)])
+def test_shipped_cards_are_their_metadata_rendered(name, resumed):
+    """Each shipped card is what :func:`model_card` writes from the metadata beside it, and its command starts the
+    run afresh: the recorded one resumed it, and ``--resume`` on an empty folder is refused."""
+    import json
+
+    from vitlens.aha import shipped_explainer
+    from vitlens.aha.card import model_card
+
+    model = vitlens.load_model(name)
+    _, path, _ = shipped_explainer(model)
+    meta = json.loads(path.with_suffix(".json").read_text())
+    card = model_card(meta, load_explainer(path, model))
+    assert card == path.with_suffix(".md").read_text()
+    line = next(ln for ln in card.splitlines() if ln.startswith("- Command:"))
+    assert line.startswith(f"- Command: `{meta['command'].replace(' --resume', '')}`")
+    assert ("--resume" in meta["command"]) == resumed
+    assert line.endswith("(add `--resume` to continue an interrupted run)") == resumed

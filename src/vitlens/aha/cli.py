@@ -40,6 +40,16 @@ def _name_list(flag: str, text: str | None) -> tuple[str, ...] | None:
     return names
 
 
+def _weights(flag: str, text: str | None) -> tuple[float, ...] | None:
+    """``2,1,1,2`` → ``(2.0, 1.0, 1.0, 2.0)``; ``None`` when the flag is not given."""
+    if text is None:
+        return None
+    try:
+        return tuple(float(v) for v in text.split(","))
+    except ValueError:
+        raise InputError(f"{flag} must be comma-separated numbers, e.g. 2,1,1,2; got {text!r}") from None
+
+
 def _add_arguments(p: argparse.ArgumentParser) -> None:
     from ..options import nonnegative_float, nonnegative_int, positive_float, positive_int, seed_int
 
@@ -74,6 +84,8 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--references", default=None,
                    help=f"comma-separated deletion references drawn per step, of {','.join(REFERENCES)} "
                         f"(tracked: {','.join(d.references)})")
+    p.add_argument("--reference-weights", default=None, metavar="W1,W2,...",
+                   help="comma-separated odds of drawing each of --references (default: equal)")
     p.add_argument("--val-references", default=None,
                    help="comma-separated references every validation measures; the headline is their mean "
                         f"(tracked: {','.join(d.val_references)})")
@@ -134,6 +146,7 @@ def cmd_train_aha(args: argparse.Namespace) -> int:
               "classes_per_image": args.classes_per_image, "noise_scale": args.noise_scale,
               "references": _name_list("--references", args.references),
               "val_references": _name_list("--val-references", args.val_references), "select": args.select,
+              "reference_weights": _weights("--reference-weights", args.reference_weights),
               "tau_start": args.tau[0] if args.tau else None, "tau_end": args.tau[1] if args.tau else None}
     cfg = AHATrainConfig.preset(
         args.recipe, **{k: v for k, v in chosen.items() if v is not None},

@@ -5,6 +5,7 @@ returns)."""
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,7 +27,8 @@ class AHATrainConfig:
 
     Protocols: ``references`` are the deletion references one of which is drawn per step; ``val_references`` the
     references every validation measures (its headline is their mean, so the explainer is chosen on a matrix of
-    protocols, not on the one it trains with); ``select`` ``"best"`` ships the decoder of the best validation,
+    protocols, not on the one it trains with); ``reference_weights`` (one non-negative number per reference, default
+    equal) the odds of each reference's draw; ``select`` ``"best"`` ships the decoder of the best validation,
     ``"last"`` the last one.
 
     Sorting: ``straight_through`` evaluates the training curves with the hard ranking of the regions and
@@ -49,6 +51,7 @@ class AHATrainConfig:
     grid_range: tuple[int, int] | None = None
     grid_offset: bool = True
     references: tuple[str, ...] = ("mean", "black", "blur", "meanimage")
+    reference_weights: tuple[float, ...] | None = None
     val_references: tuple[str, ...] = ("mean", "black", "blur", "meanimage")
     select: str = "best"
     classes_per_image: int = 1
@@ -98,6 +101,11 @@ class AHATrainConfig:
             if bad or not refs or len(set(refs)) != len(refs):
                 raise InputError(f"{field_name} must be a non-empty list of distinct names from "
                                  f"{', '.join(REFERENCES)}; got {', '.join(map(repr, refs)) or 'none'}")
+        w = self.reference_weights
+        if w is not None and (len(w) != len(self.references) or any(not math.isfinite(v) or v < 0 for v in w)
+                              or not sum(w) > 0):
+            raise InputError(f"reference_weights must be one finite number >= 0 per reference "
+                             f"({len(self.references)}: {', '.join(self.references)}), not all 0; got {list(w)}")
         if self.select not in ("best", "last"):
             raise InputError(f"select must be 'best' or 'last', got {self.select!r}")
         if self.pool not in OUTPUT_POOLS:

@@ -247,6 +247,8 @@ def _config(config: AHATrainConfig | None, overrides: dict[str, Any]) -> AHATrai
         cfg.grid_range = int_pair(cfg.grid_range)
     cfg.references = tuple(cfg.references)
     cfg.val_references = tuple(cfg.val_references)
+    if cfg.reference_weights is not None:
+        cfg.reference_weights = tuple(float(v) for v in cfg.reference_weights)
     if cfg.depths is not None:
         cfg.depths = tuple(int(v) for v in cfg.depths)
     cfg.check()

@@ -53,7 +53,11 @@ def plan_step(cfg: AHATrainConfig, step: int, hw: tuple[int, int]) -> StepPlan:
     if cfg.grid_offset:
         cell = max(1, math.ceil(min(hw) / size))
         offset = (int(torch.randint(0, cell, (1,), generator=g)), int(torch.randint(0, cell, (1,), generator=g)))
-    ref = cfg.references[int(torch.randint(0, len(cfg.references), (1,), generator=g))]
+    if cfg.reference_weights is None:  # equal odds (the draw every earlier run made)
+        ref = cfg.references[int(torch.randint(0, len(cfg.references), (1,), generator=g))]
+    else:
+        odds = torch.tensor(cfg.reference_weights, dtype=torch.float64)
+        ref = cfg.references[int(torch.multinomial(odds, 1, generator=g))]
     fractions = curve_fractions(cfg.m, cfg.step_sampling, generator=g)
     return StepPlan(size, offset, ref, fractions)
 
