@@ -61,3 +61,24 @@ def test_pool_refuses_overlapping_images_and_names_both_choices():
         script.pool([_result(0, 4), _result(3, 4)])
     p = script.pool([_result(0, 2, "gae"), _result(2, 2, "attnlrp", seed=3)])
     assert p["best_other"] == "gae/attnlrp" and p["candidates"] == {}
+
+
+def test_validation_gap_scores_the_cards_validation_images(tmp_path, capsys):
+    from vitlens.aha.network import pool_maps
+    from vitlens.models import get_adapter
+
+    script = load_benchmark("aha_validation_gap")
+    model = vitlens.load_model("shapes-deit").eval()
+    raw = torch.randn(2, 64, 64)
+    # the constant-per-token row is the shipped pooling of the same decoder output
+    torch.testing.assert_close(script.spread(raw, 8, "tokens"), pool_maps(raw, get_adapter(model), "tokens"))
+    assert script.spread(raw, 8, "none") is raw
+    assert script.spread(raw, 8, "tokens-bilinear").shape == raw.shape
+    assert script.main(["--models", "shapes-deit", "--n", "2", "--points", "21", "--threads", "1",
+                        "--work", str(tmp_path)]) == 0
+    res = __import__("json").loads((tmp_path / "shapes-deit.json").read_text())
+    assert res["n"] == 2 and res["val_seed"] == 20000 and res["shipped_pool"] == "tokens"
+    assert set(res["rows"]) == {"aha_tokens", "aha_tokens-bilinear", "aha_none", "gradskip"}
+    assert all(len(v) == 2 for row in res["rows"].values() for v in row.values())
+    out = capsys.readouterr().out
+    assert "AHA T=0, `tokens` (shipped)" in out and "AHA `tokens` − GradSkip" in out
