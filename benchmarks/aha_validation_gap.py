@@ -39,8 +39,10 @@ from vitlens.images import data_config
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from aha_protocols import MODELS, REF_NAMES, REFERENCES, maps_of, paired, score_matrix  # noqa: E402
+from aha_sorter_error import print_section  # noqa: E402
 
 SPREADS = ("tokens", "tokens-bilinear", "none")
+START, END = "<!-- aha_validation_gap:start -->", "<!-- aha_validation_gap:end -->"
 
 
 def spread(raw: torch.Tensor, patch: int | None, how: str) -> torch.Tensor:
@@ -125,10 +127,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--work", type=Path, default=Path("runs/aha-validation-gap"))
     p.add_argument("--resume", action="store_true", help="keep the models already in --work")
+    p.add_argument("--out", type=Path, default=None, help="write the section into this page (between its markers)")
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     args.work.mkdir(parents=True, exist_ok=True)
-    lines = ["## AHA against GradSkip on the validation images, per reference", "",
+    lines = [START, "", "## AHA against GradSkip on the validation images, per reference", "",
              "Each cell: mean insertion − deletion (pixel ranking, hard masks, predicted class); the difference rows "
              "are paired over images with 95 % t intervals (`benchmarks/aha_validation_gap.py`).", ""]
     for name in args.models:
@@ -139,7 +142,9 @@ def main(argv: list[str] | None = None) -> int:
             res = run_model(name, args.n, args.points, args.batch)
             path.write_text(json.dumps(res))
         lines += section(res)
-    print("\n".join(lines))
+    cmd = "python benchmarks/aha_validation_gap.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    lines += [f"Command: `{cmd}` — torch {torch.__version__}, {args.threads} thread(s).", "", END]
+    print_section(lines, args.out, START, END)
     return 0
 
 
