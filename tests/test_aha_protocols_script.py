@@ -82,3 +82,27 @@ def test_validation_gap_scores_the_cards_validation_images(tmp_path, capsys):
     assert all(len(v) == 2 for row in res["rows"].values() for v in row.values())
     out = capsys.readouterr().out
     assert "AHA T=0, `tokens` (shipped)" in out and "AHA `tokens` − GradSkip" in out
+
+
+def test_validation_gap_scores_another_training_on_the_same_images(tmp_path, capsys):
+    """``--explainer FOLDER`` adds a row for another training of the target's explainer, scored on the shipped
+    card's validation images: a copy of the shipped files gives exactly the shipped row; it takes one model."""
+    import json
+    import shutil
+
+    from vitlens.aha import WEIGHTS_DIR
+
+    script = load_benchmark("aha_validation_gap")
+    other = tmp_path / "copy-of-shipped"
+    other.mkdir()
+    for suffix in (".safetensors", ".json"):
+        shutil.copy(WEIGHTS_DIR / f"shapes-deit-aha{suffix}", other)
+    assert script.main(["--models", "shapes-deit", "--n", "2", "--points", "21", "--threads", "1",
+                        "--work", str(tmp_path / "work"), "--explainer", str(other)]) == 0
+    res = json.loads((tmp_path / "work" / "shapes-deit.json").read_text())
+    key = "aha_tokens (copy-of-shipped)"
+    assert res["explainers"] == [str(other)] and key in res["rows"]
+    assert res["rows"][key] == res["rows"]["aha_tokens"]
+    assert "`tokens (copy-of-shipped)` − GradSkip" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        script.main(["--models", "shapes-deit", "shapes-vit", "--explainer", str(other)])

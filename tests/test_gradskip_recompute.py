@@ -121,10 +121,11 @@ def test_attention_backward_from_recomputed_probabilities_matches_the_fused_kern
     model = tiny_vit()
     adapter = vitlens.get_adapter(model)
     x = batch(2)
-    got: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+    got: dict[int, tuple[torch.Tensor, ...]] = {}
     fast = adapter.readout_only(all_queries=True) if readout else contextlib.nullcontext()
     with fast:
-        rec, logits, g = _first_block_gradient(adapter, x, lambda i, a, f: got.__setitem__(i, (a.clone(), f.clone())))
+        rec, logits, g = _first_block_gradient(
+            adapter, x, lambda i, *tensors: got.__setitem__(i, tuple(t.clone() for t in tensors)))
         ref_rec, ref_logits, ref_g = _first_block_gradient(adapter, x)
     assert all(b.probabilities_in_backward for b in rec.blocks)
     assert not any(b.probabilities_in_backward for b in ref_rec.blocks)
@@ -135,19 +136,21 @@ def test_attention_backward_from_recomputed_probabilities_matches_the_fused_kern
         out = adapter.forward(x)
         y = out.gather(1, out.argmax(1, keepdim=True)).sum()
         grads = torch.autograd.grad(y, [b.attn for b in ex.blocks])
-    for i, (a, f) in got.items():
+    for i, (a, f, row_sums, vnorm) in got.items():
         ref_a = ex.blocks[i].attn.detach()
         torch.testing.assert_close(a, ref_a, rtol=1e-5, atol=1e-6)
         ref_f = (ref_a * grads[i])[:, :, : f.shape[2]]
         assert f.shape[2] == (1 if readout and i == 2 else ref_a.shape[2])
         close(f, ref_f, 1e-5)
+        close(row_sums, ref_f.sum(-1), 1e-5)  # the softmax backward's row sums, handed over with F
+        torch.testing.assert_close(vnorm, ex.blocks[i].value.norm(dim=-1), rtol=1e-5, atol=1e-6)
 
 
 def test_no_rerouting_without_a_consumer_or_with_normalised_queries():
     model = tiny_vit(qk_norm=True)
     adapter = vitlens.get_adapter(model)
     x = batch(2)
-    rec, _, g = _first_block_gradient(adapter, x, lambda i, a, f: None)
+    rec, _, g = _first_block_gradient(adapter, x, lambda *_: None)
     assert rec.recompute and not any(b.probabilities_in_backward for b in rec.blocks)  # q_norm: the fused backward
     before = model_fingerprint(model)
     maps = vitlens.explain(model, x, method="gradskip").token_maps

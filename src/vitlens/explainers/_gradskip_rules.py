@@ -62,15 +62,16 @@ def head_weights_from_flow(attn: Tensor, flow_terms: Tensor, mode: str, alpha: f
     return head_weights_from_scores(attn, flow, mode, alpha, grad_threshold, head_subset)
 
 
-def positive_flow(flow_terms: Tensor, rows: int | None = None) -> Tensor:
+def positive_flow(flow_terms: Tensor, rows: int | None = None, row_sums: Tensor | None = None) -> Tensor:
     """The flow score ``mean_i Σ_j |A ⊙ ∇A|_ij`` per head ``(B, H)``, leaving ``flow_terms`` clamped at 0 in place.
 
     ``Σ_j |f_ij| = 2·Σ_j f⁺_ij − Σ_j f_ij``: two row sums around the clamp that :func:`weighted_attention` needs
     anyway, instead of a separate ``|f|`` tensor (the same sum of non-negative parts, up to float rounding).
     ``rows``: the layer's number of query rows when ``flow_terms`` holds only the first of them (the others have
-    zero gradient: the readout path's last block); the mean is over all ``rows``.
+    zero gradient: the readout path's last block); the mean is over all ``rows``. ``row_sums``: ``Σ_j f_ij``
+    ``(B, H, T_q)`` where the caller already has it (the attention backward's softmax step forms it).
     """
-    total = flow_terms.sum(dim=-1)
+    total = flow_terms.sum(dim=-1) if row_sums is None else row_sums
     pos = flow_terms.clamp_min_(0).sum(dim=-1)
     per_row = (2.0 * pos - total).clamp_min_(0)
     if rows is None or rows == per_row.shape[-1]:
@@ -93,8 +94,10 @@ def probability_gini(p: Tensor) -> Tensor:
     n = p.shape[-1]
     arr = p.contiguous().numpy()
     srt = torch.from_numpy(np.sort(arr.view(ints), axis=-1).view(arr.dtype))
-    total = srt.sum(dim=-1)
-    g = (srt @ torch.arange(1 - n, n + 1, 2, dtype=p.dtype)) / (n * total.clamp_min(torch.finfo(p.dtype).tiny))
+    # the weighted sum and the plain sum of each sorted row in one product (one pass over the sorted rows)
+    weights = torch.stack([torch.arange(1 - n, n + 1, 2, dtype=p.dtype), torch.ones(n, dtype=p.dtype)], dim=1)
+    ws, total = (srt.reshape(-1, n) @ weights).reshape(*p.shape[:-1], 2).unbind(-1)
+    g = ws / (n * total.clamp_min(torch.finfo(p.dtype).tiny))
     return torch.where(total > 0, g, torch.zeros_like(g))
 
 

@@ -268,14 +268,15 @@ class _BlockSteps:
                            lambda li: self.beta[li] is not None)
         return torch.zeros_like(final) if g is None else g
 
-    def probabilities(self, li: int, attn: Tensor, flow: Tensor) -> None:
-        """Block ``li``'s ``A`` ``(B, H, T, T)`` and ``A ⊙ ∂y/∂A`` ``(B, H, T_q, T)`` from the fused attention's
-        backward (``Recording.on_probabilities``; both in at least float32, both consumed)."""
+    def probabilities(self, li: int, attn: Tensor, flow: Tensor, row_sums: Tensor, vnorm: Tensor) -> None:
+        """Block ``li``'s ``A`` ``(B, H, T, T)``, ``F = A ⊙ ∂y/∂A`` ``(B, H, T_q, T)``, ``Σ_j F_ij`` ``(B, H, T_q)``
+        and value norms ``(B, H, T)`` from the fused attention's backward (``Recording.on_probabilities``; all in at
+        least float32; ``A`` and ``F`` consumed)."""
         cap = self.saved[li]
-        for key in ("attn", "query", "key", "scale"):
+        for key in ("attn", "query", "key", "scale", "value"):
             cap.pop(key)
         with torch.no_grad():
-            self._reduce(li, attn, flow, wide(cap.pop("value")).norm(dim=-1))
+            self.w[li], self.omega[li] = self._reduced(attn, flow, vnorm, row_sums)
 
     def _attn_step(self, li: int, grad: Tensor | None) -> None:
         cap = self.saved[li]
@@ -288,7 +289,13 @@ class _BlockSteps:
             self._reduce(li, attn, flow_terms, vnorm)
 
     def _reduce(self, li: int, attn: Tensor, flow_terms: Tensor, vnorm: Tensor) -> None:
-        """``ω`` and ``W̃`` of block ``li`` (``flow_terms`` = ``A ⊙ ∂y/∂A`` is consumed).
+        """``ω`` and ``W̃`` of block ``li`` (:meth:`_reduced`)."""
+        self.w[li], self.omega[li] = self._reduced(attn, flow_terms, vnorm)
+
+    def _reduced(self, attn: Tensor, flow_terms: Tensor, vnorm: Tensor,
+                 row_sums: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """``(W̃, ω)`` of one block from ``A``, ``flow_terms`` = ``A ⊙ ∂y/∂A`` (consumed) and the value norms;
+        ``row_sums``: ``Σ_j`` of ``flow_terms`` where the caller has it.
 
         ``flow_terms`` may hold only the first ``T_q`` query rows (the readout path's last block: the other rows
         have zero gradient); ``W̃`` is then formed on those rows only, ``(B, T_q, T)``: the relevance reaching the
@@ -297,11 +304,10 @@ class _BlockSteps:
         """
         o = self.explainer.options
         with torch.no_grad():
-            flow = positive_flow(flow_terms, attn.shape[2])  # flow_terms clamped at 0 in place
+            flow = positive_flow(flow_terms, attn.shape[2], row_sums)  # flow_terms clamped at 0 in place
             omega = head_weights_from_scores(attn, flow, o["head_weighting"], float(o["alpha"]),
                                              float(o["grad_threshold"]), o["head_subset"])
-            self.w[li] = weighted_attention(attn, flow_terms, vnorm, omega, clamped=True)
-            self.omega[li] = omega
+            return weighted_attention(attn, flow_terms, vnorm, omega, clamped=True), omega
 
     def _h_step(self, li: int, grad: Tensor | None) -> None:
         cap = self.saved[li]

@@ -31,8 +31,10 @@ class _ConstantStdLayerNorm(torch.autograd.Function):
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
         weight, rstd, x, mean = ctx.saved_tensors
         dims = ctx.dims
-        gw = grad if weight is None else grad * weight
-        gx = (gw - gw.mean(dim=dims, keepdim=True)) * rstd.to(gw.dtype) if ctx.needs_input_grad[0] else None
+        gx = None
+        if ctx.needs_input_grad[0]:  # in place on a fresh product: two passes, no temporaries of the input's size
+            gw = grad.clone() if weight is None else grad * weight
+            gx = gw.sub_(gw.mean(dim=dims, keepdim=True)).mul_(rstd.to(gw.dtype))
         lead = tuple(range(grad.ndim - len(dims)))
         g_weight = g_bias = None
         if ctx.needs_input_grad[1]:

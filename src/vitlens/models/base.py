@@ -133,9 +133,10 @@ class Recording:
     final: Tensor | None = None
     recompute: bool = False
     #: set before the forward of a ``recompute`` session: each fused attention's backward is computed from its
-    #: recomputed probabilities and calls ``on_probabilities(block, A, A ⊙ ∂y/∂A)`` (``_probabilities_backward``;
-    #: families that do not offer it ignore it and leave ``BlockRecord.probabilities_in_backward`` False)
-    on_probabilities: Callable[[int, Tensor, Tensor], None] | None = None
+    #: recomputed probabilities and calls ``on_probabilities(block, A, F = A ⊙ ∂y/∂A, Σ_j F_ij, ‖v‖)``
+    #: (``_probabilities_backward``; families that do not offer it ignore it and leave
+    #: ``BlockRecord.probabilities_in_backward`` False)
+    on_probabilities: Callable[[int, Tensor, Tensor, Tensor, Tensor], None] | None = None
 
     def graph_tensors(self) -> list[Tensor]:
         """All captured tensors that are part of the autograd graph (for :func:`torch.autograd.grad`)."""
