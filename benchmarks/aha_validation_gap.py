@@ -9,12 +9,15 @@ Rows: the shipped explainer with its own output pooling, the same decoder output
 token scores (``none``: the decoder's pixel map; ``tokens``: constant per token; ``tokens-bilinear``: the token
 means upsampled bilinearly, as GradSkip's token scores are), and GradSkip. Cells: the four deletion references ×
 ``--points`` pixel-ranking curves (hard masks, predicted class, softmax, trapezoidal AUC, as the protocol matrix).
-Per model the JSON goes to ``--work``; ``--resume`` keeps the models already there.
+Per model the JSON goes to ``--work``; ``--resume`` keeps the models already there. ``--explainer FOLDER`` adds a
+row for another explainer of the same target (a training run's output folder, e.g. a second seed), scored with its
+own pooling on the *shipped* card's validation images, so that two trainings are compared on the same images.
 
 Usage::
 
     python benchmarks/aha_validation_gap.py --models shapes-deit shapes-vit --threads 1 --resume
     python benchmarks/aha_validation_gap.py --models shapes-deit --n 8 --points 21   # quick look
+    python benchmarks/aha_validation_gap.py --models shapes-deit --explainer runs/aha-shapes-deit-s1 --points 21
 """
 
 from __future__ import annotations
@@ -67,7 +70,8 @@ def validation_images(name: str, model: torch.nn.Module, meta: dict[str, Any], n
     return torch.stack([val[i][0] for i in range(count)]), mean_image(train)
 
 
-def run_model(name: str, n: int | None, points: list[int], batch: int) -> dict[str, Any]:
+def run_model(name: str, n: int | None, points: list[int], batch: int,
+              others: list[Path] | None = None) -> dict[str, Any]:
     t0 = time.perf_counter()
     model = vitlens.load_model(name).eval()
     found = shipped_explainer(model)
@@ -87,12 +91,17 @@ def run_model(name: str, n: int | None, points: list[int], batch: int) -> dict[s
     refs = {r: reference(x, r, dc.mean, dc.std, mean_image=mi) for r in REFERENCES}
     cells = [(r, "pixel", p) for r in REFERENCES for p in points]
     rows_maps = {f"aha_{s}": spread(raw, patch, s) for s in (SPREADS if patch else ("none",))}
+    for folder in others or []:  # another training of an explainer for this target, with its own pooling
+        other = load_explainer(folder, model)
+        with torch.no_grad():
+            rows_maps[f"aha_{other.output_pool} ({folder.name})"] = other(x, cls)
     rows_maps["gradskip"] = maps_of(model, x, "gradskip", batch)
     rows = {}
     for key, mp in rows_maps.items():
         rows[key] = score_matrix(model, x, mp, cls, refs, None, cells, dc, batch)
         print(f"  {name}: {key} done ({time.perf_counter() - t0:.0f} s)", flush=True)
     return {"model": name, "n": int(x.shape[0]), "shipped_pool": net.output_pool, "points": points,
+            "explainers": [str(f) for f in others or []],
             "val_seed": meta["data"].get("val_seed"), "rows": rows, "seconds": round(time.perf_counter() - t0, 1)}
 
 
@@ -128,7 +137,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--work", type=Path, default=Path("runs/aha-validation-gap"))
     p.add_argument("--resume", action="store_true", help="keep the models already in --work")
     p.add_argument("--out", type=Path, default=None, help="write the section into this page (between its markers)")
+    p.add_argument("--explainer", type=Path, action="append", default=[], metavar="FOLDER",
+                   help="also score this trained explainer (a run's output folder; repeatable; one model)")
     args = p.parse_args(argv)
+    if args.explainer and len(args.models) != 1:
+        p.error("--explainer needs exactly one model in --models (the target it was trained for)")
     torch.set_num_threads(args.threads)
     args.work.mkdir(parents=True, exist_ok=True)
     lines = [START, "", "## AHA against GradSkip on the validation images, per reference", "",
@@ -137,9 +150,11 @@ def main(argv: list[str] | None = None) -> int:
     for name in args.models:
         path = args.work / f"{name}.json"
         res = json.loads(path.read_text()) if args.resume and path.is_file() else None
-        if res is None or (args.n is not None and res["n"] != args.n) or res["points"] != args.points:
+        wanted = [str(f) for f in args.explainer]
+        if res is None or (args.n is not None and res["n"] != args.n) or res["points"] != args.points \
+                or res.get("explainers", []) != wanted:
             print(f"{name} ...", flush=True)
-            res = run_model(name, args.n, args.points, args.batch)
+            res = run_model(name, args.n, args.points, args.batch, args.explainer)
             path.write_text(json.dumps(res))
         lines += section(res)
     cmd = "python benchmarks/aha_validation_gap.py " + " ".join(argv if argv is not None else sys.argv[1:])
