@@ -147,10 +147,10 @@ def main(argv: list[str] | None = None) -> int:
     lines = [START, "", "## AHA against GradSkip on the validation images, per reference", "",
              "Each cell: mean insertion − deletion (pixel ranking, hard masks, predicted class); the difference rows "
              "are paired over images with 95 % t intervals (`benchmarks/aha_validation_gap.py`).", ""]
+    wanted = [str(f) for f in args.explainer]
     for name in args.models:
         path = args.work / f"{name}.json"
         res = json.loads(path.read_text()) if args.resume and path.is_file() else None
-        wanted = [str(f) for f in args.explainer]
         if res is None or (args.n is not None and res["n"] != args.n) or res["points"] != args.points \
                 or res.get("explainers", []) != wanted:
             print(f"{name} ...", flush=True)

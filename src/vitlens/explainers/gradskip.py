@@ -140,7 +140,7 @@ class GradSkip(Explainer):
         totals = [relevance.sum(-1)]
         ws, betas = filled(steps.w), filled(steps.beta)
         for li in range(len(ws) - 1, -1, -1):
-            beta, w = betas[li], ws[li]  # w: (B, T_q, T), T_q < T on the readout path's last block (see _reduce)
+            beta, w = betas[li], ws[li]  # w: (B, T_q, T), T_q < T on the readout path's last block (see _reduced)
             relevance = (beta * relevance)[:, None, : w.shape[1]].bmm(w)[:, 0] + (1.0 - beta) * relevance
             totals.append(relevance.sum(-1))
         p = adapter.num_prefix_tokens
@@ -286,11 +286,7 @@ class _BlockSteps:
             else:
                 attn, vnorm = wide(cap.pop("attn")), wide(cap.pop("vnorm"))
                 flow_terms = attn * wide(grad) if grad is not None else torch.zeros_like(attn)
-            self._reduce(li, attn, flow_terms, vnorm)
-
-    def _reduce(self, li: int, attn: Tensor, flow_terms: Tensor, vnorm: Tensor) -> None:
-        """``ω`` and ``W̃`` of block ``li`` (:meth:`_reduced`)."""
-        self.w[li], self.omega[li] = self._reduced(attn, flow_terms, vnorm)
+            self.w[li], self.omega[li] = self._reduced(attn, flow_terms, vnorm)
 
     def _reduced(self, attn: Tensor, flow_terms: Tensor, vnorm: Tensor,
                  row_sums: Tensor | None = None) -> tuple[Tensor, Tensor]:

@@ -30,6 +30,7 @@ from torch import Tensor, nn
 
 from ..errors import InputError, UnsupportedModelError
 from ..preprocessing import int_pair  # re-exported: how sizes are passed around
+from ._probabilities_backward import Sink
 from .capabilities import CLASS_ATTENTION, CLASS_LOGITS, STAGES, WINDOWS
 from .data_configs import model_data_config
 
@@ -136,7 +137,7 @@ class Recording:
     #: recomputed probabilities and calls ``on_probabilities(block, A, F = A ⊙ ∂y/∂A, Σ_j F_ij, ‖v‖)``
     #: (``_probabilities_backward``; families that do not offer it ignore it and leave
     #: ``BlockRecord.probabilities_in_backward`` False)
-    on_probabilities: Callable[[int, Tensor, Tensor, Tensor, Tensor], None] | None = None
+    on_probabilities: Sink | None = None
 
     def graph_tensors(self) -> list[Tensor]:
         """All captured tensors that are part of the autograd graph (for :func:`torch.autograd.grad`)."""
