@@ -60,12 +60,15 @@ def test_cli_recipe_defaults_and_explicit_flags(monkeypatch, tmp_path):
                                               select="last")),
                        (("--straight-through",), AHATrainConfig.preset("tracked", straight_through=True)),
                        (("--reference-weights", "2,1,1,2"),
-                        AHATrainConfig.preset("tracked", reference_weights=(2.0, 1.0, 1.0, 2.0)))]:
+                        AHATrainConfig.preset("tracked", reference_weights=(2.0, 1.0, 1.0, 2.0))),
+                       (("--teacher", "gradskip", "--teacher-weight", "0.5", "--teacher-frac", "0.25"),
+                        AHATrainConfig.preset("tracked", teacher="gradskip", w_teacher=0.5, teacher_frac=0.25))]:
         args = _parse(*argv, "--out", str(tmp_path / "o"), "--steps", "3")
         args.func(args)
         got = seen["cfg"]
         for key in ("lr", "tau_start", "tau_end", "noise_scale", "m", "step_sampling", "classes_per_image",
-                    "references", "val_references", "select", "recipe", "straight_through", "reference_weights"):
+                    "references", "val_references", "select", "recipe", "straight_through", "reference_weights",
+                    "teacher", "w_teacher", "teacher_frac"):
             assert getattr(got, key) == getattr(want, key), (argv, key)
 
 

@@ -18,6 +18,7 @@ from .config import RECIPES, AHATrainConfig
 from .loop import train_aha
 from .network import OUTPUT_POOLS
 from .soft_metrics import REFERENCES
+from .teacher import TEACHERS
 
 __all__ = ["DESCRIPTION", "add_train_aha_parser", "cmd_train_aha", "main"]
 
@@ -98,6 +99,12 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
                    help=f"Gumbel noise multiplier, 0: none (tracked: {d.noise_scale:g})")
     p.add_argument("--straight-through", action="store_true",
                    help="training curves use the hard ranking of the regions, gradients the sorter's")
+    p.add_argument("--teacher", choices=list(TEACHERS), default=None,
+                   help="pull the maps towards this single-pass method's maps in the first steps (default: none)")
+    p.add_argument("--teacher-weight", dest="w_teacher", type=nonnegative_float, default=d.w_teacher,
+                   help="weight of the teacher term (1 - correlation on the token grid) at step 0")
+    p.add_argument("--teacher-frac", type=positive_float, default=d.teacher_frac,
+                   help="fraction of the steps over which the teacher term fades linearly to 0")
     p.add_argument("--w-peak", type=nonnegative_float, default=d.w_peak,
                    help="weight of the peak penalty in the loss (w_del = w_ins = 1)")
     p.add_argument("--width", type=positive_int, default=d.width, help="decoder width")
@@ -153,7 +160,8 @@ def cmd_train_aha(args: argparse.Namespace) -> int:
         steps=args.steps, batch_size=args.batch_size, weight_decay=args.weight_decay,
         grid_range=tuple(args.grid_range) if args.grid_range else None,
         grid_offset=not args.no_grid_offset, n_iters=args.n_iters, w_peak=args.w_peak,
-        straight_through=args.straight_through,
+        straight_through=args.straight_through, teacher=args.teacher, w_teacher=args.w_teacher,
+        teacher_frac=args.teacher_frac,
         width=args.width, backbone=args.backbone, pool=args.pool, choose_pool=not args.no_choose_pool,
         n_train=args.n_train, n_val=args.n_val, val_every=args.val_every, ckpt_every=args.ckpt_every,
         chunk=args.chunk, amp=args.amp, grad_checkpointing=args.grad_checkpointing, seed=args.seed,

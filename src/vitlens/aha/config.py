@@ -34,6 +34,10 @@ class AHATrainConfig:
     Sorting: ``straight_through`` evaluates the training curves with the hard ranking of the regions and
     back-propagates through the sorter (:func:`~vitlens.aha.soft_metrics.soft_curves`), so the objective's value
     is the hard metric's at the grid's resolution instead of its relaxation's.
+
+    Teacher: ``teacher`` (a method of :data:`~vitlens.aha.teacher.TEACHERS`, default none) adds
+    ``w_teacher · (1 − r)`` to the loss, ``r`` the correlation of each map with that method's map of the image on the
+    token grid, fading linearly to 0 at ``teacher_frac · steps`` (:mod:`vitlens.aha.teacher`).
     """
 
     steps: int = 1000
@@ -61,6 +65,9 @@ class AHATrainConfig:
     peak_kernel: int = 15
     mask_sigma: float = 1.0
     straight_through: bool = False
+    teacher: str | None = None
+    w_teacher: float = 1.0
+    teacher_frac: float = 0.5
     width: int = 32
     n_levels: int = 4
     depths: tuple[int, ...] | None = None
@@ -106,6 +113,16 @@ class AHATrainConfig:
                               or not sum(w) > 0):
             raise InputError(f"reference_weights must be one finite number >= 0 per reference "
                              f"({len(self.references)}: {', '.join(self.references)}), not all 0; got {list(w)}")
+        if self.teacher is not None:
+            from .teacher import TEACHERS
+
+            if self.teacher not in TEACHERS:
+                raise InputError(f"unknown AHA teacher {self.teacher!r}; choose one of {', '.join(TEACHERS)}")
+            if self.classes_per_image != 1:
+                raise InputError("a teacher needs classes_per_image = 1 (its maps are of the predicted class)")
+            if not (math.isfinite(self.w_teacher) and self.w_teacher >= 0 and 0 < self.teacher_frac <= 1):
+                raise InputError(f"w_teacher must be >= 0 and teacher_frac in (0, 1]; got {self.w_teacher}, "
+                                 f"{self.teacher_frac}")
         if self.select not in ("best", "last"):
             raise InputError(f"select must be 'best' or 'last', got {self.select!r}")
         if self.pool not in OUTPUT_POOLS:

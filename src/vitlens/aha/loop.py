@@ -36,6 +36,7 @@ from .evaluation import PROTOCOL
 from .network import OUTPUT_POOLS, AHANet, model_digest, save_explainer
 from .plan import StepPlan, choose_classes, image_noise, lr_factor, plan_step, temperature
 from .soft_metrics import RegionGrid, aha_loss, curve_fractions, default_grid_range, reference, soft_curves
+from .teacher import teacher_grid, teacher_loss, teacher_maps, teacher_weight
 from .validation import LabelledImages, all_reduce_sum, best_pool, validate
 
 __all__ = ["reference_logits", "soft_validate", "target_probs", "train_aha", "training_loss", "validate"]
@@ -151,7 +152,9 @@ def _cached_reference_logits(adapter: Any, ref: Tensor, kind: str, cache: dict[s
 def training_loss(net: AHANet, decoder: nn.Module, x: Tensor, labels: Tensor, indices: Sequence[int], step: int,
                   cfg: AHATrainConfig, tau: float, mean_std: tuple[Sequence[float], Sequence[float]],
                   amp: bool = False, mean_img: Tensor | None = None,
-                  ref_cache: dict[str, tuple[Tensor, Tensor]] | None = None) -> tuple[Tensor, dict[str, Tensor], StepPlan]:
+                  ref_cache: dict[str, tuple[Tensor, Tensor]] | None = None,
+                  teacher: tuple[Tensor, tuple[int, int], float] | None = None
+                  ) -> tuple[Tensor, dict[str, Tensor], StepPlan]:
     """The AHA loss of one (local) batch, averaged over its images and classes.
 
     Args:
@@ -159,7 +162,8 @@ def training_loss(net: AHANet, decoder: nn.Module, x: Tensor, labels: Tensor, in
             its DDP wrapper. ``x`` ``(b, C, H, W)`` normalised images, ``labels`` ``(b,)`` (−1: unknown),
             ``indices``: their dataset indices (keys of the per-image noise). ``tau``: sorter temperature.
         mean_std: the target's normalisation (for the black reference); ``mean_img``: the training images' mean
-            (for the ``meanimage`` reference).
+            (for the ``meanimage`` reference). ``teacher``: ``(maps of these images, grid, weight)`` of the
+            teacher term (:mod:`vitlens.aha.teacher`; ``None``: none).
         ref_cache: where the target's logits on a reference that is the same for every image and every step (mean
             colour, black, mean image) are kept between steps (the run's dict; ``None``: computed every step).
 
@@ -191,6 +195,9 @@ def training_loss(net: AHANet, decoder: nn.Module, x: Tensor, labels: Tensor, in
                          endpoints=(p0.reshape(-1), p1.reshape(-1)), mask_sigma=cfg.mask_sigma,
                          straight_through=cfg.straight_through)
     loss_items, parts = aha_loss(curves, maps, cfg.w_del, cfg.w_ins, cfg.w_peak, cfg.peak_kernel)
+    if teacher is not None and teacher[2] > 0:
+        parts["teacher"] = teacher_loss(maps, rep(teacher[0]), teacher[1])
+        loss_items = loss_items + teacher[2] * parts["teacher"]
     return loss_items.mean(), parts, plan
 
 
@@ -232,6 +239,7 @@ class _Run:
     best: dict[str, Any] | None = None  # the best validation so far: step, score, pool, decoder state
     target_id: str = ""
     ref_logits: dict[str, tuple[Tensor, Tensor]] = field(default_factory=dict)  # see training_loss(ref_cache=)
+    teacher: Tensor | None = None  # the teacher's maps of the training images (cfg.teacher), on teacher_grid
 
     def seconds(self) -> float:
         """Training wall time so far, including the runs this one resumes."""
@@ -327,7 +335,8 @@ def _resume(run: _Run, resume: bool) -> None:
         ck = load_checkpoint(run.ckpt_path, ("decoder", "optimizer", "scheduler", "step", "rng", "config"))
         saved = dict(ck["config"])
         mine = run.cfg.to_dict()
-        diff = sorted(k for k in mine if k not in RESUMABLE_CHANGES and saved.get(k) != mine[k])
+        default = AHATrainConfig().to_dict()  # a field newer than the checkpoint: its default
+        diff = sorted(k for k in mine if k not in RESUMABLE_CHANGES and saved.get(k, default[k]) != mine[k])
         if diff:
             raise InputError(f"cannot resume {run.ckpt_path}: its config differs in {', '.join(diff)}")
         if ck.get("target", run.target_id) != run.target_id:
@@ -414,8 +423,11 @@ def _train_step(run: _Run, decoder: nn.Module, idx: list[int],
     x = torch.stack([it[0] for it in items]).to(dev)
     labels = torch.tensor([it[1] for it in items], device=dev)
     tau = temperature(run.step, cfg)
+    teacher = None
+    if run.teacher is not None and (w_t := teacher_weight(run.step, cfg.steps, cfg.w_teacher, cfg.teacher_frac)):
+        teacher = (run.teacher[idx], teacher_grid((x.shape[-2], x.shape[-1]), run.adapter.patch_size), w_t)
     loss, parts, plan = training_loss(run.net, decoder, x, labels, idx, run.step, cfg, tau, mean_std, run.amp,
-                                      run.mean_img, ref_cache=run.ref_logits)
+                                      run.mean_img, ref_cache=run.ref_logits, teacher=teacher)
     run.opt.zero_grad(set_to_none=True)
     loss.backward()
     gnorm = torch.nn.utils.clip_grad_norm_(run.net.decoder.parameters(), cfg.clip)
@@ -430,6 +442,8 @@ def _train_step(run: _Run, decoder: nn.Module, idx: list[int],
            "soft_ins": float(stats[2]), "peak": float(stats[3]), "tau": tau,
            "lr": float(run.sched.get_last_lr()[0]), "grid": plan.grid, "reference": plan.reference,
            "grad_norm": float(gnorm)}
+    if teacher is not None:
+        rec["teacher"] = float(parts["teacher"].detach().mean())  # this process's images
     run.history.append(rec)
     return rec
 
@@ -543,6 +557,11 @@ def train_aha(model: nn.Module, data: Any = "scenes", out_dir: str | os.PathLike
     cfg = _config(config, overrides)
     run = _setup(model, data, out_dir, cfg, name, resume, overwrite, device, threads)
     _resume(run, resume)
+    if cfg.teacher is not None and run.step < cfg.steps:
+        first = run.train_set[0][0]
+        grid = teacher_grid((first.shape[-2], first.shape[-1]), run.adapter.patch_size)
+        run.teacher = teacher_maps(model, run.train_set, cfg.teacher, grid,
+                                   progress=progress and run.dist_info.rank == 0)
     decoder, sampler, per_epoch = _distribute(run)
     pbar = None
     if progress and run.dist_info.rank == 0:

@@ -1,0 +1,80 @@
+"""The teacher term of AHA training (vitlens.aha.teacher): its maps, its loss, its schedule and its flags."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import vitlens
+from vitlens.aha.data import TensorData
+from vitlens.aha.teacher import teacher_grid, teacher_loss, teacher_maps, teacher_weight
+from vitlens.aha.train import AHATrainConfig, train_aha
+from vitlens.errors import InputError
+
+from test_aha import FAST, tiny_data, tiny_target
+from test_aha_recipe import _parse
+
+
+def test_teacher_grid_is_the_token_grid_or_eight_by_eight():
+    assert teacher_grid((64, 64), 8) == (8, 8)
+    assert teacher_grid((64, 32), (16, 8)) == (4, 4)
+    assert teacher_grid((64, 64), None) == (8, 8)
+    assert teacher_grid((4, 6), None) == (4, 6)
+
+
+def test_teacher_loss_is_one_minus_the_correlation_on_the_grid():
+    g = torch.Generator().manual_seed(0)
+    teacher = torch.rand(3, 16, generator=g, dtype=torch.float64)
+    same = teacher.reshape(3, 1, 4, 4).repeat_interleave(2, 2).repeat_interleave(2, 3).squeeze(1)  # (3, 8, 8)
+    loss = teacher_loss(2.5 * same + 1.0, teacher, (4, 4))  # scale and shift do not matter
+    assert loss.shape == (3,) and torch.allclose(loss, torch.zeros(3, dtype=torch.float64), atol=1e-6)
+    assert torch.allclose(teacher_loss(-same, teacher, (4, 4)), torch.full((3,), 2.0, dtype=torch.float64))
+    other = torch.rand(3, 8, 8, generator=g, dtype=torch.float64)
+    a = torch.nn.functional.avg_pool2d(other.unsqueeze(1), 2).flatten(1)
+    r = torch.stack([torch.corrcoef(torch.stack([a[i], teacher[i]]))[0, 1] for i in range(3)])
+    assert torch.allclose(teacher_loss(other, teacher, (4, 4)), 1 - r, atol=1e-6)
+    const = torch.ones(1, 8, 8, dtype=torch.float64, requires_grad=True)  # a flat map: finite loss and gradient
+    out = teacher_loss(const, teacher[:1], (4, 4))
+    out.sum().backward()
+    assert torch.isfinite(out).all() and torch.isfinite(const.grad).all()
+
+
+def test_teacher_weight_fades_linearly_to_zero():
+    assert teacher_weight(0, 100, 2.0, 0.5) == 2.0
+    assert teacher_weight(25, 100, 2.0, 0.5) == pytest.approx(1.0)
+    assert teacher_weight(50, 100, 2.0, 0.5) == 0.0 and teacher_weight(99, 100, 2.0, 0.5) == 0.0
+    assert teacher_weight(0, 100, 0.0, 0.5) == 0.0
+
+
+def test_teacher_maps_are_the_methods_maps_pooled_to_the_grid():
+    model = tiny_target()
+    x, y = tiny_data(n_train=5)[:2]
+    maps = teacher_maps(model, TensorData(x, y), "gradskip", (4, 4), batch=2)
+    ref = vitlens.explain(model, x, method="gradskip").maps
+    expect = torch.nn.functional.adaptive_avg_pool2d(ref.unsqueeze(1), (4, 4)).flatten(1)
+    assert maps.shape == (5, 16) and torch.allclose(maps, expect, atol=1e-5)
+    with pytest.raises(InputError, match="unknown AHA teacher 'rise'"):
+        teacher_maps(model, TensorData(x, y), "rise", (4, 4))
+
+
+def test_a_teacher_pulls_the_first_steps_towards_its_maps():
+    """With the AUC terms off, the teacher term alone must raise the correlation with the teacher's maps."""
+    model, data = tiny_target(), tiny_data()
+    run = dict(steps=6, progress=False, w_del=0.0, w_ins=0.0, w_peak=0.0, lr=1e-2, **FAST)
+    res = train_aha(model, data, None, teacher="gradskip", teacher_frac=1.0, **run)
+    losses = [h["teacher"] for h in res.history]
+    first, last = sum(losses[:2]) / 2, sum(losses[4:]) / 2  # each pair: one epoch (all 8 images)
+    assert len(losses) == 6 and last < first - 0.1
+    assert all("teacher" not in h for h in train_aha(tiny_target(), data, None, **run).history)
+    faded = train_aha(tiny_target(), data, None, teacher="gradskip", teacher_frac=0.5, **run).history
+    assert ["teacher" in h for h in faded] == [True, True, True, False, False, False]
+
+
+def test_teacher_settings_are_checked():
+    with pytest.raises(InputError, match="unknown AHA teacher"):
+        AHATrainConfig(teacher="rise").check()
+    with pytest.raises(InputError, match="classes_per_image = 1"):
+        AHATrainConfig(teacher="gradskip", classes_per_image=2).check()
+    with pytest.raises(InputError, match="teacher_frac"):
+        AHATrainConfig(teacher="gradskip", teacher_frac=1.5).check()
+    assert _parse().teacher is None  # the flags themselves: test_aha_recipe.test_cli_recipe_defaults_and_explicit_flags
