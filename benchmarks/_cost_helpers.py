@@ -16,8 +16,13 @@ __all__ = ["FOOTNOTES", "attention_path", "custom_flops", "_peak_rss_bytes", "_r
 
 
 @contextlib.contextmanager
-def attention_path(model: nn.Module, fused: bool):
-    """Every attention module of ``model`` on timm's fused (``True``) or explicit path for the duration."""
+def attention_path(model: nn.Module, fused: bool | None):
+    """Every attention module of ``model`` on timm's fused (``True``) or explicit (``False``) path for the duration;
+    ``None``: each module on the path it has (as ``timm.create_model`` built it: fused for ViT/EVA02, explicit for
+    Swin, whose fused path timm marks experimental)."""
+    if fused is None:
+        yield
+        return
     mods = [m for m in model.modules() if hasattr(m, "fused_attn")]
     saved = [m.fused_attn for m in mods]
     try:

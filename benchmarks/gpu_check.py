@@ -2,8 +2,8 @@
 
 1. GradSkip ÷ floor on ViT-B/16 (timm, random weights) at batch 64, in fp32 and in bf16 (model and input cast to
    ``torch.bfloat16``): paired medians of interleaved repeats of the rows of ``benchmarks/gradskip_cost.py
-   --attention both`` (forward, forward + activation backward = the floor, GradSkip; each on timm's default fused
-   attention and on explicit attention), and the peak CUDA memory of each row above what the model and input hold.
+   --attention both`` (forward, forward + activation backward = the floor, GradSkip; each on the attention timm
+   builds the model with, fused for ViT-B, and on explicit attention), and the peak CUDA memory of each row above what the model and input hold.
 2. AHA training images per second (``vitlens.aha.train.train_aha`` on synthetic scenes, no files written), timed
    from the end of the first step to the end of the last one (the first step pays for warm-up).
 3. Bench throughput: images per second of ``vitlens.bench.run_benchmark`` (GradSkip maps + insertion/deletion) on
@@ -67,16 +67,16 @@ def _peak_bytes(fn, device: torch.device) -> float:
 
 
 def gradskip_vs_floor(spec: str, batch: int, repeats: int, device: torch.device, dtype: torch.dtype) -> dict:
-    """Paired median ratios for one precision: GradSkip on the model as timm builds it (fused attention) ÷ the
+    """Paired median ratios for one precision: GradSkip on the model as timm builds it (default attention) ÷ the
     default-attention floor and ÷ its forward; GradSkip ÷ the floor with explicit attention on both; the explicit
     floor ÷ the default one; peak memory of the rows and GradSkip's ÷ the default floor's."""
-    model = gc.build_model(spec, device, fused=True).to(dtype)
+    model = gc.build_model(spec, device).to(dtype)
     x = gc.make_batch(model, batch, device).to(dtype)
     rows = gc.ATTENTION_ROWS["both"]
     times, _ = gc.time_rows(model, x, repeats, warmup=1, rows=rows)
     mem = {row: _peak_bytes(lambda row=row: gc.RUNNERS[row](model, x), device) for row in rows}
     per_img = {row: 1e3 * statistics.median(times[row]) / batch for row in rows}
-    f = gc.FUSED
+    f = gc.DEFAULT
     return {
         "ms_per_image": per_img,
         "gradskip_x_floor": gc._paired_ratio(times["gradskip" + f], times["forward+backward" + f]),
@@ -141,14 +141,14 @@ def render(res: dict, args: argparse.Namespace, sizes: dict, command: str, secon
              f"- torch {torch.__version__}, python {platform.python_version()}; device: {dev}",
              f"- GradSkip rows: `{sizes['model']}` (random weights), batch {sizes['batch']}, "
              f"{sizes['repeats']} interleaved repeats after one warm-up round; ratios are paired medians. Default "
-             "floor: forward + activation backward of the model as timm builds it (fused attention); explicit "
+             "floor: forward + activation backward of the model as timm builds it (fused attention on ViT); explicit "
              "floor: the same with `fused_attn=False`; GradSkip on the fused model (probabilities recomputed in "
              "the backward) and on the explicit one", "",
              "| precision | default floor ms/img | explicit floor ms/img | GradSkip ms/img | GradSkip ÷ default floor "
              "| GradSkip ÷ forward | explicit GradSkip ÷ explicit floor | explicit ÷ default floor "
              "| peak MiB default floor | peak MiB GradSkip | memory ÷ default floor |",
              "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    f = gc.FUSED
+    f = gc.DEFAULT
     for name, r in res["gradskip"].items():
         ms, pk = r["ms_per_image"], r["peak_mib"]
         lines.append(f"| {name} | {ms['forward+backward' + f]:.2f} | {ms['forward+backward']:.2f} "

@@ -1,7 +1,8 @@
 """Where one GradSkip map's time goes above the default-attention floor, measured in one process.
 
 Rows, run one after another in every repeat (paired, like ``gradskip_cost.py``): (b′) the default-attention floor
-(timm's fused attention, forward + activation-only backward), (b) the same with explicit attention, (c) GradSkip.
+(the model as timm builds it: fused attention on ViT/EVA02, explicit on Swin; forward + activation-only backward),
+(b) the same with explicit attention everywhere, (c) GradSkip.
 Inside (c) the per-block steps are timed (CPU time of this process): the attention step (``ω`` and ``W̃`` from
 ``A`` and ``∂y/∂A``: the product ``A ⊙ ∂y/∂A``, the flow score, the Gini sort, ``W̃``) and the skip-gate step, with
 the Gini sort, the flow score and ``W̃`` also on their own. The timers wrap the functions for the duration of the
@@ -81,14 +82,14 @@ def timers(acc: dict[str, float]) -> Iterator[None]:
 
 
 def measure(spec: str, batch: int, repeats: int) -> dict[str, Any]:
-    model = gc.build_model(spec, torch.device("cpu"), fused=True)
+    model = gc.build_model(spec, torch.device("cpu"))  # as timm builds it: the default-attention floor
     x = gc.make_batch(model, batch, torch.device("cpu"))
 
     def explicit() -> None:
         with attention_path(model, False):
             gc.run_floor(model, x)
 
-    rows: dict[str, Callable[[], Any]] = {"(b′) floor, fused attention": lambda: gc.run_floor(model, x),
+    rows: dict[str, Callable[[], Any]] = {"(b′) floor, default attention": lambda: gc.run_floor(model, x),
                                           "(b) floor, explicit attention": explicit,
                                           "(c′) GradSkip": lambda: gc.run_gradskip(model, x)}
     times: dict[str, list[float]] = {k: [] for k in rows}
@@ -105,7 +106,7 @@ def measure(spec: str, batch: int, repeats: int) -> dict[str, Any]:
                     times[k].append(d)
                     if k == "(c′) GradSkip":
                         parts.append(dict(acc))
-    floor = times["(b′) floor, fused attention"]
+    floor = times["(b′) floor, default attention"]
     out: dict[str, Any] = {"model": spec, "rows": [], "parts": []}
     for k, v in times.items():
         ratios = [a / b for a, b in zip(v, floor)]

@@ -11,10 +11,14 @@ Rows, per model, with ``--attention explicit`` (``blk.attn.fused_attn = False`` 
                            ``tests/gradskip_reference.py`` (the tests compare the maps): before and after side by
                            side in one run.
 
-With ``--attention fused`` the rows (a′) ``forward (fused)``, (b′) ``forward+backward (fused)`` and (c′)
-``gradskip (fused)`` run the model as a user builds it: timm's default fused ``scaled_dot_product_attention``
-(``fused_attn = True``); (b′) is the *default-attention floor*. ``--attention both`` (the default) runs both sets in
-the same interleaved repeats, so "GradSkip ÷ default-attention floor" and "÷ explicit floor" are paired in one run.
+With ``--attention default`` the rows (a′) ``forward (default)``, (b′) ``forward+backward (default)`` and (c′)
+``gradskip (default)`` run the model as ``timm.create_model`` builds it: every attention module keeps the path timm
+chose for it (``fused_attn``: timm's fused ``scaled_dot_product_attention`` for ViT, DeiT, EVA02; *explicit* for
+Swin's window attention, whose fused path timm marks experimental and leaves off unless ``TIMM_FUSED_ATTN=2``);
+(b′) is the *default-attention floor*, the one a user's model really runs. ``--attention fused`` forces the fused path
+on in every module that has one (rows ``… (fused)``; on Swin that is the experimental path), ``--attention explicit``
+forces it off. ``--attention both`` (the default) runs the default and the explicit rows in the same interleaved
+repeats, so "GradSkip ÷ default-attention floor" and "÷ explicit floor" are paired in one run.
 
 Columns: GFLOPs per image (``torch.utils.flop_counter.FlopCounterMode``, batch 1) and their ratio to the forward;
 median wall time per image over ``--repeats`` interleaved repeats after a warm-up (a, b, c run one after another in
@@ -31,7 +35,8 @@ Usage::
     python benchmarks/gradskip_cost.py --out docs/benchmarks/gradskip_cost.md
     python benchmarks/gradskip_cost.py --quick                # ViT-Ti only, 3 repeats
     python benchmarks/gradskip_cost.py --reference            # add row (d), the pre-#15 implementation
-    python benchmarks/gradskip_cost.py --attention fused      # only the default-attention rows (a′, b′, c′)
+    python benchmarks/gradskip_cost.py --attention default    # only the default-attention rows (a′, b′, c′)
+    python benchmarks/gradskip_cost.py --attention fused      # fused attention forced on everywhere (a″, b″, c″)
     python benchmarks/gradskip_cost.py --models "vit_tiny_patch16_224:img_size=64,depth=2" --batch 2
 
 ``--models`` takes timm names, each optionally followed by ``:key=value,key=value`` keyword arguments for
@@ -65,13 +70,21 @@ from _cost_helpers import (FOOTNOTES, _peak_rss_bytes, _reset_peak_rss, _rss_byt
 DEFAULT_MODELS = ("vit_tiny_patch16_224", "vit_small_patch16_224", "vit_base_patch16_224")
 QUICK_MODELS = ("vit_tiny_patch16_224",)
 ROWS = ("forward", "forward+backward", "gradskip")
-FUSED = " (fused)"
+DEFAULT = " (default)"  # each attention module on the path timm built it with
+FUSED = " (fused)"  # the fused path forced on wherever a module has one
+DEFAULT_ROWS = tuple(r + DEFAULT for r in ROWS)
 FUSED_ROWS = tuple(r + FUSED for r in ROWS)
+#: the floors a user's model may run, first the one it runs as built: the ratio column "time × user floor"
+USER_FLOORS = tuple("forward+backward" + s for s in (DEFAULT, FUSED))
 REFERENCE_ROW = "gradskip-reference"
 ROW_LABELS = {"forward": "(a) forward", "forward+backward": "(b) forward+backward", "gradskip": "(c) GradSkip",
-              REFERENCE_ROW: "(d) GradSkip before #15", "forward (fused)": "(a′) forward, fused attention",
-              "forward+backward (fused)": "(b′) forward+backward, fused", "gradskip (fused)": "(c′) GradSkip, fused"}
-ATTENTION_ROWS = {"explicit": ROWS, "fused": FUSED_ROWS, "both": FUSED_ROWS + ROWS}
+              REFERENCE_ROW: "(d) GradSkip before #15", "forward (default)": "(a′) forward, default attention",
+              "forward+backward (default)": "(b′) forward+backward, default attention",
+              "gradskip (default)": "(c′) GradSkip, default attention",
+              "forward (fused)": "(a″) forward, fused attention forced",
+              "forward+backward (fused)": "(b″) forward+backward, fused forced",
+              "gradskip (fused)": "(c″) GradSkip, fused forced"}
+ATTENTION_ROWS = {"explicit": ROWS, "default": DEFAULT_ROWS, "fused": FUSED_ROWS, "both": DEFAULT_ROWS + ROWS}
 #: the seed's figure for one GradSkip map on ViT-B/16 at 224 px (spec/gradskip.md, "Cost")
 SEED_MODEL = "vit_base_patch16_224"
 SEED_GFLOPS = 69.39
@@ -95,17 +108,17 @@ def parse_model_spec(spec: str) -> tuple[str, dict[str, Any]]:
     return name.strip(), kwargs
 
 
-def build_model(spec: str, device: torch.device, fused: bool = False) -> nn.Module:
-    """A timm model with random weights (seeded), in eval mode, with explicit (non-fused) attention everywhere, or
-    with ``fused`` timm's fused attention everywhere (what ``timm.create_model`` gives by default). The rows of this
-    script set the path themselves (:func:`attention_path`)."""
+def build_model(spec: str, device: torch.device, fused: bool | None = None) -> nn.Module:
+    """A timm model with random weights (seeded), in eval mode, with every attention module on the path
+    ``timm.create_model`` chose for it (``fused=None``), or with the fused (``True``) or explicit (``False``) path
+    forced on everywhere. The rows of this script set the path themselves (:func:`attention_path`)."""
     import timm
 
     name, kwargs = parse_model_spec(spec)
     torch.manual_seed(0)
     model = timm.create_model(name, pretrained=False, **kwargs).eval().to(device)
     for m in model.modules():
-        if hasattr(m, "fused_attn"):
+        if fused is not None and hasattr(m, "fused_attn"):
             m.fused_attn = fused
     return model
 
@@ -192,7 +205,7 @@ def run_gradskip_reference(model: nn.Module, x: Tensor) -> dict:
     return {"forward_passes": 1.0, "backward_passes": 1.0}
 
 
-def _on_path(run: Callable[[nn.Module, Tensor], dict], fused: bool) -> Callable[[nn.Module, Tensor], dict]:
+def _on_path(run: Callable[[nn.Module, Tensor], dict], fused: bool | None) -> Callable[[nn.Module, Tensor], dict]:
     def runner(model: nn.Module, x: Tensor) -> dict:
         with attention_path(model, fused):
             return run(model, x)
@@ -203,18 +216,24 @@ def _on_path(run: Callable[[nn.Module, Tensor], dict], fused: bool) -> Callable[
 _RUN = {"forward": run_forward, "forward+backward": run_floor, "gradskip": run_gradskip}
 RUNNERS: dict[str, Callable[[nn.Module, Tensor], dict]] = {
     **{row: _on_path(fn, False) for row, fn in _RUN.items()},
+    **{row + DEFAULT: _on_path(fn, None) for row, fn in _RUN.items()},
     **{row + FUSED: _on_path(fn, True) for row, fn in _RUN.items()},
     REFERENCE_ROW: _on_path(run_gradskip_reference, False),
 }
 
 
+def _suffix(row: str) -> str:
+    """The attention path of ``row``: ``DEFAULT``, ``FUSED`` or ``""`` (explicit)."""
+    return next((s for s in (DEFAULT, FUSED) if row.endswith(s)), "")
+
+
 def _floor_of(row: str) -> str:
     """The floor row on the same attention path as ``row``."""
-    return "forward+backward" + (FUSED if row.endswith(FUSED) else "")
+    return "forward+backward" + _suffix(row)
 
 
 def _forward_of(row: str) -> str:
-    return "forward" + (FUSED if row.endswith(FUSED) else "")
+    return "forward" + _suffix(row)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -361,13 +380,14 @@ def benchmark_model(spec: str, batch: int, repeats: int, device: str, threads: i
             ms_per_image=[1e3 * t / batch for t in times[row]], peak_mib=mem[row],
             forward_passes=float(passes[row]["forward_passes"]), backward_passes=float(passes[row]["backward_passes"]),
         )
-        fwd, floor, fused = _forward_of(row), _floor_of(row), "forward+backward" + FUSED
+        fwd, floor = _forward_of(row), _floor_of(row)
+        user = next((f for f in USER_FLOORS if f in times), None)
         r.extra["flops_x_forward"] = flops[row] / flops[fwd]
         r.extra["flops_x_floor"] = flops[row] / flops[floor]
         r.extra["time_x_forward"] = _paired_ratio(times[row], times[fwd])
         r.extra["time_x_floor"] = _paired_ratio(times[row], times[floor])
         r.extra["time_x_floor_min"], r.extra["time_x_floor_max"] = _paired_spread(times[row], times[floor])
-        r.extra["time_x_fused_floor"] = _paired_ratio(times[row], times[fused]) if fused in times else float("nan")
+        r.extra["time_x_user_floor"] = _paired_ratio(times[row], times[user]) if user else float("nan")
         r.extra["mem_x_floor"] = mem[row] / mem[floor] if mem[floor] > 0 else float("nan")
         if REFERENCE_ROW in times:
             r.extra["time_x_reference"] = _paired_ratio(times[row], times[REFERENCE_ROW])
@@ -400,9 +420,13 @@ def header(args: argparse.Namespace) -> list[str]:
         f"round, rows interleaved; clock: {args.clock}" + (" (process CPU time)" if args.clock == "cpu" else ""),
         "- models: " + ", ".join(f"`{m}`" for m in args.models) + " (timm, random weights, `pretrained=False`); "
         + {"explicit": "explicit attention `fused_attn=False` in all rows",
-           "fused": "timm's default fused attention `fused_attn=True` in all rows",
-           "both": "rows (a′–c′) with timm's default fused attention (`fused_attn=True`, the model as a user builds "
-                   "it), rows (a–d) with explicit attention (`fused_attn=False`), all in the same repeats"}[
+           "default": "every attention module on the path timm built it with (fused `scaled_dot_product_attention` "
+                      "for ViT/DeiT/EVA02, explicit for Swin's window attention: the model as a user builds it)",
+           "fused": "timm's fused attention forced on (`fused_attn=True`) in every module that has it, Swin's "
+                    "experimental path included",
+           "both": "rows (a′–c′) with every attention module on the path timm built it with (fused for "
+                   "ViT/DeiT/EVA02, explicit for Swin: the model as a user builds it), rows (a–d) with explicit "
+                   "attention (`fused_attn=False`), all in the same repeats"}[
             getattr(args, "attention", "explicit")],
     ]
 
@@ -415,14 +439,14 @@ def markdown_table(results: list[Result], device: str) -> list[str]:
     mem_col = "peak mem (MiB)" + ("¹" if device == "cpu" else "²")
     lines = [
         f"| model | row | GFLOPs / image | FLOPs × fwd | ms / image (median) | time × fwd | time × floor "
-        f"| time × (b′) | {mem_col} | mem × floor | fwd / bwd passes per image |",
+        f"| time × user floor | {mem_col} | mem × floor | fwd / bwd passes per image |",
         "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in results:
         lines.append(
             f"| `{r.model}` | {ROW_LABELS[r.row]} | {r.gflops:.3f} | {r.extra['flops_x_forward']:.3f} "
             f"| {r.median_ms:.1f} | {r.extra['time_x_forward']:.3f} | {r.extra['time_x_floor']:.3f} "
-            f"| {_fmt(r.extra['time_x_fused_floor'], 3)} | {_fmt(r.peak_mib, 1)} | {_fmt(r.extra['mem_x_floor'])} "
+            f"| {_fmt(r.extra['time_x_user_floor'], 3)} | {_fmt(r.peak_mib, 1)} | {_fmt(r.extra['mem_x_floor'])} "
             f"| {r.forward_passes:g} / {r.backward_passes:g} |"
         )
     return lines
@@ -436,15 +460,18 @@ def summary_lines(results: list[Result]) -> list[str]:
     out = []
     by = {(r.model, r.row): r for r in results}
     for model in dict.fromkeys(r.model for r in results):
-        bf, cf = by.get((model, "forward+backward" + FUSED)), by.get((model, "gradskip" + FUSED))
-        if bf is not None and cf is not None:
-            line = (f"- `{model}`, default (fused) attention: GradSkip ÷ default-attention floor "
+        for suffix, what, floor in ((DEFAULT, "default attention (as timm builds the model)", "default-attention"),
+                                    (FUSED, "fused attention forced on", "fused-attention")):
+            bf, cf = by.get((model, "forward+backward" + suffix)), by.get((model, "gradskip" + suffix))
+            if bf is None or cf is None:
+                continue
+            line = (f"- `{model}`, {what}: GradSkip ÷ {floor} floor "
                     f"**{cf.extra['time_x_floor']:.3f}** in time (per-repeat {_spread(cf)}), "
                     f"{cf.gflops / bf.gflops:.4f} in FLOPs, "
                     f"{_fmt(cf.extra['mem_x_floor'], 3)} in peak memory")
             b = by.get((model, "forward+backward"))
             if b is not None:
-                line += (f"; explicit floor ÷ default-attention floor {b.extra['time_x_fused_floor']:.3f} in time, "
+                line += (f"; explicit floor ÷ {floor} floor {b.extra['time_x_user_floor']:.3f} in time, "
                          f"{_fmt(b.peak_mib / bf.peak_mib if bf.peak_mib > 0 else float('nan'), 3)} in memory")
             out.append(line + ".")
         if (model, "gradskip") not in by:
@@ -464,7 +491,7 @@ def summary_lines(results: list[Result]) -> list[str]:
             f"{_spread(c)}); "
             f"GradSkip / forward = {c.gflops / a.gflops:.3f} in FLOPs, {c.extra['time_x_forward']:.2f} in time."
         )
-    for model, suffix in ((m, f) for m in dict.fromkeys(r.model for r in results) for f in (FUSED, "")):
+    for model, suffix in ((m, f) for m in dict.fromkeys(r.model for r in results) for f in (DEFAULT, FUSED, "")):
         if (model, "gradskip" + suffix) not in by:
             continue
         b, c = by[(model, "forward+backward" + suffix)], by[(model, "gradskip" + suffix)]
@@ -473,7 +500,8 @@ def summary_lines(results: list[Result]) -> list[str]:
                 if abs(c.gflops_by_op.get(op, 0.0) - b.gflops_by_op.get(op, 0.0)) > 5e-5]
         out.append(f"- `{model}`{suffix}: GradSkip − forward+backward by operator (GFLOPs / image): "
                    + (", ".join(diff) if diff else "none"))
-    seed = by.get((SEED_MODEL, "gradskip" + FUSED)) or by.get((SEED_MODEL, "gradskip"))
+    seed = next((by[(SEED_MODEL, "gradskip" + s)] for s in (DEFAULT, FUSED, "") if (SEED_MODEL, "gradskip" + s) in by),
+                None)
     if seed is not None:
         floor = by[(SEED_MODEL, _floor_of(seed.row))]
         out.append(
@@ -535,8 +563,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--clock", choices=sorted(CLOCKS), default="wall",
                    help="wall time (default) or this process's CPU time (one thread, loaded machine; CPU only)")
     p.add_argument("--attention", choices=sorted(ATTENTION_ROWS), default="both",
-                   help="floor(s) to measure against: timm's default fused attention, explicit attention, or both "
-                        "in the same repeats (default)")
+                   help="floor(s) to measure against: the attention each module was built with (default), fused "
+                        "forced on, explicit forced on, or default and explicit in the same repeats ('both', the "
+                        "default)")
     p.add_argument("--reference", action="store_true",
                    help="add row (d): the pre-#15 GradSkip (tests/gradskip_reference.py), before/after in one run")
     p.add_argument("--out", default=None, help="write the Markdown report here and a CSV next to it")

@@ -35,7 +35,7 @@ def test_quick_benchmark_table_and_flops(tmp_path):
     assert torch.get_num_threads() == threads  # main restores the thread count
 
     rows = {r.row: r for r in res["results"]}
-    assert list(rows) == [r + " (fused)" for r in bench.ROWS] + list(bench.ROWS)  # --attention both (default)
+    assert list(rows) == [r + " (default)" for r in bench.ROWS] + list(bench.ROWS)  # --attention both (default)
     for r in rows.values():
         assert r.gflops > 0
         assert len(r.ms_per_image) == 3 and all(t > 0 for t in r.ms_per_image)
@@ -51,8 +51,8 @@ def test_quick_benchmark_table_and_flops(tmp_path):
     assert 1.5 * fwd < floor < 2.5 * fwd
 
     md = res["markdown"]
-    for label in ("(a) forward", "(b) forward+backward", "(c) GradSkip", "(b′) forward+backward, fused",
-                  "(c′) GradSkip, fused", "default-attention floor"):
+    for label in ("(a) forward", "(b) forward+backward", "(c) GradSkip", "(b′) forward+backward, default attention",
+                  "(c′) GradSkip, default attention", "default-attention floor"):
         assert label in md
     assert f"torch {torch.__version__}" in md and "torch threads: 1" in md
     assert out.read_text() == md
@@ -76,7 +76,7 @@ def test_fused_rows_count_the_fused_kernels_flops_as_the_explicit_products():
     assert all(blk.attn.fused_attn for blk in model.blocks)  # the rows restore the model's attention path
 
 
-@pytest.mark.parametrize("attention", ["fused", "explicit"])
+@pytest.mark.parametrize("attention", ["default", "fused", "explicit"])
 def test_one_attention_path_runs_alone(attention):
     bench = load_benchmark("gradskip_cost")
     res = bench.main(["--models", TINY, "--batch", "1", "--repeats", "1", "--threads", "1", "--no-memory",
@@ -87,8 +87,27 @@ def test_one_attention_path_runs_alone(attention):
         assert r.gflops > 0 and r.extra["time_x_floor"] > 0
     floor = next(r for r in res["results"] if r.row.startswith("forward+backward"))
     assert floor.extra["time_x_floor"] == 1.0
-    assert ("GradSkip ÷ default-attention floor" in res["markdown"]) == (attention == "fused")
+    assert ("GradSkip ÷ default-attention floor" in res["markdown"]) == (attention == "default")
+    assert ("GradSkip ÷ fused-attention floor" in res["markdown"]) == (attention == "fused")
     assert floor.extra["time_x_floor_min"] == floor.extra["time_x_floor_max"] == 1.0  # the per-repeat spread
+
+
+def test_the_default_rows_run_each_attention_as_timm_built_it():
+    """The default-attention floor is the model as a user builds it: timm fuses ViT's attention by default but not
+    Swin's window attention (its fused path is experimental), so Swin's default rows run explicit attention."""
+    bench = load_benchmark("gradskip_cost")
+    swin = bench.build_model("swin_tiny_patch4_window7_224:img_size=56,embed_dim=24,window_size=7",
+                             torch.device("cpu"))
+    vit = bench.build_model(TINY, torch.device("cpu"))
+    assert not any(m.fused_attn for m in swin.modules() if hasattr(m, "fused_attn"))
+    assert all(blk.attn.fused_attn for blk in vit.blocks)
+    seen = []
+    with bench.attention_path(swin, None):
+        seen += [m.fused_attn for m in swin.modules() if hasattr(m, "fused_attn")]
+    with bench.attention_path(swin, True):
+        assert all(m.fused_attn for m in swin.modules() if hasattr(m, "fused_attn"))
+    assert seen and not any(seen)
+    assert not any(m.fused_attn for m in swin.modules() if hasattr(m, "fused_attn"))  # restored
 
 
 def test_the_floor_starts_at_the_first_block_of_a_swin_and_an_eva():

@@ -65,7 +65,7 @@ def test_gradskip_components_times_the_steps_of_eva_and_swin_and_restores_them()
     assert torch.get_num_threads() == threads
     assert (gradskip._BlockSteps._attn_step, gradskip_swin._WindowSteps.attn_step) == originals
     for r in res:
-        assert [row["row"] for row in r["rows"]] == ["(b′) floor, fused attention", "(b) floor, explicit attention",
+        assert [row["row"] for row in r["rows"]] == ["(b′) floor, default attention", "(b) floor, explicit attention",
                                                      "(c′) GradSkip"]
         parts = {p["part"]: p["ms"] for p in r["parts"]}
         assert {"attention step (all)", "skip-gate step", "  of which Gini sort"} <= set(parts), r["model"]
