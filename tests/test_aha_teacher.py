@@ -78,3 +78,21 @@ def test_teacher_settings_are_checked():
     with pytest.raises(InputError, match="teacher_frac"):
         AHATrainConfig(teacher="gradskip", teacher_frac=1.5).check()
     assert _parse().teacher is None  # the flags themselves: test_aha_recipe.test_cli_recipe_defaults_and_explicit_flags
+
+
+def test_the_card_names_the_teacher():
+    """An explainer trained with a teacher says so in its card's loss line; one trained without says nothing."""
+    import json
+
+    from vitlens.aha import load_explainer, shipped_explainer
+    from vitlens.aha.card import model_card
+
+    model = vitlens.load_model("digits-vit")
+    _, path, _ = shipped_explainer(model)
+    meta = json.loads(path.with_suffix(".json").read_text())
+    net = load_explainer(path, model)
+    plain = next(ln for ln in model_card(meta, net).splitlines() if ln.startswith("- Loss:"))
+    assert "teacher" not in plain
+    meta["train"].update(teacher="gradskip", w_teacher=0.5, teacher_frac=1.0)
+    line = next(ln for ln in model_card(meta, net).splitlines() if ln.startswith("- Loss:"))
+    assert line.endswith("per image; teacher `gradskip` (weight 0.5, fading to 0 at 100% of the steps).")

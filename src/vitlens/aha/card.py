@@ -53,6 +53,8 @@ def model_card(meta: dict[str, Any], net: AHANet) -> str:
     if resumed:
         command = shlex.join(w for w in words if w != "--resume")
     odds = f" drawn with odds {t['reference_weights']}" if t.get("reference_weights") else ""
+    teacher = (f"; teacher `{t['teacher']}` (weight {t.get('w_teacher', 1.0)}, fading to 0 at "
+               f"{t.get('teacher_frac', 0.5):.0%} of the steps)" if t.get("teacher") else "")
     v = meta.get("validation") or {}
     sfx = "" if v.get("output_pool", t.get("pool", "none")) == t.get("pool", "none") else f"_{v['output_pool']}"
     n_params = sum(p.numel() for p in net.decoder.parameters())
@@ -76,7 +78,7 @@ def model_card(meta: dict[str, Any], net: AHANet) -> str:
         f"m = {t['m']} ({t['step_sampling']}); grid range {t['grid_range'] or 'default'}, offset {t['grid_offset']}; "
         f"references {t['references']}{odds}; τ {t['tau_start']} → {t['tau_end']}, Gumbel noise × {t.get('noise_scale', 1.0)}, "
         f"{t['n_iters']} Sinkhorn iterations{sorting}; "
-        f"{t['classes_per_image']} class(es) per image.",
+        f"{t['classes_per_image']} class(es) per image{teacher}.",
         f"- Optimiser: AdamW lr {t['lr']}, weight decay {t['weight_decay']}, clip {t['clip']}, warm-up "
         f"{t['warmup_frac']:.0%} then cosine.",
         f"- Final training loss (mean of the last 10 steps): "
