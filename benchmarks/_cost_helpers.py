@@ -95,7 +95,8 @@ def _rss_bytes() -> int:
 #: the notes under ``gradskip_cost.py``'s report: how time ratios, FLOPs and peak memory are measured
 FOOTNOTES = [
     "Time ratios are medians of the per-repeat ratios (all rows run back to back in every repeat; \"floor\" is "
-    "(b′) for the fused rows and (b) for the explicit ones, (b′) the default-attention floor); absolute "
+    "(b′) for the default-attention rows, (b″) for the forced-fused ones and (b) for the explicit ones; \"time × user "
+    "floor\": against (b′), the floor of the model as timm builds it, or (b″) where only that was run); absolute "
     "times depend on the machine and are not the claim. FLOPs are counted by "
     "`torch.utils.flop_counter.FlopCounterMode` (matmul-class ops and convolutions, 2 FLOPs per multiply-add; "
     "elementwise ops, softmax, LayerNorm and sorting are not counted) at batch 1, in forward and backward.",
