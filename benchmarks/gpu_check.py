@@ -3,7 +3,8 @@
 1. GradSkip ÷ floor on ViT-B/16 (timm, random weights) at batch 64, in fp32 and in bf16 (model and input cast to
    ``torch.bfloat16``): paired medians of interleaved repeats of the rows of ``benchmarks/gradskip_cost.py
    --attention both`` (forward, forward + activation backward = the floor, GradSkip; each on the attention timm
-   builds the model with, fused for ViT-B, and on explicit attention), and the peak CUDA memory of each row above what the model and input hold.
+   builds the model with, fused for ViT-B, and on explicit attention), and the peak CUDA memory of each row above
+   what the model and input hold.
 2. AHA training images per second (``vitlens.aha.train.train_aha`` on synthetic scenes, no files written), timed
    from the end of the first step to the end of the last one (the first step pays for warm-up).
 3. Bench throughput: images per second of ``vitlens.bench.run_benchmark`` (GradSkip maps + insertion/deletion) on

@@ -72,10 +72,12 @@ QUICK_MODELS = ("vit_tiny_patch16_224",)
 ROWS = ("forward", "forward+backward", "gradskip")
 DEFAULT = " (default)"  # each attention module on the path timm built it with
 FUSED = " (fused)"  # the fused path forced on wherever a module has one
+#: the row-name suffix of each attention path, the model as built first ("": explicit forced on)
+PATHS = (DEFAULT, FUSED, "")
 DEFAULT_ROWS = tuple(r + DEFAULT for r in ROWS)
 FUSED_ROWS = tuple(r + FUSED for r in ROWS)
 #: the floors a user's model may run, first the one it runs as built: the ratio column "time × user floor"
-USER_FLOORS = tuple("forward+backward" + s for s in (DEFAULT, FUSED))
+USER_FLOORS = tuple("forward+backward" + s for s in PATHS if s)
 REFERENCE_ROW = "gradskip-reference"
 ROW_LABELS = {"forward": "(a) forward", "forward+backward": "(b) forward+backward", "gradskip": "(c) GradSkip",
               REFERENCE_ROW: "(d) GradSkip before #15", "forward (default)": "(a′) forward, default attention",
@@ -224,7 +226,7 @@ RUNNERS: dict[str, Callable[[nn.Module, Tensor], dict]] = {
 
 def _suffix(row: str) -> str:
     """The attention path of ``row``: ``DEFAULT``, ``FUSED`` or ``""`` (explicit)."""
-    return next((s for s in (DEFAULT, FUSED) if row.endswith(s)), "")
+    return next(s for s in PATHS if row.endswith(s))  # "" ends every row: explicit
 
 
 def _floor_of(row: str) -> str:
@@ -491,7 +493,7 @@ def summary_lines(results: list[Result]) -> list[str]:
             f"{_spread(c)}); "
             f"GradSkip / forward = {c.gflops / a.gflops:.3f} in FLOPs, {c.extra['time_x_forward']:.2f} in time."
         )
-    for model, suffix in ((m, f) for m in dict.fromkeys(r.model for r in results) for f in (DEFAULT, FUSED, "")):
+    for model, suffix in ((m, f) for m in dict.fromkeys(r.model for r in results) for f in PATHS):
         if (model, "gradskip" + suffix) not in by:
             continue
         b, c = by[(model, "forward+backward" + suffix)], by[(model, "gradskip" + suffix)]
@@ -500,8 +502,7 @@ def summary_lines(results: list[Result]) -> list[str]:
                 if abs(c.gflops_by_op.get(op, 0.0) - b.gflops_by_op.get(op, 0.0)) > 5e-5]
         out.append(f"- `{model}`{suffix}: GradSkip − forward+backward by operator (GFLOPs / image): "
                    + (", ".join(diff) if diff else "none"))
-    seed = next((by[(SEED_MODEL, "gradskip" + s)] for s in (DEFAULT, FUSED, "") if (SEED_MODEL, "gradskip" + s) in by),
-                None)
+    seed = next((by[(SEED_MODEL, "gradskip" + s)] for s in PATHS if (SEED_MODEL, "gradskip" + s) in by), None)
     if seed is not None:
         floor = by[(SEED_MODEL, _floor_of(seed.row))]
         out.append(

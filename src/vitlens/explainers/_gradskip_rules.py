@@ -88,8 +88,8 @@ def probability_gini(p: Tensor) -> Tensor:
     the same values up to float rounding, cheaper on a CPU: the rows are sorted as the integers with the same bits
     (the order of non-negative IEEE floats; NumPy's integer sort is the faster one) and the coefficient is taken as
     ``Σ_i (2i − n − 1)·p(i) / (n·Σ_i p(i))`` (the same formula rearranged): the weighted sum as one matrix-vector
-    product over the sorted rows, the plain sum over the unsorted ones (a two-column matrix product for both was
-    11× the matrix-vector product's time on a CPU, about a third of the whole step: docs/benchmarks/gradskip_cost.md)."""
+    product over the sorted rows, the plain sum over the unsorted ones (a two-column matrix product for both took
+    11× the matrix-vector product's time on a CPU, a third of this function's: docs/benchmarks/gradskip_cost.md)."""
     ints = _SAME_ORDER_INTS.get(p.dtype)
     if p.device.type != "cpu" or p.requires_grad or ints is None:
         return gini(p)
