@@ -62,13 +62,14 @@ def test_cli_recipe_defaults_and_explicit_flags(monkeypatch, tmp_path):
                        (("--reference-weights", "2,1,1,2"),
                         AHATrainConfig.preset("tracked", reference_weights=(2.0, 1.0, 1.0, 2.0))),
                        (("--teacher", "gradskip", "--teacher-weight", "0.5", "--teacher-frac", "0.25"),
-                        AHATrainConfig.preset("tracked", teacher="gradskip", w_teacher=0.5, teacher_frac=0.25))]:
+                        AHATrainConfig.preset("tracked", teacher="gradskip", w_teacher=0.5, teacher_frac=0.25)),
+                       (("--mask-sigma", "0"), AHATrainConfig.preset("tracked", mask_sigma=0.0))]:
         args = _parse(*argv, "--out", str(tmp_path / "o"), "--steps", "3")
         args.func(args)
         got = seen["cfg"]
         for key in ("lr", "tau_start", "tau_end", "noise_scale", "m", "step_sampling", "classes_per_image",
                     "references", "val_references", "select", "recipe", "straight_through", "reference_weights",
-                    "teacher", "w_teacher", "teacher_frac"):
+                    "teacher", "w_teacher", "teacher_frac", "mask_sigma"):
             assert getattr(got, key) == getattr(want, key), (argv, key)
 
 
@@ -153,6 +154,50 @@ def test_pool_maps_is_the_patch_mean_spread_back():
         pool_maps(maps, adapter, "pixels")
 
 
+def test_spread_blends_the_token_cells_with_their_bilinear_upsampling():
+    """``spread`` λ: ``(1 − λ)·`` constant cells ``+ λ·`` bilinear cells; λ = 0 is the ``tokens`` pooling itself,
+    λ = 1 the token scores upsampled as GradSkip's are; the range of the token scores is kept (a convex blend of
+    convex interpolations), the token means move only by the blend; outside [0, 1] is refused."""
+    model = vitlens.load_model("shapes-vit")
+    adapter = get_adapter(model)
+    maps = torch.randn(3, 64, 64)
+    flat = pool_maps(maps, adapter, "tokens")
+    cells = F.avg_pool2d(maps[:, None], 8)
+    smooth = F.interpolate(cells, size=(64, 64), mode="bilinear", align_corners=False)[:, 0]
+    assert torch.equal(pool_maps(maps, adapter, "tokens", 0.0), flat)
+    torch.testing.assert_close(pool_maps(maps, adapter, "tokens", 1.0), smooth)
+    mid = pool_maps(maps, adapter, "tokens", 0.1)
+    torch.testing.assert_close(mid, 0.9 * flat + 0.1 * smooth)
+    assert mid.amax() <= flat.amax() + 1e-6 and mid.amin() >= flat.amin() - 1e-6
+    assert pool_maps(maps, adapter, "none", 0.5) is maps  # the pixel map has no cells to spread
+    for bad in (-0.1, 1.5):
+        with pytest.raises(InputError, match="spread"):
+            pool_maps(maps, adapter, "tokens", bad)
+        with pytest.raises(InputError, match="spread"):
+            AHANet(tiny_target(), width=8, output_pool="tokens", spread=bad)
+
+
+def test_spread_is_saved_and_used_by_the_method(tmp_path):
+    model = tiny_target()
+    net = AHANet(model, width=8, seed=1, output_pool="tokens", spread=0.25)
+    from vitlens.aha import save_explainer
+
+    path, _ = save_explainer(net, tmp_path / "e.safetensors", {})
+    loaded = load_explainer(path, model)
+    assert loaded.spread == 0.25 and loaded.output_pool == "tokens"
+    x = tiny_data(2, 1)[0]
+    exp = vitlens.explain(model, x, method="aha", explainer=str(path), refine_steps=0)
+    with torch.no_grad():
+        feats, logits = loaded.features(x)
+        raw = loaded.decoder(feats, logits.argmax(-1), tuple(x.shape[-2:]))
+    torch.testing.assert_close(exp.maps, pool_maps(raw, get_adapter(model), "tokens", 0.25))
+    ps = get_adapter(model).patch_size
+    cell = exp.maps[:, : ps[0], : ps[1]]
+    assert not torch.allclose(cell, cell[:, :1, :1].expand_as(cell))  # no longer constant inside a patch
+    # a file without the key (written before spread existed) reads as 0
+    assert AHANet(model, width=8, output_pool="tokens").spread == 0.0
+
+
 def test_output_pool_is_saved_and_used_by_the_method(tmp_path):
     model = tiny_target()
     net = AHANet(model, width=8, seed=1, output_pool="tokens")
@@ -183,6 +228,57 @@ def test_training_chooses_the_pooling_on_the_validation_set(tmp_path):
     assert [c["step"] for c in curve] == [0, 1, 2] and all("soft_difference" in c for c in curve)
     card = (tmp_path / "run" / "aha.md").read_text()
     assert "Learning curve" in card and "token-pooled" in card and "Recipe: `tracked`" in card
+    if best == "tokens":  # the spread of the token scores is chosen too, on the same images
+        from vitlens.aha.network import SPREADS
+
+        assert set(v["spread_scores"]) == {f"{lam:g}" for lam in SPREADS}
+        assert v["spread_scores"]["0"] == pytest.approx(v["difference_tokens"])
+        assert res.net.spread == v["spread"] == max(SPREADS, key=lambda lam: (v["spread_scores"][f"{lam:g}"], -lam))
+        assert load_explainer(tmp_path / "run" / "aha.safetensors", model).spread == v["spread"]
+        assert "Spread of the token scores chosen" in card
+    else:
+        assert "spread" not in v and "Spread of the token scores" not in card
+
+
+def test_a_tokens_pooled_training_chooses_its_spread(tmp_path, monkeypatch):
+    """Where the training ships the tokens pooling (forced here: the tiny run prefers the pixel map), it also
+    chooses the spread on the same validation images, from the record of the shipped step (λ = 0 is not measured
+    again), writes it to the explainer's file and shows it on the card."""
+    import vitlens.aha.loop as loop
+    from vitlens.aha.network import SPREADS
+
+    monkeypatch.setattr(loop, "best_pool", lambda v, pools: "tokens")
+    model = tiny_target()
+    res = train_aha(model, tiny_data(), tmp_path / "run", steps=2, progress=False, val_every=1, pool="tokens",
+                    **{**FAST, "n_val": 4})
+    v = res.validation
+    assert v["output_pool"] == "tokens" and set(v["spread_scores"]) == {f"{lam:g}" for lam in SPREADS}
+    assert v["spread_scores"]["0"] == v["difference"]  # the shipped step's own record
+    assert res.net.spread == v["spread"] == max(SPREADS, key=lambda lam: (v["spread_scores"][f"{lam:g}"], -lam))
+    loaded = load_explainer(tmp_path / "run" / "aha.safetensors", model)
+    assert loaded.spread == v["spread"] and loaded.arch.get("spread", 0.0) == v["spread"]
+    card = (tmp_path / "run" / "aha.md").read_text()
+    assert f"Spread of the token scores chosen on these images: λ = {v['spread']:g}" in card
+
+
+def test_choose_spread_picks_the_best_held_out_spread():
+    """:func:`choose_spread` measures every λ it was not given, sets the best (the smallest on a tie) and leaves
+    the others unmeasured twice; a pixel-map explainer is refused."""
+    from vitlens.aha.validation import choose_spread
+    from vitlens.runtime import DistributedRun
+
+    model = tiny_target()
+    net = AHANet(model, width=8, seed=3, output_pool="tokens")
+    tx, ty, _, _ = tiny_data(3, 1)
+    data = [(tx[i], int(ty[i])) for i in range(3)]
+    rec = choose_spread(net, data, DistributedRun(), references=["mean", "black"])
+    scores = rec["spread_scores"]
+    assert net.spread == rec["spread"] == max((0.0, 0.1, 0.25), key=lambda lam: (scores[f"{lam:g}"], -lam))
+    assert set(rec["spread_refs"]) == {"mean", "black"}
+    fixed = choose_spread(net, data, DistributedRun(), base={"difference": 9.0}, spreads=(0.0, 0.5))
+    assert fixed["spread"] == rec["spread"] and fixed["spread_scores"][f"{rec['spread']:g}"] == 9.0
+    with pytest.raises(ValueError, match="tokens"):
+        choose_spread(AHANet(model, width=8, output_pool="none"), data, DistributedRun())
 
 
 def load_json(path):

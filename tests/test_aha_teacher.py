@@ -96,3 +96,20 @@ def test_the_card_names_the_teacher():
     meta["train"].update(teacher="gradskip", w_teacher=0.5, teacher_frac=1.0)
     line = next(ln for ln in model_card(meta, net).splitlines() if ln.startswith("- Loss:"))
     assert line.endswith("per image; teacher `gradskip` (weight 0.5, fading to 0 at 100% of the steps).")
+
+
+def test_the_card_names_a_mask_blur_other_than_the_default():
+    """``--mask-sigma`` other than the default 1 px shows in the card's loss line; the default adds nothing."""
+    import json
+
+    from vitlens.aha import load_explainer, shipped_explainer
+    from vitlens.aha.card import model_card
+
+    model = vitlens.load_model("digits-vit")
+    _, path, _ = shipped_explainer(model)
+    meta = json.loads(path.with_suffix(".json").read_text())
+    net = load_explainer(path, model)
+    assert "mask blur" not in next(ln for ln in model_card(meta, net).splitlines() if ln.startswith("- Loss:"))
+    meta["train"]["mask_sigma"] = 0.0
+    line = next(ln for ln in model_card(meta, net).splitlines() if ln.startswith("- Loss:"))
+    assert "Sinkhorn iterations; mask blur σ 0.0 px;" in line

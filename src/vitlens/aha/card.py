@@ -15,7 +15,7 @@ import torch
 from ..models import get_adapter
 from .network import AHANet
 
-__all__ = ["curve_lines", "model_card", "model_name", "versions"]
+__all__ = ["curve_lines", "model_card", "model_name", "spread_lines", "versions"]
 
 
 def model_name(model: Any) -> str:
@@ -45,6 +45,7 @@ def model_card(meta: dict[str, Any], net: AHANet) -> str:
     """The Markdown model card of the explainer ``net`` from its metadata ``meta`` (as saved beside the weights)."""
     t = meta["train"]
     sorting = " (straight-through: hard ranking forward)" if t.get("straight_through") else ""
+    sharp = "" if t.get("mask_sigma", 1.0) == 1.0 else f"; mask blur σ {t['mask_sigma']} px"
     # the recorded command may be the invocation that resumed the run: shown as the one that starts it afresh
     # (``--resume`` on an empty folder is refused)
     command = meta.get("command") or "train_aha(...) (Python API)"
@@ -77,7 +78,7 @@ def model_card(meta: dict[str, Any], net: AHANet) -> str:
         f"- Loss: w_del {t['w_del']}, w_ins {t['w_ins']}, w_peak {t['w_peak']} (pool {t['peak_kernel']}); "
         f"m = {t['m']} ({t['step_sampling']}); grid range {t['grid_range'] or 'default'}, offset {t['grid_offset']}; "
         f"references {t['references']}{odds}; τ {t['tau_start']} → {t['tau_end']}, Gumbel noise × {t.get('noise_scale', 1.0)}, "
-        f"{t['n_iters']} Sinkhorn iterations{sorting}; "
+        f"{t['n_iters']} Sinkhorn iterations{sorting}{sharp}; "
         f"{t['classes_per_image']} class(es) per image{teacher}.",
         f"- Optimiser: AdamW lr {t['lr']}, weight decay {t['weight_decay']}, clip {t['clip']}, warm-up "
         f"{t['warmup_frac']:.0%} then cosine.",
@@ -97,6 +98,7 @@ def model_card(meta: dict[str, Any], net: AHANet) -> str:
         + (f"; pixel map {v['difference']:.4f}, token-pooled {v['difference_tokens']:.4f} insertion − deletion."
            if "difference_tokens" in v else "."),
         "",
+        *spread_lines(v),
         "| images | deletion ↓ | insertion ↑ | insertion − deletion ↑ |",
         "|---|---|---|---|",
         f"| {v.get('n', 0)} | {v.get('deletion' + sfx, float('nan')):.4f} | "
@@ -120,6 +122,20 @@ def model_card(meta: dict[str, Any], net: AHANet) -> str:
         "",
     ]
     return "\n".join(lines)
+
+
+def spread_lines(v: dict[str, Any]) -> list[str]:
+    """The card's paragraph on the spread of the token scores (:attr:`AHANet.spread`), where it was chosen."""
+    if not v.get("spread_scores"):
+        return []
+    scores = ", ".join(f"λ = {k}: {val:.4f}" for k, val in v["spread_scores"].items())
+    line = (f"Spread of the token scores chosen on these images: λ = {v['spread']:g} (insertion − deletion, mean of "
+            f"the references: {scores}; docs/methods/aha.md §1).")
+    if v.get("spread") and v.get("spread_refs"):
+        line += (" At the chosen λ, by reference: "
+                 + ", ".join(f"{r} {val:.4f}" for r, val in v["spread_refs"].items())
+                 + ". The tables below are the constant token scores (λ = 0) the checkpoint was chosen on.")
+    return [line, ""]
 
 
 def curve_lines(curve: list[dict[str, Any]]) -> list[str]:

@@ -99,6 +99,8 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
                    help=f"Gumbel noise multiplier, 0: none (tracked: {d.noise_scale:g})")
     p.add_argument("--straight-through", action="store_true",
                    help="training curves use the hard ranking of the regions, gradients the sorter's")
+    p.add_argument("--mask-sigma", type=nonnegative_float, default=d.mask_sigma,
+                   help="Gaussian blur of the training masks' edges, in pixels (0: hard edges, as the metric's)")
     p.add_argument("--teacher", choices=list(TEACHERS), default=None,
                    help="pull the maps towards this single-pass method's maps in the first steps (default: none)")
     p.add_argument("--teacher-weight", dest="w_teacher", type=nonnegative_float, default=d.w_teacher,
@@ -160,7 +162,7 @@ def cmd_train_aha(args: argparse.Namespace) -> int:
         steps=args.steps, batch_size=args.batch_size, weight_decay=args.weight_decay,
         grid_range=tuple(args.grid_range) if args.grid_range else None,
         grid_offset=not args.no_grid_offset, n_iters=args.n_iters, w_peak=args.w_peak,
-        straight_through=args.straight_through, teacher=args.teacher, w_teacher=args.w_teacher,
+        straight_through=args.straight_through, mask_sigma=args.mask_sigma, teacher=args.teacher, w_teacher=args.w_teacher,
         teacher_frac=args.teacher_frac,
         width=args.width, backbone=args.backbone, pool=args.pool, choose_pool=not args.no_choose_pool,
         n_train=args.n_train, n_val=args.n_val, val_every=args.val_every, ckpt_every=args.ckpt_every,

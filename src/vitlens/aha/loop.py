@@ -37,7 +37,7 @@ from .network import OUTPUT_POOLS, AHANet, model_digest, save_explainer
 from .plan import StepPlan, choose_classes, image_noise, lr_factor, plan_step, temperature
 from .soft_metrics import RegionGrid, aha_loss, curve_fractions, default_grid_range, reference, soft_curves
 from .teacher import teacher_grid, teacher_loss, teacher_maps, teacher_weight
-from .validation import LabelledImages, all_reduce_sum, best_pool, validate
+from .validation import LabelledImages, all_reduce_sum, best_pool, choose_spread, validate
 
 __all__ = ["reference_logits", "soft_validate", "target_probs", "train_aha", "training_loss", "validate"]
 
@@ -493,6 +493,12 @@ def _steps(run: _Run, decoder: nn.Module, sampler: torch.utils.data.DistributedS
             run.validation = dict(next(v for v in run.val_history if v["step"] == run.best["step"]))
         run.validation["output_pool"] = run.net.output_pool
         run.validation["selected_step"] = run.best["step"] if run.best is not None else run.step
+        if run.net.output_pool == "tokens" and len(run.pools) > 1:  # choose_pool: the spread too
+            cfg = run.cfg
+            base = run.validation if run.pools[0] == "tokens" else None
+            run.validation.update(choose_spread(
+                run.net, run.val_set, run.dist_info, base, chunk=cfg.chunk, references=cfg.val_references,
+                mean_std=run.mean_std, mean_img=run.mean_img))
     return finished
 
 

@@ -44,6 +44,8 @@ __all__ = [
     "load_explainer",
     "model_digest",
     "pool_maps",
+    "SPREADS",
+    "check_spread",
     "save_explainer",
 ]
 
@@ -334,10 +336,12 @@ class AHANet(nn.Module):
 
     def __init__(self, target: nn.Module, backbone: str | nn.Module | None = None, depths: Sequence[int] | None = None,
                  n_levels: int = 4, width: int = 32, embed_dim: int | None = None, head_width: int | None = None,
-                 num_classes: int | None = None, seed: int | None = None, output_pool: str = "none") -> None:
+                 num_classes: int | None = None, seed: int | None = None, output_pool: str = "none",
+                 spread: float = 0.0) -> None:
         super().__init__()
         if output_pool not in OUTPUT_POOLS:
             raise InputError(f"output_pool must be one of {', '.join(OUTPUT_POOLS)}, got {output_pool!r}")
+        spread = check_spread(spread)
         self.backbone_spec = "target" if backbone is None or backbone is target else (
             backbone if isinstance(backbone, str) else f"module:{type(backbone).__name__}")
         if isinstance(backbone, str):
@@ -364,6 +368,8 @@ class AHANet(nn.Module):
         self.arch: dict[str, Any] = {"backbone": self.backbone_spec, "depths": list(self.backbone.depths),
                      "channels": list(self.backbone.channels), "width": int(width), "embed_dim": embed_dim,
                      "head_width": head_width, "num_classes": k, "output_pool": output_pool}
+        if spread:
+            self.arch["spread"] = spread
         rng = torch.random.fork_rng(devices=[]) if seed is not None else contextlib.nullcontext()
         with rng:
             if seed is not None:
@@ -417,9 +423,22 @@ class AHANet(nn.Module):
             raise InputError(f"output_pool must be one of {', '.join(OUTPUT_POOLS)}, got {value!r}")
         self.arch["output_pool"] = value
 
-    def finish(self, maps: Tensor, pool: str | None = None) -> Tensor:
-        """Apply the output pooling (``pool`` or :attr:`output_pool`) to decoder maps ``(B, H, W)``."""
-        return pool_maps(maps, self.target_adapter, self.output_pool if pool is None else pool)
+    @property
+    def spread(self) -> float:
+        """``λ`` of the ``tokens`` pooling: its map is ``(1 − λ)·`` the constant token scores ``+ λ·`` the same
+        scores upsampled bilinearly (0: one constant score per token). Chosen per explainer on held-out data with
+        the pooling; files written before it existed read as 0."""
+        return float(self.arch.get("spread", 0.0))
+
+    @spread.setter
+    def spread(self, value: float) -> None:
+        self.arch["spread"] = check_spread(value)
+
+    def finish(self, maps: Tensor, pool: str | None = None, spread: float | None = None) -> Tensor:
+        """Apply the output pooling (``pool`` or :attr:`output_pool`, with ``spread`` or :attr:`spread`) to
+        decoder maps ``(B, H, W)``."""
+        return pool_maps(maps, self.target_adapter, self.output_pool if pool is None else pool,
+                         self.spread if spread is None else spread)
 
     def forward(self, x: Tensor, classes: Tensor, features: Sequence[Tensor] | None = None) -> Tensor:
         if features is None:
@@ -431,14 +450,32 @@ class AHANet(nn.Module):
 OUTPUT_POOLS: tuple[str, ...] = ("none", "tokens")
 
 
-def pool_maps(maps: Tensor, adapter: Any, pool: str) -> Tensor:
+#: the ``spread`` values a training (and ``benchmarks/aha_spread.py`` for a finished explainer) chooses among
+SPREADS: tuple[float, ...] = (0.0, 0.1, 0.25)
+
+
+def check_spread(value: float) -> float:
+    """``value`` as a float in [0, 1], or a clear error."""
+    v = float(value)
+    if not 0.0 <= v <= 1.0:
+        raise InputError(f"spread must be in [0, 1], got {value!r}")
+    return v
+
+
+def pool_maps(maps: Tensor, adapter: Any, pool: str, spread: float = 0.0) -> Tensor:
     """``pool="tokens"``: the average of ``maps`` ``(B, H, W)`` over each ``patch_size`` cell of the target, spread
     back over the cell's pixels (edge cells average the pixels they have); ``"none"``: ``maps`` unchanged.
 
     A ViT reads its input token by token: deleting 5 % of the pixels scattered over many patches barely changes
     it, deleting whole patches does. Pixel-level deletion/insertion therefore rewards maps that are constant per
     patch, which is what this pooling gives a map learned at pixel level.
+
+    ``spread`` ``λ`` (tokens only): ``(1 − λ)·`` the constant cells ``+ λ·`` the cell scores upsampled
+    bilinearly (``align_corners=False``, as GradSkip's token maps). A constant cell leaves the order of its own
+    pixels to the metric's tie-breaking (raster order); a small ``λ`` orders them towards the higher-scored
+    neighbours and, where two cells' scores are within ``λ`` of the map's range, may swap pixels between them.
     """
+    spread = check_spread(spread)
     if pool == "none":
         return maps
     if pool != "tokens":
@@ -449,7 +486,12 @@ def pool_maps(maps: Tensor, adapter: Any, pool: str) -> Tensor:
     ph, pw = int_pair(ps)
     h, w = maps.shape[-2:]
     pooled = F.avg_pool2d(maps[:, None], (ph, pw), stride=(ph, pw), ceil_mode=True, count_include_pad=False)
-    return pooled.repeat_interleave(ph, dim=2).repeat_interleave(pw, dim=3)[:, 0, :h, :w].contiguous()
+    out = pooled.repeat_interleave(ph, dim=2).repeat_interleave(pw, dim=3)[:, 0, :h, :w]
+    if spread == 0.0:
+        return out.contiguous()
+    size = (pooled.shape[-2] * ph, pooled.shape[-1] * pw)
+    smooth = F.interpolate(pooled, size=size, mode="bilinear", align_corners=False)[:, 0, :h, :w]
+    return torch.lerp(out, smooth, spread)
 
 
 def build_explainer(target: nn.Module, **arch: Any) -> AHANet:

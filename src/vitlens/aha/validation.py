@@ -11,10 +11,10 @@ from torch import Tensor
 
 from ..runtime import DistributedRun
 from .evaluation import deletion_insertion
-from .network import AHANet
+from .network import SPREADS, AHANet
 from .soft_metrics import reference
 
-__all__ = ["LabelledImages", "all_reduce_sum", "best_pool", "validate"]
+__all__ = ["LabelledImages", "all_reduce_sum", "best_pool", "choose_spread", "validate"]
 
 
 def all_reduce_sum(t: Tensor, dist_info: DistributedRun) -> Tensor:
@@ -89,3 +89,37 @@ def best_pool(v: dict[str, Any], pools: Sequence[str]) -> str:
     """The output pooling with the highest held-out insertion − deletion in validation record ``v``."""
     scores = {p: v["difference" if k == 0 else f"difference_{p}"] for k, p in enumerate(pools)}
     return max(scores, key=lambda p: scores[p])
+
+
+def choose_spread(net: AHANet, data: LabelledImages, dist_info: DistributedRun, base: dict[str, Any] | None = None,
+                  spreads: Sequence[float] = SPREADS, **validate_kw: Any) -> dict[str, Any]:
+    """Choose :attr:`AHANet.spread` of a ``tokens``-pooled explainer on held-out ``data``: the ``λ`` of ``spreads``
+    with the highest insertion − deletion (mean over the references), the smallest on a tie. Sets ``net.spread``
+    and returns the record the model card shows: ``spread``, ``spread_scores`` (``{"λ": score}``) and
+    ``spread_refs`` (each reference at the chosen ``λ``, with several references).
+
+    ``base``: a :func:`validate` record of ``net`` with the ``tokens`` pooling first in its pools and
+    ``net.spread`` as it is now (the training's last validation), so that value is not measured twice.
+    ``validate_kw``: passed to :func:`validate` (``references``, ``mean_std``, ``mean_img``, ``chunk``).
+    """
+    if net.output_pool != "tokens":
+        raise ValueError(f"spread applies to the tokens pooling; this explainer's is {net.output_pool!r}")
+    start = net.spread
+    records: dict[float, dict[str, Any]] = {}
+    if base is not None:
+        records[start] = base
+    try:
+        for lam in spreads:
+            if lam not in records:
+                net.spread = lam
+                records[lam] = validate(net, data, dist_info, pools=["tokens"], **validate_kw)
+    finally:
+        net.spread = start
+    scores = {lam: float(records[lam]["difference"]) for lam in spreads}
+    best = max(spreads, key=lambda lam: (scores[lam], -lam))
+    net.spread = best
+    out: dict[str, Any] = {"spread": best, "spread_scores": {f"{lam:g}": scores[lam] for lam in spreads}}
+    refs = records[best].get("references")
+    if refs:
+        out["spread_refs"] = {r: float(records[best][f"difference@{r}"]) for r in refs}
+    return out
