@@ -129,8 +129,10 @@ def spread_lines(v: dict[str, Any]) -> list[str]:
     if not v.get("spread_scores"):
         return []
     scores = ", ".join(f"λ = {k}: {val:.4f}" for k, val in v["spread_scores"].items())
-    line = (f"Spread of the token scores chosen on these images: λ = {v['spread']:g} (insertion − deletion, mean of "
-            f"the references: {scores}; docs/methods/aha.md §1).")
+    what = "insertion − deletion, mean of the references" if len(v.get("references") or []) > 1 \
+        else "insertion − deletion"
+    line = (f"Spread of the token scores chosen on these images: λ = {v['spread']:g} ({what}: {scores}; "
+            "docs/methods/aha.md §1).")
     if v.get("spread") and v.get("spread_refs"):
         line += (" At the chosen λ, by reference: "
                  + ", ".join(f"{r} {val:.4f}" for r, val in v["spread_refs"].items())
