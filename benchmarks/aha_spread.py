@@ -28,8 +28,7 @@ from pathlib import Path
 
 import torch
 
-import vitlens
-from vitlens.aha import load_explainer, shipped_explainer
+from vitlens.aha import load_explainer
 from vitlens.aha.card import model_card
 from vitlens.aha.validation import choose_spread
 from vitlens.images import data_config
@@ -37,18 +36,12 @@ from vitlens.runtime import DistributedRun
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from aha_protocols import MODELS  # noqa: E402
-from aha_validation_gap import validation_images  # noqa: E402
+from aha_validation_gap import shipped, validation_images  # noqa: E402
 
 
 def run_model(name: str, write: bool) -> dict:
     t0 = time.perf_counter()
-    model = vitlens.load_model(name).eval()
-    found = shipped_explainer(model)
-    if found is None:
-        raise SystemExit(f"{name}: no shipped AHA explainer")
-    path = found[1]
-    meta = json.loads(path.with_suffix(".json").read_text())
-    net = load_explainer(path, model)
+    model, path, meta, net = shipped(name)
     v = meta["validation"]
     if net.output_pool != "tokens":
         print(f"{name}: output pooling {net.output_pool!r}, no token scores to spread")

@@ -70,16 +70,20 @@ def validation_images(name: str, model: torch.nn.Module, meta: dict[str, Any], n
     return torch.stack([val[i][0] for i in range(count)]), mean_image(train)
 
 
-def run_model(name: str, n: int | None, points: list[int], batch: int,
-              others: list[Path] | None = None) -> dict[str, Any]:
-    t0 = time.perf_counter()
+def shipped(name: str) -> tuple[torch.nn.Module, Path, dict[str, Any], Any]:
+    """The bundled model ``name``, its shipped explainer's weights path, metadata and loaded network."""
     model = vitlens.load_model(name).eval()
     found = shipped_explainer(model)
     if found is None:
         raise SystemExit(f"{name}: no shipped AHA explainer")
     path = found[1]
-    meta = json.loads(path.with_suffix(".json").read_text())
-    net = load_explainer(path, model)
+    return model, path, json.loads(path.with_suffix(".json").read_text()), load_explainer(path, model)
+
+
+def run_model(name: str, n: int | None, points: list[int], batch: int,
+              others: list[Path] | None = None) -> dict[str, Any]:
+    t0 = time.perf_counter()
+    model, path, meta, net = shipped(name)
     x, mi = validation_images(name, model, meta, n)
     with torch.no_grad():
         feats, logits = net.features(x)
