@@ -6,7 +6,8 @@ seed 20,000 + seed, or the validation digits), is AHA (T = 0) already behind Gra
 is, a loss on evaluation images is the same trade seen again, not a failure to generalise from validation.
 
 Rows: the shipped explainer with its own output pooling, the same decoder output with each other spreading of the
-token scores (``none``: the decoder's pixel map; ``tokens``: constant per token; ``tokens-bilinear``: the token
+token scores (``none``: the decoder's pixel map; ``tokens``: constant per token, or with the explainer's
+``spread`` where it ships that pooling; ``tokens-bilinear``: the token
 means upsampled bilinearly, as GradSkip's token scores are), and GradSkip. Cells: the four deletion references ×
 ``--points`` pixel-ranking curves (hard masks, predicted class, softmax, trapezoidal AUC, as the protocol matrix).
 Per model the JSON goes to ``--work``; ``--resume`` keeps the models already there. ``--explainer FOLDER`` adds a
@@ -94,7 +95,8 @@ def run_model(name: str, n: int | None, points: list[int], batch: int,
     dc = data_config(model)
     refs = {r: reference(x, r, dc.mean, dc.std, mean_image=mi) for r in REFERENCES}
     cells = [(r, "pixel", p) for r in REFERENCES for p in points]
-    rows_maps = {f"aha_{s}": spread(raw, patch, s) for s in (SPREADS if patch else ("none",))}
+    rows_maps = {f"aha_{s}": net.finish(raw) if s == net.output_pool else spread(raw, patch, s)  # shipped: its spread
+                 for s in (SPREADS if patch else ("none",))}
     for folder in others or []:  # another training of an explainer for this target, with its own pooling
         other = load_explainer(folder, model)
         with torch.no_grad():

@@ -15,6 +15,7 @@ from __future__ import annotations
 import ast
 import math
 import os
+import random
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -28,7 +29,7 @@ from .errors import InputError
 __all__ = [
     "parse_value", "parse_key_value", "split_top",
     "warmup_cosine", "warmup_cosine_steps",
-    "DistributedRun", "distributed_env", "init_distributed",
+    "DistributedRun", "distributed_env", "init_distributed", "rng_state", "set_rng_state",
     "atomic_write", "atomic_write_text", "atomic_torch_save", "write_model_card",
     "gini",
 ]
@@ -192,3 +193,20 @@ def gini(p: torch.Tensor) -> torch.Tensor:
     total = srt.sum(dim=-1)
     g = 2.0 * (srt @ ranks) / (n * total.clamp_min(torch.finfo(p.dtype).tiny)) - (n + 1) / n
     return torch.where(total > 0, g, torch.zeros_like(g)).to(out_dtype)
+
+
+def rng_state() -> dict[str, Any]:
+    """The torch, NumPy and Python (and initialised CUDA) random states, for :func:`set_rng_state` (a checkpoint)."""
+    state = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    """Restore the random states :func:`rng_state` returned."""
+    torch.set_rng_state(state["torch"])
+    np.random.set_state(state["numpy"])
+    random.setstate(state["python"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])

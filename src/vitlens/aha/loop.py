@@ -1,25 +1,22 @@
 """The AHA training loop (the flow is described in :mod:`vitlens.aha.train`): :func:`train_aha` and its parts.
 
-:func:`training_loss` is the loss of one batch, :func:`target_probs` the target's differentiable class
-probabilities, :func:`validate` the hard held-out metric and :func:`soft_validate` the training objective on the same
-images. :func:`train_aha` sets a run up (config, run folder, device, process group, network, data, optimiser), resumes
-it from ``checkpoint.pt``, runs its steps, validates, checkpoints (atomically; also on Ctrl-C after the last whole
-step) and writes the explainer, its metadata and its model card.
+:func:`training_loss` is one batch's loss, :func:`target_probs` the target's differentiable class probabilities,
+:func:`validate` / :func:`soft_validate` the hard held-out metric / the training objective on the same images.
+:func:`train_aha` sets a run up (config, folder, device, process group, network, data, optimiser), resumes it from
+``checkpoint.pt``, runs its steps, validates, checkpoints (atomically; also on Ctrl-C after the last whole step) and
+writes the explainer, its metadata and its model card.
 """
-
 from __future__ import annotations
 
 import contextlib
 import dataclasses
 import datetime as _dt
 import os
-import random
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
-import numpy as np
 import torch
 from torch import Tensor, nn
 
@@ -29,6 +26,8 @@ from ..models import get_adapter
 from ..models.base import int_pair
 from ..pause import pause_point
 from ..runtime import DistributedRun, init_distributed
+from ..runtime import rng_state as _rng_state
+from ..runtime import set_rng_state as _set_rng_state
 from .card import model_card, model_name, versions
 from .config import RESUMABLE_CHANGES, AHATrainConfig, TrainResult
 from .data import datasets, mean_image, mean_std
@@ -69,21 +68,6 @@ def _grad_checkpointing(model: nn.Module, on: bool) -> Iterator[None]:
         yield
     finally:
         switch(before)
-
-
-def _rng_state() -> dict[str, Any]:
-    state = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def _set_rng_state(state: dict[str, Any]) -> None:
-    torch.set_rng_state(state["torch"])
-    np.random.set_state(state["numpy"])
-    random.setstate(state["python"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
 
 
 def soft_validate(net: AHANet, data: LabelledImages, cfg: AHATrainConfig, tau: float, n: int = 50,
@@ -395,12 +379,15 @@ def _save_checkpoint(run: _Run, seconds: float) -> None:
                 "target": run.target_id, "data": run.data_info}, run.ckpt_path)
 
 
+def _val_kw(run: _Run) -> dict[str, Any]:  # what every validation of the run passes to validate()
+    return dict(chunk=run.cfg.chunk, references=run.cfg.val_references, mean_std=run.mean_std, mean_img=run.mean_img)
+
+
 def _run_validation(run: _Run) -> dict[str, Any]:
     """Hard validation (and the soft objective on the same images); appended to the learning curve."""
     cfg = run.cfg
-    v = {"step": run.step, "pool": cfg.pool,
-         **validate(run.net, run.val_set, run.dist_info, chunk=cfg.chunk, pools=run.pools,
-                    references=cfg.val_references, mean_std=run.mean_std, mean_img=run.mean_img)}
+    v = {"step": run.step, "pool": cfg.pool, **validate(run.net, run.val_set, run.dist_info, pools=run.pools,
+                                                        **_val_kw(run))}
     if run.dist_info.rank == 0 and cfg.val_every:
         v["soft_difference"] = soft_validate(run.net, run.val_set, cfg, temperature(max(0, run.step - 1), cfg))
     v["images_seen"] = run.step * cfg.batch_size
@@ -494,11 +481,8 @@ def _steps(run: _Run, decoder: nn.Module, sampler: torch.utils.data.DistributedS
         run.validation["output_pool"] = run.net.output_pool
         run.validation["selected_step"] = run.best["step"] if run.best is not None else run.step
         if run.net.output_pool == "tokens" and len(run.pools) > 1:  # choose_pool: the spread too
-            cfg = run.cfg
-            base = run.validation if run.pools[0] == "tokens" else None
-            run.validation.update(choose_spread(
-                run.net, run.val_set, run.dist_info, base, chunk=cfg.chunk, references=cfg.val_references,
-                mean_std=run.mean_std, mean_img=run.mean_img))
+            run.validation.update(choose_spread(run.net, run.val_set, run.dist_info, run.validation if run.pools[0]
+                                                == "tokens" else None, **_val_kw(run)))
     return finished
 
 
