@@ -28,16 +28,17 @@ import json
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 import vitlens
 from vitlens.aha import load_explainer, shipped_explainer
 from vitlens.aha.config import AHATrainConfig
 from vitlens.aha.data import datasets, mean_image
+from vitlens.aha.network import pool_maps
 from vitlens.aha.soft_metrics import reference
 from vitlens.images import data_config
 
@@ -50,14 +51,12 @@ START, END = "<!-- aha_validation_gap:start -->", "<!-- aha_validation_gap:end -
 
 
 def spread(raw: torch.Tensor, patch: int | None, how: str) -> torch.Tensor:
-    """The decoder's pixel map ``raw`` ``(B, H, W)`` as ``how`` spreads it (see the module docstring)."""
+    """The decoder's pixel map ``raw`` ``(B, H, W)`` as ``how`` spreads it (see the module docstring): the explainers'
+    own pooling (:func:`vitlens.aha.network.pool_maps`) with spread 0 (``tokens``) or 1 (``tokens-bilinear``)."""
     if how == "none" or patch is None:
         return raw
-    cells = F.avg_pool2d(raw[:, None], patch, ceil_mode=True, count_include_pad=False)
-    size = (cells.shape[-2] * patch, cells.shape[-1] * patch)
-    mode = {"tokens": "nearest", "tokens-bilinear": "bilinear"}[how]
-    up = F.interpolate(cells, size=size, mode=mode, **({"align_corners": False} if mode == "bilinear" else {}))
-    return up[:, 0, :raw.shape[-2], :raw.shape[-1]]
+    lam = {"tokens": 0.0, "tokens-bilinear": 1.0}[how]
+    return pool_maps(raw, SimpleNamespace(patch_size=(patch, patch)), "tokens", lam)
 
 
 def validation_images(name: str, model: torch.nn.Module, meta: dict[str, Any], n: int | None

@@ -6,6 +6,7 @@
 ``checkpoint.pt``, runs its steps, validates, checkpoints (atomically; also on Ctrl-C after the last whole step) and
 writes the explainer, its metadata and its model card.
 """
+
 from __future__ import annotations
 
 import contextlib
