@@ -451,7 +451,8 @@ OUTPUT_POOLS: tuple[str, ...] = ("none", "tokens")
 
 
 #: the ``spread`` values a training (and ``benchmarks/aha_spread.py`` for a finished explainer) chooses among
-SPREADS: tuple[float, ...] = (0.0, 0.1, 0.25)
+#: (0.5 added when two explainers chose the grid's edge, 0.25; λ = 1 lost on both: docs/methods/aha.md §1)
+SPREADS: tuple[float, ...] = (0.0, 0.1, 0.25, 0.5)
 
 
 def check_spread(value: float) -> float:
