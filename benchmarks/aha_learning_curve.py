@@ -43,6 +43,12 @@ def pearson(a: list[float], b: list[float]) -> float:
     return cov / max(va * vb, 1e-12)
 
 
+def _references(meta: dict) -> str:
+    """The deletion reference(s) the card's validation averaged, in words."""
+    refs = (meta.get("validation") or {}).get("references") or ["mean"]
+    return f"{refs[0]} reference" if len(refs) == 1 else f"the mean over the references {', '.join(refs)}"
+
+
 def plot(curve: list[dict], path: Path, title: str, reference: dict[str, float]) -> None:
     import matplotlib
 
@@ -93,7 +99,8 @@ def main(argv: list[str] | None = None) -> int:
     lines = [start, f"## Learning curve of `{name}`", "",
              f"Command: `python benchmarks/aha_learning_curve.py {' '.join(argv or sys.argv[1:])}`. Training command "
              f"and machine: the model card `{name}.md`. Held-out validation on {curve[-1].get('n', '?')} scenes "
-             "(hard metric: 21 points, mean reference, predicted class); the soft column is the training objective "
+             f"(hard metric: 21 points, {_references(meta)}, predicted class, constant token scores where the "
+             "explainer pools per token); the soft column is the training objective "
              "(soft insertion − deletion at the run's temperature, no noise, 16 fixed points, the middle grid) on "
              "the first 50 of the same scenes.", ""]
     if args.plot:
