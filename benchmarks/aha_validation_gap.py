@@ -105,7 +105,8 @@ def run_model(name: str, n: int | None, points: list[int], batch: int,
     for key, mp in rows_maps.items():
         rows[key] = score_matrix(model, x, mp, cls, refs, None, cells, dc, batch)
         print(f"  {name}: {key} done ({time.perf_counter() - t0:.0f} s)", flush=True)
-    return {"model": name, "n": int(x.shape[0]), "shipped_pool": net.output_pool, "points": points,
+    return {"model": name, "n": int(x.shape[0]), "shipped_pool": net.output_pool, "spread": net.spread,
+            "points": points,
             "explainers": [str(f) for f in others or []],
             "val_seed": meta["data"].get("val_seed"), "rows": rows, "seconds": round(time.perf_counter() - t0, 1)}
 
@@ -115,7 +116,9 @@ def section(res: dict[str, Any]) -> list[str]:
     keys = [k for k in rows if k != "gradskip"]
     cols = [f"{r}/pixel/{p}" for p in res["points"] for r in REFERENCES]
     head = [REF_NAMES[c.split("/")[0]] + f", {c.split('/')[2]} pts" for c in cols]
-    out = [f"### {res['model']} ({res['n']} validation images, seed {res['val_seed']}; shipped pooling `{pool}`)", "",
+    lam = f", spread λ = {res['spread']:g}" if res.get("spread") else ""
+    out = [f"### {res['model']} ({res['n']} validation images, seed {res['val_seed']}; shipped pooling `{pool}`{lam})",
+           "",
            "| row | " + " | ".join(head) + " | mean of refs (21 pts) |", "|---|" + "---|" * (len(cols) + 1)]
 
     def mean21(k: str) -> float:
