@@ -126,6 +126,17 @@ def token_ranks(maps: torch.Tensor, unit: int) -> tuple[torch.Tensor, int]:
 def ins_and_del(model: torch.nn.Module, x: torch.Tensor, maps: torch.Tensor, cls: torch.Tensor, ref: torch.Tensor,
                 unit: int, n_points: int, chunk: int = 256) -> torch.Tensor:
     """Insertion and deletion AUC ``(B, 2)`` (hard masks, ``n_points`` fractions of the units, trapezoidal)."""
+    probs = del_and_ins_curves(model, x, maps, cls, ref, unit, n_points, chunk)
+    fr = torch.linspace(0.0, 1.0, n_points)
+    return torch.stack([torch.trapezoid(probs[:, 1], fr, dim=-1), torch.trapezoid(probs[:, 0], fr, dim=-1)], 1)
+
+
+@torch.no_grad()
+def del_and_ins_curves(model: torch.nn.Module, x: torch.Tensor, maps: torch.Tensor, cls: torch.Tensor,
+                       ref: torch.Tensor, unit: int, n_points: int, chunk: int = 256) -> torch.Tensor:
+    """The deletion and insertion curves ``(B, 2, n_points)``: the class probability after the top fraction of the
+    units is replaced by ``ref`` (deletion, ``[:, 0]``) or kept with the rest replaced (insertion, ``[:, 1]``), at
+    ``n_points`` evenly spaced fractions from 0 to 1."""
     b, c, h, w = x.shape
     rank, d = token_ranks(maps, unit)
     fr = torch.linspace(0.0, 1.0, n_points)
@@ -135,9 +146,8 @@ def ins_and_del(model: torch.nn.Module, x: torch.Tensor, maps: torch.Tensor, cls
     xi = torch.where(top, x[:, None], ref[:, None])
     imgs = torch.stack([xd, xi], 1).reshape(-1, c, h, w)
     labels = cls[:, None].expand(b, 2 * n_points).reshape(-1)
-    probs = torch.cat([model(imgs[s:s + chunk]).float().softmax(-1).gather(1, labels[s:s + chunk, None])[:, 0]
-                       for s in range(0, imgs.shape[0], chunk)]).reshape(b, 2, n_points)
-    return torch.stack([torch.trapezoid(probs[:, 1], fr, dim=-1), torch.trapezoid(probs[:, 0], fr, dim=-1)], 1)
+    return torch.cat([model(imgs[s:s + chunk]).float().softmax(-1).gather(1, labels[s:s + chunk, None])[:, 0]
+                      for s in range(0, imgs.shape[0], chunk)]).reshape(b, 2, n_points)
 
 
 def ins_minus_del(model: torch.nn.Module, x: torch.Tensor, maps: torch.Tensor, cls: torch.Tensor, ref: torch.Tensor,

@@ -3,6 +3,8 @@ run would score there, and never reaches the digits AHA validates on (issue #27)
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -106,3 +108,39 @@ def test_validation_gap_scores_another_training_on_the_same_images(tmp_path, cap
     assert "`tokens (copy-of-shipped)` − GradSkip" in capsys.readouterr().out
     with pytest.raises(SystemExit):
         script.main(["--models", "shapes-deit", "shapes-vit", "--explainer", str(other)])
+
+
+def test_curve_gap_curves_integrate_to_the_matrix_auc_and_per_token_keeps_token_cells(tmp_path):
+    """``aha_curve_gap.py``: its curves integrate to the protocol matrix's AUCs (the same function scores both),
+    GradSkip per token is constant inside each token and equals GradSkip under token ranking, and the page has the
+    rows and both curve tables."""
+    script = load_benchmark("aha_curve_gap")
+    protocols = load_benchmark("aha_protocols")
+    maps = torch.rand(2, 16, 16)
+    tok = script.per_token(maps, 8)
+    assert tok.shape == maps.shape
+    assert torch.equal(tok[:, :8, :8], tok[:, :1, :1].expand(2, 8, 8))
+    torch.testing.assert_close(tok[:, 0, 0], maps[:, :8, :8].mean(dim=(1, 2)))
+
+    model = vitlens.load_model("planted-vit").eval()
+    x = protocols.eval_images("planted-vit", model, 2)
+    with torch.no_grad():
+        cls = model(x).argmax(-1)
+    ref = torch.zeros_like(x)
+    mp = torch.rand(2, *x.shape[-2:])
+    curves = protocols.del_and_ins_curves(model, x, mp, cls, ref, 1, 21)
+    assert curves.shape == (2, 2, 21)
+    torch.testing.assert_close(torch.from_numpy(script.auc(curves.numpy())).float(),
+                               protocols.ins_minus_del(model, x, mp, cls, ref, 1, 21))
+
+    out = tmp_path / "page.md"
+    assert script.main(["--models", "planted-vit", "--n", "2", "--threads", "1", "--work", str(tmp_path / "w"),
+                        "--out", str(out)]) == 0
+    page = out.read_text()
+    assert "### planted-vit (2 evaluation images, 0–1; token = 8×8 px)" in page
+    assert "Deletion curve, AHA T=0 − GradSkip" in page and "Insertion curve, AHA T=0 − GradSkip" in page
+    for line in page.splitlines():
+        if line.startswith("| mean colour, token | ") and line.count("|") == 8:  # the AUC table's token row
+            assert line.rstrip(" |").endswith("+0.000 ± 0.000")  # GradSkip − GradSkip per token
+    stored = json.loads((tmp_path / "w" / "planted-vit.json").read_text())
+    assert set(stored["curves"]) == set(script.ROWS)
