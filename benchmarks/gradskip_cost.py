@@ -261,13 +261,25 @@ def _sync(device: torch.device) -> None:
 CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
 
 
+def _minor_faults() -> int:
+    """This process's minor page faults so far (0 where ``resource`` is missing)."""
+    try:
+        import resource
+    except ImportError:  # pragma: no cover - not on Linux/macOS
+        return 0
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_minflt)
+
+
 def time_rows(model: nn.Module, x: Tensor, repeats: int, warmup: int = 1, rows: tuple[str, ...] = ROWS,
-              clock: str = "wall") -> tuple[dict[str, list[float]], dict[str, dict]]:
+              clock: str = "wall", faults: dict[str, list[int]] | None = None
+              ) -> tuple[dict[str, list[float]], dict[str, dict]]:
     """Seconds per call for each row, measured interleaved: every repeat runs a, b, c one after another.
 
     Also returns what each row's last call reported (forward/backward passes per image). ``clock="cpu"`` measures
     this process's CPU time instead of wall time (with one thread: the compute itself, not the time spent waiting
-    for a core on a loaded machine).
+    for a core on a loaded machine). ``faults``: filled with each timed call's minor page faults per row (memory the
+    call touched for the first time since the allocator last returned it; on a virtual machine each can cost
+    microseconds, so a row whose calls fault is slower by that, not by its arithmetic).
     """
     now = CLOCKS[clock]
     device = x.device
@@ -276,11 +288,13 @@ def time_rows(model: nn.Module, x: Tensor, repeats: int, warmup: int = 1, rows: 
     for i in range(warmup + repeats):
         for row in rows:
             _sync(device)
-            t0 = now()
+            f0, t0 = _minor_faults(), now()
             info[row] = RUNNERS[row](model, x)
             _sync(device)
             if i >= warmup:
                 times[row].append(now() - t0)
+                if faults is not None:
+                    faults.setdefault(row, []).append(_minor_faults() - f0)
     return times, info
 
 
@@ -363,7 +377,8 @@ def benchmark_model(spec: str, batch: int, repeats: int, device: str, threads: i
     for row in rows:
         flops[row], by_op[row] = count_flops(model, x1, row)
     log(f"  {spec}: timing {repeats} interleaved repeats at batch {batch} ...")
-    times, passes = time_rows(model, xb, repeats, rows=rows, clock=clock)
+    faults: dict[str, list[int]] = {}
+    times, passes = time_rows(model, xb, repeats, rows=rows, clock=clock, faults=faults)
     mem = {}
     for row in rows:
         if memory:
@@ -391,6 +406,9 @@ def benchmark_model(spec: str, batch: int, repeats: int, device: str, threads: i
         r.extra["time_x_floor_min"], r.extra["time_x_floor_max"] = _paired_spread(times[row], times[floor])
         r.extra["time_x_user_floor"] = _paired_ratio(times[row], times[user]) if user else float("nan")
         r.extra["mem_x_floor"] = mem[row] / mem[floor] if mem[floor] > 0 else float("nan")
+        if faults.get(row):
+            r.extra["minor_faults"] = float(statistics.median(faults[row]))
+            r.extra["minor_faults_max"] = float(max(faults[row]))
         if REFERENCE_ROW in times:
             r.extra["time_x_reference"] = _paired_ratio(times[row], times[REFERENCE_ROW])
         results.append(r)
@@ -458,6 +476,15 @@ def _spread(r: Result) -> str:
     return f"{r.extra['time_x_floor_min']:.3f}–{r.extra['time_x_floor_max']:.3f}"
 
 
+def _faults(floor: Result, r: Result) -> str:
+    """``; minor page faults per call …`` of a row and its floor (median, largest), where they were counted."""
+    if "minor_faults" not in r.extra or "minor_faults" not in floor.extra:
+        return ""
+    return (f"; minor page faults per call (median, largest) {r.extra['minor_faults']:.0f}, "
+            f"{r.extra['minor_faults_max']:.0f} against the floor's {floor.extra['minor_faults']:.0f}, "
+            f"{floor.extra['minor_faults_max']:.0f}")
+
+
 def summary_lines(results: list[Result]) -> list[str]:
     out = []
     by = {(r.model, r.row): r for r in results}
@@ -470,7 +497,7 @@ def summary_lines(results: list[Result]) -> list[str]:
             line = (f"- `{model}`, {what}: GradSkip ÷ {floor} floor "
                     f"**{cf.extra['time_x_floor']:.3f}** in time (per-repeat {_spread(cf)}), "
                     f"{cf.gflops / bf.gflops:.4f} in FLOPs, "
-                    f"{_fmt(cf.extra['mem_x_floor'], 3)} in peak memory")
+                    f"{_fmt(cf.extra['mem_x_floor'], 3)} in peak memory{_faults(bf, cf)}")
             b = by.get((model, "forward+backward"))
             if b is not None:
                 line += (f"; explicit floor ÷ {floor} floor {b.extra['time_x_user_floor']:.3f} in time, "

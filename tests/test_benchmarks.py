@@ -90,6 +90,9 @@ def test_one_attention_path_runs_alone(attention):
     assert ("GradSkip ÷ default-attention floor" in res["markdown"]) == (attention == "default")
     assert ("GradSkip ÷ fused-attention floor" in res["markdown"]) == (attention == "fused")
     assert floor.extra["time_x_floor_min"] == floor.extra["time_x_floor_max"] == 1.0  # the per-repeat spread
+    for r in res["results"]:  # each timed call's minor page faults, counted per row
+        assert 0 <= r.extra["minor_faults"] <= r.extra["minor_faults_max"]
+    assert ("minor page faults per call" in res["markdown"]) == (attention != "explicit")
 
 
 def test_the_default_rows_run_each_attention_as_timm_built_it():
