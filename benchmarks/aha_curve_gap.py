@@ -32,12 +32,13 @@ from typing import Any
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 import vitlens
+from vitlens.aha.network import pool_maps
 from vitlens.aha.soft_metrics import reference
 from vitlens.images import data_config
 from vitlens.models import get_adapter
+from vitlens.preprocessing import int_pair
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from aha_protocols import (MODELS, REF_NAMES, REFERENCES, del_and_ins_curves, eval_images, fmt,  # noqa: E402
@@ -47,21 +48,23 @@ from aha_sorter_error import print_section  # noqa: E402
 START, END = "<!-- aha_curve_gap:start -->", "<!-- aha_curve_gap:end -->"
 POINTS = 21
 ROWS = ("aha_t0", "gradskip", "gradskip_token")
-ROW_NAMES = {"aha_t0": "AHA T=0", "gradskip": "GradSkip", "gradskip_token": "GradSkip per token"}
 #: fractions removed shown in the curve table (of the 21 points 0, 0.05, …, 1)
 SHOWN = (0.05, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75)
 
 
-def per_token(maps: torch.Tensor, unit: int) -> torch.Tensor:
-    """``maps`` ``(B, H, W)`` averaged over each ``unit × unit`` patch and spread back (constant inside a token)."""
-    return F.interpolate(F.avg_pool2d(maps.float()[:, None], unit), scale_factor=unit, mode="nearest")[:, 0]
+def per_token(maps: torch.Tensor, adapter: Any) -> torch.Tensor:
+    """``maps`` ``(B, H, W)`` averaged over each patch of the model and spread back (constant inside a token): AHA's
+    own ``tokens`` pooling at spread 0 (:func:`vitlens.aha.network.pool_maps`)."""
+    return pool_maps(maps.float(), adapter, "tokens")
 
 
 def run_model(name: str, n: int, batch: int) -> dict[str, Any]:
     t0 = time.perf_counter()
     model = vitlens.load_model(name).eval()
-    unit = get_adapter(model).patch_size
-    unit = int(unit[0] if isinstance(unit, (tuple, list)) else unit)
+    adapter = get_adapter(model)
+    if adapter.patch_size is None:
+        raise SystemExit(f"{name}: no patch grid, no tokens to average over")
+    unit = int_pair(adapter.patch_size)[0]
     dc = data_config(model)
     x = eval_images(name, model, n, 0)
     with torch.no_grad():
@@ -70,7 +73,7 @@ def run_model(name: str, n: int, batch: int) -> dict[str, Any]:
     refs = {r: reference(x, r, tuple(dc.mean), tuple(dc.std), mean_image=mi) for r in REFERENCES}
     gs = maps_of(model, x, "gradskip", batch)
     maps = {"aha_t0": maps_of(model, x, "aha", batch, refine_steps=0), "gradskip": gs,
-            "gradskip_token": per_token(gs, unit)}
+            "gradskip_token": per_token(gs, adapter)}
     curves: dict[str, dict[str, list[list[list[float]]]]] = {}
     for row, mp in maps.items():
         curves[row] = {}

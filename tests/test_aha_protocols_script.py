@@ -11,6 +11,7 @@ import torch
 from conftest import load_benchmark  # noqa: E402
 
 import vitlens
+from vitlens.models import get_adapter
 
 
 @pytest.mark.parametrize("name", ["shapes-vit", "digits-vit", "planted-vit"])
@@ -67,7 +68,6 @@ def test_pool_refuses_overlapping_images_and_names_both_choices():
 
 def test_validation_gap_scores_the_cards_validation_images(tmp_path, capsys):
     from vitlens.aha.network import pool_maps
-    from vitlens.models import get_adapter
 
     script = load_benchmark("aha_validation_gap")
     model = vitlens.load_model("shapes-deit").eval()
@@ -116,13 +116,13 @@ def test_curve_gap_curves_integrate_to_the_matrix_auc_and_per_token_keeps_token_
     rows and both curve tables."""
     script = load_benchmark("aha_curve_gap")
     protocols = load_benchmark("aha_protocols")
+    model = vitlens.load_model("planted-vit").eval()
     maps = torch.rand(2, 16, 16)
-    tok = script.per_token(maps, 8)
+    tok = script.per_token(maps, get_adapter(model))  # planted-vit: 8×8-pixel patches
     assert tok.shape == maps.shape
     assert torch.equal(tok[:, :8, :8], tok[:, :1, :1].expand(2, 8, 8))
     torch.testing.assert_close(tok[:, 0, 0], maps[:, :8, :8].mean(dim=(1, 2)))
 
-    model = vitlens.load_model("planted-vit").eval()
     x = protocols.eval_images("planted-vit", model, 2)
     with torch.no_grad():
         cls = model(x).argmax(-1)
