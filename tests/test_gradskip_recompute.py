@@ -184,3 +184,86 @@ def test_probability_gini_is_the_gini_coefficient(dtype, n):
     assert float(got[0, 0, 0]) == 0.0 and abs(float(got[0, 0, 1])) < 1e-6
     assert float(got[0, 0, 2]) == pytest.approx((n - 1) / n)
     assert float(got[0, 0, 4]) == pytest.approx((n - 1) / n)
+
+
+def _eva(seed: int = 0, **kw):
+    """A small timm EVA02 (rotary embeddings on queries and keys, SwiGLU, prefix and register tokens)."""
+    timm = pytest.importorskip("timm")
+    from conftest import sharpen
+
+    torch.manual_seed(seed)
+    return sharpen(timm.create_model("eva02_tiny_patch14_224", pretrained=False, img_size=28, patch_size=7, depth=3,
+                                     num_classes=5, **kw)).eval()
+
+
+def _function_modes() -> int:
+    return torch._C._len_torch_function_stack()
+
+
+@pytest.mark.parametrize("kw", [{}, {"qkv_fused": False, "num_reg_tokens": 2}], ids=["qkv", "separate-qkv-registers"])
+def test_eva_keeps_its_fused_attention_and_gives_the_explicit_maps(kw):
+    """timm EVA applies RoPE between the projections and the fused kernel: the recording takes the queries and keys
+    as the kernel receives them (``models/_fused_calls.py``), the backward hands over ``A`` and ``A ⊙ ∂y/∂A`` equal
+    to the explicit path's, and GradSkip's maps are the explicit path's up to rounding."""
+    model = _eva(**kw)
+    assert all(blk.attn.fused_attn for blk in model.blocks)
+    adapter = vitlens.get_adapter(model)
+    assert adapter.recomputes_attention()
+    x = batch(2, size=28)
+    before, modes = model_fingerprint(model), _function_modes()
+    fused = vitlens.explain(model, x, method="gradskip")
+    assert _function_modes() == modes and model_fingerprint(model) == before
+    with switched([blk.attn for blk in model.blocks], "fused_attn", False):
+        assert not adapter.recomputes_attention()
+        explicit = vitlens.explain(model, x, method="gradskip")
+    close(fused.token_maps, explicit.token_maps, 1e-5)
+    close(fused.remainder, explicit.remainder, 1e-5)
+    for key in ("head_weights", "layer_totals"):
+        close(fused.extras[key], explicit.extras[key], 1e-5)
+    close(fused.extras["beta_main"], explicit.extras["beta_main"], 1e-4)
+
+    got: dict[int, tuple[torch.Tensor, ...]] = {}
+    rec, logits, g = _first_block_gradient(
+        adapter, x, lambda i, *tensors: got.__setitem__(i, tuple(t.clone() for t in tensors)))
+    ref_rec, ref_logits, ref_g = _first_block_gradient(adapter, x)
+    assert rec.recompute and all(b.probabilities_in_backward and b.attn is None for b in rec.blocks)
+    assert not any(b.probabilities_in_backward for b in ref_rec.blocks)
+    torch.testing.assert_close(logits, ref_logits, rtol=0.0, atol=0.0)  # the fused kernel's values
+    close(g, ref_g, 1e-5)
+    assert sorted(got) == [0, 1, 2]
+    with adapter.session(capture=True) as ex:
+        out = adapter.forward(x)
+        y = out.gather(1, out.argmax(1, keepdim=True)).sum()
+        grads = torch.autograd.grad(y, [b.attn for b in ex.blocks])
+    for i, b in enumerate(rec.blocks):  # the recorded queries and keys are after RoPE
+        torch.testing.assert_close(((b.query * b.scale) @ b.key.transpose(-2, -1)).softmax(-1),
+                                   ex.blocks[i].attn.detach(), rtol=1e-5, atol=1e-6)
+    for i, (a, f, row_sums, vnorm) in got.items():
+        ref_a = ex.blocks[i].attn.detach()
+        torch.testing.assert_close(a, ref_a, rtol=1e-5, atol=1e-6)
+        close(f, ref_a * grads[i], 1e-5)
+        close(row_sums, (ref_a * grads[i]).sum(-1), 1e-5)
+        torch.testing.assert_close(vnorm, ex.blocks[i].value.norm(dim=-1), rtol=1e-5, atol=1e-6)
+    assert _function_modes() == modes
+
+
+def test_eva_fused_recording_is_left_after_an_exception_and_refuses_masks():
+    model = _eva()
+    adapter = vitlens.get_adapter(model)
+    before, modes = model_fingerprint(model), _function_modes()
+
+    def fail(module, args, out):
+        raise RuntimeError("head failed")
+
+    handle = model.head.register_forward_hook(fail)
+    try:
+        with pytest.raises(RuntimeError, match="head failed"):
+            vitlens.explain(model, batch(2, size=28), method="gradskip")
+    finally:
+        handle.remove()
+    assert _function_modes() == modes and model_fingerprint(model) == before
+    mask = torch.zeros(17, 17, dtype=torch.bool)
+    with adapter.session(capture=True, recompute=True):
+        with pytest.raises(vitlens.UnsupportedModelError, match="fused_attn = False"):
+            model.forward_features(batch(2, size=28), attn_mask=mask)
+    assert _function_modes() == modes and model_fingerprint(model) == before

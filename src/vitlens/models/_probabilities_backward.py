@@ -31,10 +31,32 @@ from typing import Any, Callable
 import torch
 from torch import Tensor
 
-__all__ = ["ProbabilitiesInBackward", "Sink"]
+__all__ = ["AttentionInBackward", "ProbabilitiesInBackward", "Sink"]
 
 #: ``on_probabilities(block, A (B, H, T, T), F (B, H, T_q, T), Σ_j F_ij (B, H, T_q), ‖v_j‖ (B, H, T))``
 Sink = Callable[[int, Tensor, Tensor, Tensor, Tensor], None]
+
+
+def _attention_backward(q: Tensor, k: Tensor, v: Tensor, g: Tensor, scale: float
+                        ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """The backward of ``O = softmax(q·scale·kᵀ)·v`` from the recomputed probabilities, on ``(n, T, d)`` rows
+    (contiguous) and the gradient ``g`` of the first ``T_q`` output rows ``(n, T_q, d)``: returns ``A`` ``(n, T, T)``,
+    ``F = A ⊙ ∂y/∂A`` ``(n, T_q, T)``, ``Σ_j F_ij`` ``(n, T_q, 1)`` and the three gradients in one buffer
+    ``(3, n, T, d)`` (q, k, v). The scale goes into the products (``baddbmm``'s alpha)."""
+    n, t, d = q.shape
+    tq = g.shape[1]
+    scores = q.new_empty((n, t, t))
+    attn = torch.baddbmm(scores, q, k.transpose(-2, -1), beta=0.0, alpha=scale, out=scores).softmax(dim=-1)
+    del scores
+    rows = attn[:, :tq]
+    flow = torch.bmm(g, v.transpose(-2, -1)).mul_(rows)  # F = A ⊙ ∂y/∂A on the rows O holds
+    row_sums = flow.sum(dim=-1, keepdim=True)
+    ds = torch.addcmul(flow, rows, row_sums, value=-1.0)  # ∂y/∂S
+    parts = q.new_zeros((3, n, t, d)) if tq < t else q.new_empty((3, n, t, d))
+    torch.baddbmm(parts[0, :, :tq], ds, k, beta=0.0, alpha=scale, out=parts[0, :, :tq])
+    torch.baddbmm(parts[1], ds.transpose(-2, -1), q[:, :tq], beta=0.0, alpha=scale, out=parts[1])
+    torch.bmm(rows.transpose(-2, -1), g, out=parts[2])
+    return attn, flow, row_sums, parts
 
 
 class ProbabilitiesInBackward(torch.autograd.Function):
@@ -55,24 +77,41 @@ class ProbabilitiesInBackward(torch.autograd.Function):
         d = three_c // (3 * heads)
         n = b * heads
         wide = torch.promote_types(qkv.dtype, torch.float32)
-        # q, k, v once in (B·H, T, d) rows (one copy; the batched products then run on contiguous operands), the
-        # scale folded into the products (baddbmm's alpha), the three gradients written into one buffer
+        # q, k, v once in (B·H, T, d) rows (one copy; the batched products then run on contiguous operands)
         q, k, v = qkv.detach().to(wide).reshape(b, t, 3, heads, d).permute(2, 0, 3, 1, 4).reshape(3, n, t, d)
         g = grad.to(wide).reshape(b, tq, heads, d).transpose(1, 2).reshape(n, tq, d)
-        scores = qkv.new_empty((n, t, t), dtype=wide)
-        attn = torch.baddbmm(scores, q, k.transpose(-2, -1), beta=0.0, alpha=ctx.scale, out=scores).softmax(dim=-1)
-        del scores
-        rows = attn[:, :tq]
-        flow = torch.bmm(g, v.transpose(-2, -1)).mul_(rows)  # F = A ⊙ ∂y/∂A on the rows O holds
-        row_sums = flow.sum(dim=-1, keepdim=True)
-        ds = torch.addcmul(flow, rows, row_sums, value=-1.0)  # ∂y/∂S
-        parts = qkv.new_zeros((3, n, t, d), dtype=wide) if tq < t else qkv.new_empty((3, n, t, d), dtype=wide)
-        torch.baddbmm(parts[0, :, :tq], ds, k, beta=0.0, alpha=ctx.scale, out=parts[0, :, :tq])
-        torch.baddbmm(parts[1], ds.transpose(-2, -1), q[:, :tq], beta=0.0, alpha=ctx.scale, out=parts[1])
-        torch.bmm(rows.transpose(-2, -1), g, out=parts[2])
-        del ds
+        attn, flow, row_sums, parts = _attention_backward(q, k, v, g, ctx.scale)
         out = parts.view(3, b, heads, t, d).permute(1, 3, 0, 2, 4).reshape(b, t, three_c).to(qkv.dtype)
         attn, flow = attn.view(b, heads, t, t), flow.view(b, heads, tq, t)
         vnorm = torch.linalg.vector_norm(v, dim=-1).view(b, heads, t)  # on the contiguous copy of the values
         ctx.sink(ctx.block, attn, flow, row_sums.view(b, heads, tq), vnorm)
         return None, out, None, None, None, None
+
+
+class AttentionInBackward(torch.autograd.Function):
+    """The same backward for a fused attention called with separate queries, keys and values ``(B, H, T, d)``
+    (as ``scaled_dot_product_attention`` receives them, e.g. after rotary embeddings): ``O`` ``(B, H, T, d)`` in the
+    forward (the fused kernel's values, computed on detached inputs); in the backward the gradients of ``q``, ``k``
+    and ``v`` from the recomputed ``A``, and ``on_probabilities(block, A, F, ΣF, ‖v‖)`` (see the module)."""
+
+    @staticmethod
+    def forward(ctx: Any, out: Tensor, q: Tensor, k: Tensor, v: Tensor, scale: float, block: int,
+                sink: Sink) -> Tensor:
+        ctx.save_for_backward(q, k, v)
+        ctx.scale, ctx.block, ctx.sink = scale, block, sink
+        return out.view_as(out)
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
+        q, k, v = ctx.saved_tensors
+        b, heads, t, d = q.shape
+        n = b * heads
+        wide = torch.promote_types(q.dtype, torch.float32)
+        qf, kf, vf = (z.detach().to(wide).reshape(n, t, d) for z in (q, k, v))
+        g = grad.to(wide).reshape(n, grad.shape[2], d)
+        attn, flow, row_sums, parts = _attention_backward(qf, kf, vf, g, ctx.scale)
+        grads = parts.view(3, b, heads, t, d).to(q.dtype)
+        vnorm = torch.linalg.vector_norm(vf, dim=-1).view(b, heads, t)
+        tq = grad.shape[2]
+        ctx.sink(ctx.block, attn.view(b, heads, t, t), flow.view(b, heads, tq, t), row_sums.view(b, heads, tq), vnorm)
+        return None, grads[0], grads[1], grads[2], None, None, None

@@ -18,7 +18,8 @@ from torch import Tensor, nn
 from ..errors import UnsupportedModelError
 from ._sequence import BlockParts, SequenceAdapter, not_plain, value_weights
 from .capabilities import LRP_LINEARS, TOKENS
-from .base import Adapter, int_pair
+from ._fused_calls import install
+from .base import Adapter, Recording, int_pair
 
 __all__ = ["TimmEvaAdapter", "TimmBeitAdapter", "TimmRelPosAdapter", "REFUSED"]
 
@@ -120,6 +121,19 @@ class TimmEvaAdapter(_TimmSequenceAdapter):
             q_norm = getattr(p.attention, "q_norm", None)
             if isinstance(getattr(p.attention, "qkv", None), nn.Linear) and isinstance(q_norm, nn.Module):
                 p.qkv_view_at = q_norm
+
+    def recomputes_attention(self) -> bool:
+        """Every block runs timm's fused attention (``fused_attn``, the default) and has the ``norm`` whose input
+        is the attention output: a ``recompute`` session keeps it and records what enters the kernel
+        (:mod:`._fused_calls`; GradSkip's probabilities then come from the attention's own backward)."""
+        return all(bool(p.attention.fused_attn) and isinstance(getattr(p.attention, "norm", None), nn.Module)
+                   for p in self._parts)
+
+    def _install_capture(self, rec: Recording, hooks: list) -> None:
+        super()._install_capture(rec, hooks)
+        if rec.recompute:
+            attentions = [p.attention for p in self._parts]
+            install(rec, attentions, [a.get_submodule("norm") for a in attentions], hooks)
 
 
 class _TimmRelativeBiasAdapter(_TimmSequenceAdapter):
