@@ -33,6 +33,8 @@ from _cost_helpers import attention_path  # noqa: E402
 
 #: (module, attribute, label); nested labels are indented: their time is part of the step above them
 TIMED = (("vitlens.explainers.gradskip:_BlockSteps", "_attn_step", "attention step (all)"),
+         # blocks whose fused attention's backward hands A and A ⊙ ∂y/∂A over (ViT, EVA): the step after it
+         ("vitlens.explainers.gradskip:_BlockSteps", "probabilities", "attention step (all)"),
          ("vitlens.explainers.gradskip_swin:_WindowSteps", "attn_step", "attention step (all)"),
          ("vitlens.explainers.gradskip:_BlockSteps", "_h_step", "skip-gate step"),
          ("vitlens.explainers.gradskip_swin:_WindowSteps", "h_step", "skip-gate step"))
