@@ -267,3 +267,27 @@ def test_eva_fused_recording_is_left_after_an_exception_and_refuses_masks():
         with pytest.raises(vitlens.UnsupportedModelError, match="fused_attn = False"):
             model.forward_features(batch(2, size=28), attn_mask=mask)
     assert _function_modes() == modes and model_fingerprint(model) == before
+
+
+@pytest.mark.parametrize("tq", [17, 1], ids=["all-rows", "readout-rows"])
+def test_attention_backward_in_chunks_is_the_whole_batch_backward(tq, monkeypatch):
+    """The recomputed attention backward takes the image × head rows a few at a time (cache-sized chunks): the
+    same ``A``, ``F``, row sums and q/k/v gradients, bit for bit, as one pass over all rows, also when only the
+    first ``T_q`` output rows have a gradient (the readout path) and when the rows do not divide into chunks."""
+    import vitlens.models._probabilities_backward as pb
+
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(7, 17, 8, generator=g) for _ in range(3))
+    grad = torch.randn(7, tq, 8, generator=g)
+    monkeypatch.setattr(pb, "CHUNK_BYTES", 1 << 40)
+    whole = pb._attention_backward(q, k, v, grad, 0.3)
+    monkeypatch.setattr(pb, "CHUNK_BYTES", 3 * 17 * 17 * 4)  # 3 rows a chunk: 3 + 3 + 1
+    chunked = pb._attention_backward(q, k, v, grad, 0.3)
+    for a, b in zip(whole, chunked):
+        assert torch.equal(a, b)
+    attn, flow, row_sums, parts = whole
+    ref = ((q * 0.3) @ k.transpose(-2, -1)).softmax(-1)
+    torch.testing.assert_close(attn, ref, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(flow, (grad @ v.transpose(-2, -1)) * ref[:, :tq], rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(row_sums, flow.sum(-1, keepdim=True))
+    assert parts.shape == (3, 7, 17, 8) and bool((parts[0, :, tq:] == 0).all())

@@ -37,25 +37,44 @@ __all__ = ["AttentionInBackward", "ProbabilitiesInBackward", "Sink"]
 Sink = Callable[[int, Tensor, Tensor, Tensor, Tensor], None]
 
 
+#: bytes of one chunk's ``(rows, T, T)`` tensors in :func:`_attention_backward`: about a core's L2 cache, so the
+#: passes over the probabilities, ``F`` and ``∂y/∂S`` of a chunk read what the previous one wrote from cache
+CHUNK_BYTES = 1 << 20
+
+
 def _attention_backward(q: Tensor, k: Tensor, v: Tensor, g: Tensor, scale: float
                         ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """The backward of ``O = softmax(q·scale·kᵀ)·v`` from the recomputed probabilities, on ``(n, T, d)`` rows
     (contiguous) and the gradient ``g`` of the first ``T_q`` output rows ``(n, T_q, d)``: returns ``A`` ``(n, T, T)``,
     ``F = A ⊙ ∂y/∂A`` ``(n, T_q, T)``, ``Σ_j F_ij`` ``(n, T_q, 1)`` and the three gradients in one buffer
-    ``(3, n, T, d)`` (q, k, v). The scale goes into the products (``baddbmm``'s alpha)."""
+    ``(3, n, T, d)`` (q, k, v). The scale goes into the products (``baddbmm``'s alpha).
+
+    The ``n`` rows (image × head) are taken a few at a time (:data:`CHUNK_BYTES`): every product is the same
+    per-row product as on the whole batch (the same values, bit for bit), but the chunk's scores and ``∂y/∂S``
+    stay in cache between the passes: a whole GradSkip map at batch 8, one thread, took 0.983 / 0.984 (EVA02-Ti),
+    0.992 (ViT-Ti) and 0.981 (ViT-B) of the time with the whole-batch passes (docs/benchmarks/gradskip_cost.md,
+    session 22)."""
     n, t, d = q.shape
     tq = g.shape[1]
-    scores = q.new_empty((n, t, t))
-    attn = torch.baddbmm(scores, q, k.transpose(-2, -1), beta=0.0, alpha=scale, out=scores).softmax(dim=-1)
-    del scores
-    rows = attn[:, :tq]
-    flow = torch.bmm(g, v.transpose(-2, -1)).mul_(rows)  # F = A ⊙ ∂y/∂A on the rows O holds
-    row_sums = flow.sum(dim=-1, keepdim=True)
-    ds = torch.addcmul(flow, rows, row_sums, value=-1.0)  # ∂y/∂S
+    rows_per_chunk = max(1, min(n, CHUNK_BYTES // (t * t * q.element_size())))
+    attn = q.new_empty((n, t, t))
+    flow = q.new_empty((n, tq, t))
+    row_sums = q.new_empty((n, tq, 1))
     parts = q.new_zeros((3, n, t, d)) if tq < t else q.new_empty((3, n, t, d))
-    torch.baddbmm(parts[0, :, :tq], ds, k, beta=0.0, alpha=scale, out=parts[0, :, :tq])
-    torch.baddbmm(parts[1], ds.transpose(-2, -1), q[:, :tq], beta=0.0, alpha=scale, out=parts[1])
-    torch.bmm(rows.transpose(-2, -1), g, out=parts[2])
+    scores = q.new_empty((rows_per_chunk, t, t))
+    ds = q.new_empty((rows_per_chunk, tq, t))
+    for s in range(0, n, rows_per_chunk):
+        e = min(n, s + rows_per_chunk)
+        m = e - s
+        torch.baddbmm(scores[:m], q[s:e], k[s:e].transpose(-2, -1), beta=0.0, alpha=scale, out=scores[:m])
+        a = torch.softmax(scores[:m], dim=-1, out=attn[s:e])
+        rows = a[:, :tq]
+        f = torch.bmm(g[s:e], v[s:e].transpose(-2, -1), out=flow[s:e]).mul_(rows)  # F = A ⊙ ∂y/∂A
+        r = torch.sum(f, dim=-1, keepdim=True, out=row_sums[s:e])
+        dsm = torch.addcmul(f, rows, r, value=-1.0, out=ds[:m])  # ∂y/∂S
+        torch.baddbmm(parts[0, s:e, :tq], dsm, k[s:e], beta=0.0, alpha=scale, out=parts[0, s:e, :tq])
+        torch.baddbmm(parts[1, s:e], dsm.transpose(-2, -1), q[s:e, :tq], beta=0.0, alpha=scale, out=parts[1, s:e])
+        torch.bmm(rows.transpose(-2, -1), g[s:e], out=parts[2, s:e])
     return attn, flow, row_sums, parts
 
 
