@@ -335,7 +335,8 @@ def test_every_bundled_classifier_has_a_shipped_explainer(name, recwarn):
     assert exp.maps.shape == (2, size, size) and torch.isfinite(exp.maps).all()
 
 
-@pytest.mark.parametrize("name, resumed", [("planted-vit", False), ("shapes-vit", False), ("shapes-vit-gap-reg", True), ("shapes-deit", False), ("digits-vit", False)])
+@pytest.mark.parametrize("name, resumed", [("planted-vit", False), ("shapes-vit", False), ("shapes-vit-gap-reg", True),
+                                           ("shapes-deit", False), ("digits-vit", False)])
 def test_shipped_cards_are_their_metadata_rendered(name, resumed):
     """Each shipped card is what :func:`model_card` writes from the metadata beside it, and its command starts the
     run afresh: the recorded one resumed it, and ``--resume`` on an empty folder is refused."""

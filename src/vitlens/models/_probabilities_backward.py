@@ -124,13 +124,12 @@ class AttentionInBackward(torch.autograd.Function):
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
         q, k, v = ctx.saved_tensors
         b, heads, t, d = q.shape
-        n = b * heads
+        n, tq = b * heads, grad.shape[2]
         wide = torch.promote_types(q.dtype, torch.float32)
         qf, kf, vf = (z.detach().to(wide).reshape(n, t, d) for z in (q, k, v))
-        g = grad.to(wide).reshape(n, grad.shape[2], d)
+        g = grad.to(wide).reshape(n, tq, d)
         attn, flow, row_sums, parts = _attention_backward(qf, kf, vf, g, ctx.scale)
         grads = parts.view(3, b, heads, t, d).to(q.dtype)
         vnorm = torch.linalg.vector_norm(vf, dim=-1).view(b, heads, t)
-        tq = grad.shape[2]
         ctx.sink(ctx.block, attn.view(b, heads, t, t), flow.view(b, heads, tq, t), row_sums.view(b, heads, tq), vnorm)
         return None, grads[0], grads[1], grads[2], None, None, None

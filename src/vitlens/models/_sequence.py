@@ -80,6 +80,9 @@ class SequenceAdapter(Adapter):
 
     capabilities = frozenset({CLASS_LOGITS, ATTENTION, BLOCK_IO, TOKEN_SEQUENCE, FEATURES, FEATURE_MAPS, TOKEN_GRID})
     capability_notes = {LRP_LINEARS: not_plain("this family's blocks are not the plain ViT block")}
+    #: a ``recompute`` session of this family records the values where the fused kernel receives them
+    #: (:mod:`._fused_calls`): no value hooks then (they would read or recompute the same tensor again)
+    fused_call_records_values = False
 
     def parts(self) -> list[BlockParts]:
         """The blocks, input side first."""
@@ -114,6 +117,8 @@ class SequenceAdapter(Adapter):
             hooks.append(p.block.register_forward_pre_hook(self._leaf_first_block_hook(rec, i), with_kwargs=True))
             hooks.append(p.norm2.register_forward_pre_hook(self._record_h_hook(rec, i)))
             hooks.append(p.probs_at.register_forward_hook(_probs_hook(rec, i, p.probs_index)))
+            if rec.recompute and self.fused_call_records_values:
+                continue
             if p.qkv_view_at is None:
                 hooks.append(p.attention.register_forward_pre_hook(_value_hook(rec, i, p), with_kwargs=True))
             else:

@@ -114,6 +114,7 @@ class TimmEvaAdapter(_TimmSequenceAdapter):
                                                "q·kᵀ (no LRP rule through the rotation here), and q/v biases are "
                                                "added through F.linear")}
     timm_class = ("eva", "Eva")
+    fused_call_records_values = True
 
     def __init__(self, model: nn.Module) -> None:
         super().__init__(model)
