@@ -110,6 +110,22 @@ def _first_block_gradient(adapter, x, sink=None):
     return rec, logits.detach(), g
 
 
+def _handed_over(adapter, x):
+    """:func:`_first_block_gradient` with a sink that keeps what each block hands over: ``(A, F, ΣF, ‖v‖)`` per
+    block, over the whole batch (the chunks of images checked to be consecutive and to cover it, then joined)."""
+    chunks: dict[int, list[tuple[slice, tuple[torch.Tensor, ...]]]] = {}
+
+    def sink(i, images, *tensors):  # the tensors are buffers reused for the next images: copied
+        chunks.setdefault(i, []).append((images, tuple(t.clone() for t in tensors)))
+
+    rec, logits, g = _first_block_gradient(adapter, x, sink)
+    for parts in chunks.values():
+        bounds = [b for s, _ in parts for b in (s.start, s.stop)]
+        assert bounds[0] == 0 and bounds[-1] == len(x) and bounds[1:-1:2] == bounds[2::2]
+    return rec, logits, g, {i: tuple(torch.cat(ts) for ts in zip(*(t for _, t in parts)))
+                            for i, parts in chunks.items()}
+
+
 @pytest.mark.parametrize("readout", [True, False], ids=["readout-path", "full-last-block"])
 def test_attention_backward_from_recomputed_probabilities_matches_the_fused_kernel(readout):
     """With ``Recording.on_probabilities`` set, each fused attention's backward is computed from its recomputed
@@ -121,11 +137,9 @@ def test_attention_backward_from_recomputed_probabilities_matches_the_fused_kern
     model = tiny_vit()
     adapter = vitlens.get_adapter(model)
     x = batch(2)
-    got: dict[int, tuple[torch.Tensor, ...]] = {}
     fast = adapter.readout_only(all_queries=True) if readout else contextlib.nullcontext()
     with fast:
-        rec, logits, g = _first_block_gradient(
-            adapter, x, lambda i, *tensors: got.__setitem__(i, tuple(t.clone() for t in tensors)))
+        rec, logits, g, got = _handed_over(adapter, x)
         ref_rec, ref_logits, ref_g = _first_block_gradient(adapter, x)
     assert all(b.probabilities_in_backward for b in rec.blocks)
     assert not any(b.probabilities_in_backward for b in ref_rec.blocks)
@@ -160,7 +174,7 @@ def test_no_rerouting_without_a_consumer_or_with_normalised_queries():
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-@pytest.mark.parametrize("n", [57, 256, 257, 258])
+@pytest.mark.parametrize("n", [57, 65, 129, 256, 257, 258, 513])
 def test_probability_gini_is_the_gini_coefficient(dtype, n):
     """GradSkip's head sparsity sorts the rows as integers with the same bits (``probability_gini``): the same
     coefficient as the definition (``vitlens.runtime.gini``) on softmax rows, spikes, uniform, zero and tied rows,
@@ -222,9 +236,7 @@ def test_eva_keeps_its_fused_attention_and_gives_the_explicit_maps(kw):
         close(fused.extras[key], explicit.extras[key], 1e-5)
     close(fused.extras["beta_main"], explicit.extras["beta_main"], 1e-4)
 
-    got: dict[int, tuple[torch.Tensor, ...]] = {}
-    rec, logits, g = _first_block_gradient(
-        adapter, x, lambda i, *tensors: got.__setitem__(i, tuple(t.clone() for t in tensors)))
+    rec, logits, g, got = _handed_over(adapter, x)
     ref_rec, ref_logits, ref_g = _first_block_gradient(adapter, x)
     assert rec.recompute and all(b.probabilities_in_backward and b.attn is None for b in rec.blocks)
     assert not any(b.probabilities_in_backward for b in ref_rec.blocks)
@@ -271,23 +283,57 @@ def test_eva_fused_recording_is_left_after_an_exception_and_refuses_masks():
 
 @pytest.mark.parametrize("tq", [17, 1], ids=["all-rows", "readout-rows"])
 def test_attention_backward_in_chunks_is_the_whole_batch_backward(tq, monkeypatch):
-    """The recomputed attention backward takes the image × head rows a few at a time (cache-sized chunks): the
-    same ``A``, ``F``, row sums and q/k/v gradients, bit for bit, as one pass over all rows, also when only the
-    first ``T_q`` output rows have a gradient (the readout path) and when the rows do not divide into chunks."""
+    """The recomputed attention backward takes the image × head rows a few at a time (cache-sized chunks) and hands
+    ``A``, ``F`` and the row sums over in consecutive groups of whole images (at least one, also when one image's
+    rows exceed the bytes of a group): the same tensors and q/k/v gradients, bit for bit, as one pass over all rows, also when
+    only the first ``T_q`` output rows have a gradient (the readout path) and when the rows do not divide into
+    chunks."""
     import vitlens.models._probabilities_backward as pb
 
     g = torch.Generator().manual_seed(0)
-    q, k, v = (torch.randn(7, 17, 8, generator=g) for _ in range(3))
-    grad = torch.randn(7, tq, 8, generator=g)
-    monkeypatch.setattr(pb, "CHUNK_BYTES", 1 << 40)
-    whole = pb._attention_backward(q, k, v, grad, 0.3)
-    monkeypatch.setattr(pb, "CHUNK_BYTES", 3 * 17 * 17 * 4)  # 3 rows a chunk: 3 + 3 + 1
-    chunked = pb._attention_backward(q, k, v, grad, 0.3)
-    for a, b in zip(whole, chunked):
-        assert torch.equal(a, b)
+    q, k, v = (torch.randn(7 * 2, 17, 8, generator=g) for _ in range(3))  # 7 images, 2 heads
+    grad = torch.randn(14, tq, 8, generator=g)
+
+    def run(chunk_rows, consume_images):
+        monkeypatch.setattr(pb, "CHUNK_BYTES", chunk_rows * 17 * 17 * 4)
+        monkeypatch.setattr(pb, "CONSUME_BYTES", consume_images * 2 * 17 * 17 * 4)
+        handed: list[tuple[slice, tuple[torch.Tensor, ...]]] = []
+        parts = pb._attention_backward(q, k, v, grad, 0.3, 2,
+                                       lambda images, *ts: handed.append((images, tuple(t.clone() for t in ts))))
+        return (*(torch.cat(ts) for ts in zip(*(t for _, t in handed))), parts), [(s.start, s.stop) for s, _ in handed]
+
+    whole, images = run(1 << 30, 1 << 30)
+    assert images == [(0, 7)]
+    for rows, per_call, expected in ((3, 2, [(0, 2), (2, 4), (4, 6), (6, 7)]),  # 4 rows a call, taken 3 + 1
+                                     (5, 3, [(0, 3), (3, 6), (6, 7)]),  # 6 rows a call, taken 5 + 1
+                                     (1, 0, [(j, j + 1) for j in range(7)])):  # at least one image a call
+        chunked, images = run(rows, per_call)
+        assert images == expected
+        for a, b in zip(whole, chunked):
+            assert torch.equal(a, b)
     attn, flow, row_sums, parts = whole
     ref = ((q * 0.3) @ k.transpose(-2, -1)).softmax(-1)
     torch.testing.assert_close(attn, ref, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(flow, (grad @ v.transpose(-2, -1)) * ref[:, :tq], rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(row_sums, flow.sum(-1, keepdim=True))
-    assert parts.shape == (3, 7, 17, 8) and bool((parts[0, :, tq:] == 0).all())
+    assert parts.shape == (3, 14, 17, 8) and bool((parts[0, :, tq:] == 0).all())
+
+
+@pytest.mark.parametrize("family", ["vit", "eva"])
+def test_gradskip_maps_do_not_depend_on_how_the_backward_chunks_the_images(family, monkeypatch):
+    """GradSkip reduces each chunk of images that the recomputed attention backward hands over (head weights and
+    ``W̃`` are per image): one image at a time and the whole batch at once give the same maps, head weights and
+    layer totals, bit for bit."""
+    import vitlens.models._probabilities_backward as pb
+
+    model = tiny_vit() if family == "vit" else _eva()
+    x = batch(3, size=32 if family == "vit" else 28)
+    monkeypatch.setattr(pb, "CHUNK_BYTES", 1 << 40)
+    monkeypatch.setattr(pb, "CONSUME_BYTES", 1 << 40)
+    whole = vitlens.explain(model, x, method="gradskip")
+    monkeypatch.setattr(pb, "CHUNK_BYTES", 1)  # one row a chunk, one image a call
+    monkeypatch.setattr(pb, "CONSUME_BYTES", 1)
+    single = vitlens.explain(model, x, method="gradskip")
+    assert torch.equal(whole.token_maps, single.token_maps)
+    for key in ("head_weights", "layer_totals"):
+        assert torch.equal(whole.extras[key], single.extras[key])

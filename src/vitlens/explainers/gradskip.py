@@ -210,6 +210,7 @@ class _BlockSteps:
         self.vnorm: dict[int, Tensor] = {}
         self.saved: list[dict[str, Any]] = []
         self.tokens = 0
+        self.batch = 0
         self.w: list[Tensor | None] = []
         self.omega: list[Tensor | None] = []
         self.beta: list[Tensor | None] = []
@@ -244,7 +245,7 @@ class _BlockSteps:
     def take(self, rec: Any) -> None:
         """Own the forward's captures from here on (they are freed block by block during the backward)."""
         n = len(rec.blocks)
-        self.tokens = int(recorded(rec.blocks[0].u, "block input").shape[1])
+        self.batch, self.tokens = recorded(rec.blocks[0].u, "block input").shape[:2]
         if getattr(rec, "recompute", False):  # "attn": the tensor whose gradient the step receives (see the class)
             self.saved = [{"attn": recorded(b.out, "attention output"), "query": recorded(b.query, "queries"),
                            "key": recorded(b.key, "keys"), "value": recorded(b.value, "values"), "scale": b.scale,
@@ -268,15 +269,24 @@ class _BlockSteps:
                            lambda li: self.beta[li] is not None)
         return torch.zeros_like(final) if g is None else g
 
-    def probabilities(self, li: int, attn: Tensor, flow: Tensor, row_sums: Tensor, vnorm: Tensor) -> None:
-        """Block ``li``'s ``A`` ``(B, H, T, T)``, ``F = A ⊙ ∂y/∂A`` ``(B, H, T_q, T)``, ``Σ_j F_ij`` ``(B, H, T_q)``
-        and value norms ``(B, H, T)`` from the fused attention's backward (``Recording.on_probabilities``; all in at
-        least float32; ``A`` and ``F`` consumed)."""
+    def probabilities(self, li: int, images: slice, attn: Tensor, flow: Tensor, row_sums: Tensor,
+                      vnorm: Tensor) -> None:
+        """Block ``li``'s ``A`` ``(m, H, T, T)``, ``F = A ⊙ ∂y/∂A`` ``(m, H, T_q, T)``, ``Σ_j F_ij`` ``(m, H, T_q)``
+        and value norms ``(m, H, T)`` of the batch's ``images`` from the fused attention's backward
+        (``Recording.on_probabilities``, a group of images at a time; all in at least float32; ``A`` and ``F``
+        consumed): ``W̃`` and ``ω`` are per image, so each group's are formed here and the backward never holds
+        ``A`` or ``F`` for the whole batch."""
         cap = self.saved[li]
         for key in ("attn", "query", "key", "scale", "value"):
-            cap.pop(key)
+            cap.pop(key, None)
         with torch.no_grad():
-            self.w[li], self.omega[li] = self._reduced(attn, flow, vnorm, row_sums)
+            w, omega = self._reduced(attn, flow, vnorm, row_sums)
+            whole_w, whole_omega = self.w[li], self.omega[li]
+            if images.start == 0 or whole_w is None or whole_omega is None:
+                whole_w = self.w[li] = w.new_empty((self.batch, *w.shape[1:]))
+                whole_omega = self.omega[li] = omega.new_empty((self.batch, *omega.shape[1:]))
+            whole_w[images] = w
+            whole_omega[images] = omega
 
     def _attn_step(self, li: int, grad: Tensor | None) -> None:
         cap = self.saved[li]
