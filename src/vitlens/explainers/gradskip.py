@@ -281,6 +281,9 @@ class _BlockSteps:
             cap.pop(key, None)
         with torch.no_grad():
             w, omega = self._reduced(attn, flow, vnorm, row_sums)
+            if images.start == 0 and images.stop == self.batch:  # the whole batch in one group
+                self.w[li], self.omega[li] = w, omega
+                return
             whole_w, whole_omega = self.w[li], self.omega[li]
             if images.start == 0 or whole_w is None or whole_omega is None:
                 whole_w = self.w[li] = w.new_empty((self.batch, *w.shape[1:]))
