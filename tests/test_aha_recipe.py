@@ -63,13 +63,14 @@ def test_cli_recipe_defaults_and_explicit_flags(monkeypatch, tmp_path):
                         AHATrainConfig.preset("tracked", reference_weights=(2.0, 1.0, 1.0, 2.0))),
                        (("--teacher", "gradskip", "--teacher-weight", "0.5", "--teacher-frac", "0.25"),
                         AHATrainConfig.preset("tracked", teacher="gradskip", w_teacher=0.5, teacher_frac=0.25)),
-                       (("--mask-sigma", "0"), AHATrainConfig.preset("tracked", mask_sigma=0.0))]:
+                       (("--mask-sigma", "0"), AHATrainConfig.preset("tracked", mask_sigma=0.0)),
+                       (("--w-del", "2", "--w-ins", "0.5"), AHATrainConfig.preset("tracked", w_del=2.0, w_ins=0.5))]:
         args = _parse(*argv, "--out", str(tmp_path / "o"), "--steps", "3")
         args.func(args)
         got = seen["cfg"]
         for key in ("lr", "tau_start", "tau_end", "noise_scale", "m", "step_sampling", "classes_per_image",
                     "references", "val_references", "select", "recipe", "straight_through", "reference_weights",
-                    "teacher", "w_teacher", "teacher_frac", "mask_sigma"):
+                    "teacher", "w_teacher", "teacher_frac", "mask_sigma", "w_del", "w_ins"):
             assert getattr(got, key) == getattr(want, key), (argv, key)
 
 
@@ -82,7 +83,8 @@ def test_empty_or_repeated_reference_lists_are_refused(tmp_path):
                         (("--reference-weights", "1,2"), "one finite number >= 0 per reference"),
                         (("--reference-weights", "0,0,0,0"), "not all 0"),
                         (("--reference-weights", "1,-1,1,1"), "reference_weights must be"),
-                        (("--reference-weights", "1,x,1,1"), "comma-separated numbers")]:
+                        (("--reference-weights", "1,x,1,1"), "comma-separated numbers"),
+                        (("--w-del", "0", "--w-ins", "0"), "not both 0")]:
         args = _parse(*argv, "--out", str(tmp_path / "o"), "--steps", "3")
         with pytest.raises(InputError, match=match):
             args.func(args)

@@ -108,7 +108,11 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--teacher-frac", type=positive_float, default=d.teacher_frac,
                    help="fraction of the steps over which the teacher term fades linearly to 0")
     p.add_argument("--w-peak", type=nonnegative_float, default=d.w_peak,
-                   help="weight of the peak penalty in the loss (w_del = w_ins = 1)")
+                   help="weight of the peak penalty in the loss")
+    p.add_argument("--w-del", type=nonnegative_float, default=d.w_del,
+                   help="weight of the soft deletion AUC in the loss")
+    p.add_argument("--w-ins", type=nonnegative_float, default=d.w_ins,
+                   help="weight of 1 - the soft insertion AUC in the loss")
     p.add_argument("--width", type=positive_int, default=d.width, help="decoder width")
     p.add_argument("--backbone", default=None, help="timm model name (default: the target itself)")
     p.add_argument("--pool", choices=list(OUTPUT_POOLS), default="none",
@@ -162,6 +166,7 @@ def cmd_train_aha(args: argparse.Namespace) -> int:
         steps=args.steps, batch_size=args.batch_size, weight_decay=args.weight_decay,
         grid_range=tuple(args.grid_range) if args.grid_range else None,
         grid_offset=not args.no_grid_offset, n_iters=args.n_iters, w_peak=args.w_peak,
+        w_del=args.w_del, w_ins=args.w_ins,
         straight_through=args.straight_through, mask_sigma=args.mask_sigma, teacher=args.teacher, w_teacher=args.w_teacher,
         teacher_frac=args.teacher_frac,
         width=args.width, backbone=args.backbone, pool=args.pool, choose_pool=not args.no_choose_pool,
