@@ -57,7 +57,7 @@ def _attention_backward(q: Tensor, k: Tensor, v: Tensor, g: Tensor, scale: float
     (``n`` = images × ``heads``, contiguous) and the gradient ``g`` of the first ``T_q`` output rows
     ``(n, T_q, d)``: returns the three gradients in one buffer ``(3, n, T, d)`` (q, k, v) and calls
     ``consume(images, A (m·heads, T, T), F = A ⊙ ∂y/∂A (m·heads, T_q, T), Σ_j F_ij (m·heads, T_q, 1))`` for each
-    chunk of whole images once its products are done (the tensors are reused for the next chunk; ``consume`` may
+    group of whole images once its products are done (the tensors are reused for the next group; ``consume`` may
     overwrite them). The scale goes into the products (``baddbmm``'s alpha).
 
     The rows are taken a few at a time (:data:`CHUNK_BYTES`): every product is the same per-row product as on the
@@ -73,15 +73,15 @@ def _attention_backward(q: Tensor, k: Tensor, v: Tensor, g: Tensor, scale: float
     flow = q.new_empty((min(n, per_image), tq, t))
     row_sums = q.new_empty((min(n, per_image), tq, 1))
     parts = q.new_zeros((3, n, t, d)) if tq < t else q.new_empty((3, n, t, d))
+    scores = q.new_empty((min(rows_per_chunk, per_image), t, t))
     ds = q.new_empty((min(rows_per_chunk, per_image), tq, t))
     for i0 in range(0, n, per_image):
         i1 = min(n, i0 + per_image)
         for s in range(i0, i1, rows_per_chunk):
             e = min(i1, s + rows_per_chunk)
             m, o = e - s, s - i0
-            scores = attn[o:o + m]
-            torch.baddbmm(scores, q[s:e], k[s:e].transpose(-2, -1), beta=0.0, alpha=scale, out=scores)
-            a = torch.softmax(scores, dim=-1, out=scores)
+            torch.baddbmm(scores[:m], q[s:e], k[s:e].transpose(-2, -1), beta=0.0, alpha=scale, out=scores[:m])
+            a = torch.softmax(scores[:m], dim=-1, out=attn[o:o + m])
             rows = a[:, :tq]
             f = torch.bmm(g[s:e], v[s:e].transpose(-2, -1), out=flow[o:o + m]).mul_(rows)  # F = A ⊙ ∂y/∂A
             r = torch.sum(f, dim=-1, keepdim=True, out=row_sums[o:o + m])
@@ -96,7 +96,7 @@ def _attention_backward(q: Tensor, k: Tensor, v: Tensor, g: Tensor, scale: float
 
 
 def _handing_over(ctx: Any, heads: int, t: int, tq: int, vnorm: Tensor) -> _Consume:
-    """The ``consume`` of :func:`_attention_backward` that hands each chunk of images to ``ctx.sink`` in
+    """The ``consume`` of :func:`_attention_backward` that hands each group of images to ``ctx.sink`` in
     ``(m, H, …)`` shapes with those images' value norms (``vnorm`` ``(B, H, T)``)."""
 
     def consume(images: slice, attn: Tensor, flow: Tensor, row_sums: Tensor) -> None:
