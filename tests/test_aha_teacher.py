@@ -71,6 +71,8 @@ def test_a_teacher_pulls_the_first_steps_towards_its_maps():
 
 
 def test_teacher_settings_are_checked():
+    with pytest.raises(InputError, match="w_del and w_ins"):
+        AHATrainConfig(w_del=-1.0).check()
     with pytest.raises(InputError, match="unknown AHA teacher"):
         AHATrainConfig(teacher="rise").check()
     with pytest.raises(InputError, match="classes_per_image = 1"):

@@ -188,6 +188,7 @@ CLI_CASES = [
     (["train-aha", "--model", "shapes-vit", "--out", "OUT", "--tau", "0", "0"], r"--tau: expected a finite number > 0"),
     (["train-aha", "--model", "shapes-vit", "--out", "OUT", "--width", "0"], r"--width: expected an integer >= 1"),
     (["train-aha", "--model", "shapes-vit", "--out", "OUT", "--w-peak", "-0.1"], r"--w-peak: expected"),
+    (["train-aha", "--model", "shapes-vit", "--out", "OUT", "--w-del", "-1"], r"--w-del: expected"),
     (["train-aha", "--model", "shapes-vit", "--out", "OUT", "--curve-points", "0"], r"--curve-points: expected"),
 ]
 

@@ -95,9 +95,8 @@ class AHATrainConfig:
     def check(self) -> None:
         if self.steps < 1 or self.batch_size < 1:
             raise InputError("steps and batch_size must be >= 1")
-        if not (self.w_del >= 0 and self.w_ins >= 0 and self.w_del + self.w_ins > 0):
-            raise InputError(f"w_del and w_ins (--w-del, --w-ins) must be >= 0 and not both 0; got {self.w_del}, "
-                             f"{self.w_ins}")
+        if not (self.w_del >= 0 and self.w_ins >= 0):
+            raise InputError(f"w_del and w_ins (--w-del, --w-ins) must be >= 0; got {self.w_del}, {self.w_ins}")
         if self.step_sampling not in ("fixed", "random"):
             raise InputError(f"step_sampling must be 'fixed' or 'random', got {self.step_sampling!r}")
         if self.m < 3:  # the endpoints (nothing / everything deleted) are exact and do not depend on the map
