@@ -81,7 +81,6 @@ def positive_flow(flow_terms: Tensor, rows: int | None = None, row_sums: Tensor 
 
 #: the integer type with the bit layout of each float type: non-negative floats sort like their bit patterns
 _SAME_ORDER_INTS = {torch.float32: np.int32, torch.float64: np.int64}
-_FLOATS = {torch.float32: np.float32, torch.float64: np.float64}
 
 
 def probability_gini(p: Tensor) -> Tensor:
@@ -100,30 +99,29 @@ def probability_gini(p: Tensor) -> Tensor:
     if p.device.type != "cpu" or p.requires_grad or ints is None:
         return gini(p)
     n = p.shape[-1]
-    arr = p.contiguous().numpy().reshape(-1, n).view(ints)
     weights = torch.arange(1 - n, n + 1, 2, dtype=p.dtype)
-    ws = _sorted_weighted_sum(arr, weights, p.dtype).reshape(p.shape[:-1])
+    ws = _sorted_weighted_sum(p.contiguous().numpy().reshape(-1, n), ints, weights).reshape(p.shape[:-1])
     total = p.sum(dim=-1)
     g = ws / (n * total.clamp_min(torch.finfo(p.dtype).tiny))
     return torch.where(total > 0, g, torch.zeros_like(g))
 
 
-def _sorted_weighted_sum(ints: np.ndarray, weights: Tensor, dtype: torch.dtype) -> Tensor:
-    """``Σ_i weights[i]·p(i)`` per row of ``ints`` ``(R, n)`` (non-negative floats of ``dtype`` viewed as integers of
-    the same bits), ``p(i)`` the row sorted ascending; a row of ``2^k + 1`` values (k ≥ 6) is sorted without its
-    largest value, which takes the last weight (ties between equal values do not change the sum)."""
-    rows, n = ints.shape
+def _sorted_weighted_sum(values: np.ndarray, ints: type, weights: Tensor) -> Tensor:
+    """``Σ_i weights[i]·p(i)`` per row of the non-negative floats ``values`` ``(R, n)``, ``p(i)`` the row sorted
+    ascending (as the integers ``ints`` with the same bits); a row of ``2^k + 1`` values (k ≥ 6) is sorted without
+    its largest value, which takes the last weight (ties between equal values do not change the sum)."""
+    rows, n = values.shape
     body = n - 1
+    bits: np.ndarray = values.view(ints)
     if rows and n > 64 and body & (body - 1) == 0:
-        top = ints.argmax(axis=-1)
-        rest = ints[:, :body].copy()
+        top = bits.argmax(axis=-1)
+        rest = bits[:, :body].copy()
         moved = np.flatnonzero(top < body)  # the last column's value takes the largest value's place
-        rest[moved, top[moved]] = ints[moved, body]
+        rest[moved, top[moved]] = bits[moved, body]
         rest.sort(axis=-1)
-        largest = torch.from_numpy(ints[np.arange(rows), top].view(_FLOATS[dtype]))
-        return torch.from_numpy(rest.view(_FLOATS[dtype])).mv(weights[:body]).add_(largest, alpha=float(weights[-1]))
-    srt = np.sort(ints, axis=-1)
-    return torch.from_numpy(srt.view(_FLOATS[dtype])).mv(weights)
+        largest = torch.from_numpy(values[np.arange(rows), top])
+        return torch.from_numpy(rest.view(values.dtype)).mv(weights[:body]).add_(largest, alpha=float(weights[-1]))
+    return torch.from_numpy(np.sort(bits, axis=-1).view(values.dtype)).mv(weights)
 
 
 def sparsity_needed(mode: str, alpha: float, head_subset: tuple[str, float] | None) -> bool:

@@ -281,13 +281,14 @@ class _BlockSteps:
             cap.pop(key, None)
         with torch.no_grad():
             w, omega = self._reduced(attn, flow, vnorm, row_sums)
-            if images.start == 0 and images.stop == self.batch:  # the whole batch in one group
+            if images.stop - images.start == self.batch:  # the whole batch in one group: kept as it is
                 self.w[li], self.omega[li] = w, omega
                 return
+            if images.start == 0:
+                self.w[li] = w.new_empty((self.batch, *w.shape[1:]))
+                self.omega[li] = omega.new_empty((self.batch, *omega.shape[1:]))
             whole_w, whole_omega = self.w[li], self.omega[li]
-            if images.start == 0 or whole_w is None or whole_omega is None:
-                whole_w = self.w[li] = w.new_empty((self.batch, *w.shape[1:]))
-                whole_omega = self.omega[li] = omega.new_empty((self.batch, *omega.shape[1:]))
+            assert whole_w is not None and whole_omega is not None  # the first group allocated them
             whole_w[images] = w
             whole_omega[images] = omega
 

@@ -67,16 +67,16 @@ def _attention_backward(q: Tensor, k: Tensor, v: Tensor, g: Tensor, scale: float
     gets as many whole images as :data:`CONSUME_BYTES` of ``A`` hold (at least one)."""
     n, t, d = q.shape
     tq = g.shape[1]
-    rows_per_chunk = max(1, min(n, CHUNK_BYTES // (t * t * q.element_size())))
-    per_image = max(1, CONSUME_BYTES // (heads * t * t * q.element_size())) * heads  # whole images at once
-    attn = q.new_empty((min(n, per_image), t, t))
-    flow = q.new_empty((min(n, per_image), tq, t))
-    row_sums = q.new_empty((min(n, per_image), tq, 1))
+    group = min(n, max(1, CONSUME_BYTES // (heads * t * t * q.element_size())) * heads)  # rows of whole images
+    rows_per_chunk = max(1, min(group, CHUNK_BYTES // (t * t * q.element_size())))
+    attn = q.new_empty((group, t, t))
+    flow = q.new_empty((group, tq, t))
+    row_sums = q.new_empty((group, tq, 1))
     parts = q.new_zeros((3, n, t, d)) if tq < t else q.new_empty((3, n, t, d))
-    scores = q.new_empty((min(rows_per_chunk, per_image), t, t))
-    ds = q.new_empty((min(rows_per_chunk, per_image), tq, t))
-    for i0 in range(0, n, per_image):
-        i1 = min(n, i0 + per_image)
+    scores = q.new_empty((rows_per_chunk, t, t))
+    ds = q.new_empty((rows_per_chunk, tq, t))
+    for i0 in range(0, n, group):
+        i1 = min(n, i0 + group)
         for s in range(i0, i1, rows_per_chunk):
             e = min(i1, s + rows_per_chunk)
             m, o = e - s, s - i0
