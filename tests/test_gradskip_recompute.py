@@ -200,6 +200,24 @@ def test_probability_gini_is_the_gini_coefficient(dtype, n):
     assert float(got[0, 0, 4]) == pytest.approx((n - 1) / n)
 
 
+
+@pytest.mark.parametrize("n", [197, 257])
+def test_probability_gini_blocks_give_the_whole_array(monkeypatch, n):
+    """``probability_gini`` takes the rows in blocks of ``GINI_BLOCK_BYTES`` through one sort buffer: with blocks of
+    7 rows (the last one partial) the coefficients are those of one block (up to the rounding of the matrix-vector
+    product, whose kernel depends on the row count) and of the definition, and the input is left as it was (the sort
+    works on the buffer)."""
+    from vitlens.explainers import _gradskip_rules as rules
+
+    rows = torch.randn(2, 3, 20, n, generator=torch.Generator().manual_seed(1)).mul(4).softmax(-1)
+    before = rows.clone()
+    whole = rules.probability_gini(rows)
+    monkeypatch.setattr(rules, "GINI_BLOCK_BYTES", 7 * n * 4)
+    blocked = rules.probability_gini(rows)
+    torch.testing.assert_close(blocked, whole, rtol=0.0, atol=2e-7)
+    assert torch.equal(rows, before)
+    torch.testing.assert_close(blocked, rules.gini(rows), rtol=0.0, atol=1e-6)
+
 def _eva(seed: int = 0, **kw):
     """A small timm EVA02 (rotary embeddings on queries and keys, SwiGLU, prefix and register tokens)."""
     timm = pytest.importorskip("timm")
