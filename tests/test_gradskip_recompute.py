@@ -200,7 +200,6 @@ def test_probability_gini_is_the_gini_coefficient(dtype, n):
     assert float(got[0, 0, 4]) == pytest.approx((n - 1) / n)
 
 
-
 @pytest.mark.parametrize("n", [197, 257])
 def test_probability_gini_blocks_give_the_whole_array(monkeypatch, n):
     """``probability_gini`` takes the rows in blocks of ``GINI_BLOCK_BYTES`` through one sort buffer: with blocks of
@@ -217,6 +216,7 @@ def test_probability_gini_blocks_give_the_whole_array(monkeypatch, n):
     torch.testing.assert_close(blocked, whole, rtol=0.0, atol=2e-7)
     assert torch.equal(rows, before)
     torch.testing.assert_close(blocked, rules.gini(rows), rtol=0.0, atol=1e-6)
+
 
 def _eva(seed: int = 0, **kw):
     """A small timm EVA02 (rotary embeddings on queries and keys, SwiGLU, prefix and register tokens)."""

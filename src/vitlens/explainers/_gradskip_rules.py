@@ -131,21 +131,19 @@ def _sorted_weighted_sum(values: np.ndarray, ints: type, weights: Tensor, buf: n
     ``2^k + 1`` values (k ≥ 6) is sorted without its largest value, which takes the last weight (ties between equal
     values do not change the sum)."""
     rows, n = values.shape
-    body = n - 1
     bits: np.ndarray = values.view(ints)
-    if rows and n > 64 and body & (body - 1) == 0:
+    set_aside = bool(rows) and n > 64 and (n - 1) & (n - 2) == 0  # 2^k + 1 values: the largest one set aside
+    cols = n - 1 if set_aside else n
+    rest = buf[:, :cols]
+    np.copyto(rest, bits[:, :cols])
+    if set_aside:
         top = bits.argmax(axis=-1)
-        rest = buf[:, :body]
-        np.copyto(rest, bits[:, :body])
-        moved = np.flatnonzero(top < body)  # the last column's value takes the largest value's place
-        rest[moved, top[moved]] = bits[moved, body]
-        rest.sort(axis=-1)
-        torch.mv(torch.from_numpy(rest.view(values.dtype)), weights[:body], out=out)
+        moved = np.flatnonzero(top < cols)  # the last column's value takes the largest value's place
+        rest[moved, top[moved]] = bits[moved, cols]
+    rest.sort(axis=-1)
+    torch.mv(torch.from_numpy(rest.view(values.dtype)), weights[:cols], out=out)
+    if set_aside:
         out.add_(torch.from_numpy(values[np.arange(rows), top]), alpha=float(weights[-1]))
-        return
-    np.copyto(buf, bits)
-    buf.sort(axis=-1)
-    torch.mv(torch.from_numpy(buf.view(values.dtype)), weights, out=out)
 
 
 def sparsity_needed(mode: str, alpha: float, head_subset: tuple[str, float] | None) -> bool:
