@@ -330,6 +330,11 @@ def test_attention_backward_in_chunks_is_the_whole_batch_backward(tq, monkeypatc
         for a, b in zip(whole, chunked):
             assert torch.equal(a, b)
     attn, flow, row_sums, parts = whole
+    handed_only: list[tuple[torch.Tensor, ...]] = []  # block 0's path: A, F and ΣF only, the same bits
+    assert pb._attention_backward(q, k, v, grad, 0.3, 2, lambda images, *ts: handed_only.append(
+        tuple(t.clone() for t in ts)), gradients=False) is None
+    for a, b in zip(whole[:3], (torch.cat(ts) for ts in zip(*handed_only))):
+        assert torch.equal(a, b)
     ref = ((q * 0.3) @ k.transpose(-2, -1)).softmax(-1)
     torch.testing.assert_close(attn, ref, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(flow, (grad @ v.transpose(-2, -1)) * ref[:, :tq], rtol=1e-5, atol=1e-6)
@@ -355,3 +360,42 @@ def test_gradskip_maps_do_not_depend_on_how_the_backward_chunks_the_images(famil
     assert torch.equal(whole.token_maps, single.token_maps)
     for key in ("head_weights", "layer_totals"):
         assert torch.equal(whole.extras[key], single.extras[key])
+
+
+@pytest.mark.parametrize("family", ["vit", "eva"])
+def test_block_zero_is_reduced_in_groups_of_images_like_the_others(family, monkeypatch):
+    """Block 0's attention backward does not run; its ``A`` and ``A ⊙ ∂y/∂A`` are recomputed in the same chunks and
+    groups of images as the other blocks' (:func:`~vitlens.models._probabilities_backward.hand_over_probabilities`,
+    no ``(B, H, T, T)`` tensor for the whole batch), and handed to the same consumer: with one image a group every
+    block, block 0 included, is reduced image by image, and the maps are the whole-batch recomputation's."""
+    import vitlens.explainers.gradskip as gs
+    import vitlens.models._probabilities_backward as pb
+
+    model = tiny_vit() if family == "vit" else _eva()
+    x = batch(3, size=32 if family == "vit" else 28)
+    calls: list[tuple[int, int, int]] = []
+    consume = gs._BlockSteps.probabilities
+
+    def counted(self, li, images, *ts):
+        calls.append((li, images.start, images.stop))
+        return consume(self, li, images, *ts)
+
+    monkeypatch.setattr(pb, "CONSUME_BYTES", 1)  # one image a group
+    monkeypatch.setattr(gs._BlockSteps, "probabilities", counted)
+    grouped = vitlens.explain(model, x, method="gradskip")
+    assert sorted(calls) == [(li, i, i + 1) for li in range(len(model.blocks)) for i in range(3)]
+    monkeypatch.setattr(gs, "hand_over_probabilities", lambda *a: pytest.fail("not the whole-batch path"))
+    monkeypatch.setattr(gs._BlockSteps, "_attn_step", _whole_batch_attn_step)
+    whole = vitlens.explain(model, x, method="gradskip")
+    close(grouped.token_maps, whole.token_maps, 1e-5)
+    close(grouped.extras["head_weights"], whole.extras["head_weights"], 1e-5)
+
+
+def _whole_batch_attn_step(self, li, grad):
+    """The attention step as it was before block 0 took the chunked path: ``A`` for the whole batch at once."""
+    from vitlens.explainers.gradskip import _recomputed
+
+    cap = self.saved[li]
+    with torch.no_grad():
+        attn, flow_terms, vnorm = _recomputed(cap, grad)
+        self.w[li], self.omega[li] = self._reduced(attn, flow_terms, vnorm)

@@ -15,6 +15,7 @@ from torch import Tensor, nn
 
 from ..errors import InputError
 from ..models import Adapter
+from ..models._probabilities_backward import hand_over_probabilities
 from ..models.base import int_pair, recorded
 from ..models.capabilities import (ATTENTION, CLASS_ATTENTION, MASK_UNITS, PARTITION_ATTENTION,
                                    POOLING_ATTENTION,
@@ -295,6 +296,11 @@ class _BlockSteps:
     def _attn_step(self, li: int, grad: Tensor | None) -> None:
         cap = self.saved[li]
         with torch.no_grad():
+            if "query" in cap and grad is not None and cap["query"].shape == cap["key"].shape == cap["value"].shape:
+                # as the rerouted blocks' backward does it (cache-sized chunks, groups of images), minus ∂q, ∂k, ∂v
+                hand_over_probabilities(cap["query"], cap["key"], cap["value"], grad, cap["scale"], li,
+                                        self.probabilities)
+                return
             if "query" in cap:
                 attn, flow_terms, vnorm = _recomputed(cap, grad)
             else:

@@ -30,7 +30,7 @@ from typing import Any, Callable
 import torch
 from torch import Tensor
 
-__all__ = ["AttentionInBackward", "ProbabilitiesInBackward", "Sink"]
+__all__ = ["AttentionInBackward", "ProbabilitiesInBackward", "Sink", "hand_over_probabilities"]
 
 #: ``on_probabilities(block, images, A (m, H, T, T), F (m, H, T_q, T), Σ_j F_ij (m, H, T_q), ‖v_j‖ (m, H, T))``,
 #: called for consecutive slices ``images`` of the batch (``m`` images each) that together cover it
@@ -52,13 +52,15 @@ _Consume = Callable[[slice, Tensor, Tensor, Tensor], None]
 
 
 def _attention_backward(q: Tensor, k: Tensor, v: Tensor, g: Tensor, scale: float, heads: int,
-                        consume: _Consume) -> Tensor:
+                        consume: _Consume, gradients: bool = True) -> Tensor | None:
     """The backward of ``O = softmax(q·scale·kᵀ)·v`` from the recomputed probabilities, on ``(n, T, d)`` rows
     (``n`` = images × ``heads``, contiguous) and the gradient ``g`` of the first ``T_q`` output rows
     ``(n, T_q, d)``: returns the three gradients in one buffer ``(3, n, T, d)`` (q, k, v) and calls
     ``consume(images, A (m·heads, T, T), F = A ⊙ ∂y/∂A (m·heads, T_q, T), Σ_j F_ij (m·heads, T_q, 1))`` for each
     group of whole images once its products are done (the tensors are reused for the next group; ``consume`` may
-    overwrite them). The scale goes into the products (``baddbmm``'s alpha).
+    overwrite them). The scale goes into the products (``baddbmm``'s alpha). ``gradients=False``: only ``A``,
+    ``F`` and the row sums are formed and handed over (the block's attention backward does not run: GradSkip's
+    block 0); returns ``None``.
 
     The rows are taken a few at a time (:data:`CHUNK_BYTES`): every product is the same per-row product as on the
     whole batch (the same values, bit for bit), but the chunk's scores and ``∂y/∂S`` stay in cache between the
@@ -72,9 +74,9 @@ def _attention_backward(q: Tensor, k: Tensor, v: Tensor, g: Tensor, scale: float
     attn = q.new_empty((group, t, t))
     flow = q.new_empty((group, tq, t))
     row_sums = q.new_empty((group, tq, 1))
-    parts = q.new_zeros((3, n, t, d)) if tq < t else q.new_empty((3, n, t, d))
+    parts = None if not gradients else q.new_zeros((3, n, t, d)) if tq < t else q.new_empty((3, n, t, d))
     scores = q.new_empty((rows_per_chunk, t, t))
-    ds = q.new_empty((rows_per_chunk, tq, t))
+    ds = q.new_empty((rows_per_chunk, tq, t)) if gradients else scores
     for i0 in range(0, n, group):
         i1 = min(n, i0 + group)
         for s in range(i0, i1, rows_per_chunk):
@@ -85,6 +87,8 @@ def _attention_backward(q: Tensor, k: Tensor, v: Tensor, g: Tensor, scale: float
             rows = a[:, :tq]
             f = torch.bmm(g[s:e], v[s:e].transpose(-2, -1), out=flow[o:o + m]).mul_(rows)  # F = A ⊙ ∂y/∂A
             r = torch.sum(f, dim=-1, keepdim=True, out=row_sums[o:o + m])
+            if parts is None:
+                continue
             dsm = torch.addcmul(f, rows, r, value=-1.0, out=ds[:m])  # ∂y/∂S
             torch.baddbmm(parts[0, s:e, :tq], dsm, k[s:e], beta=0.0, alpha=scale, out=parts[0, s:e, :tq])
             torch.baddbmm(parts[1, s:e], dsm.transpose(-2, -1), q[s:e, :tq], beta=0.0, alpha=scale,
@@ -95,16 +99,31 @@ def _attention_backward(q: Tensor, k: Tensor, v: Tensor, g: Tensor, scale: float
     return parts
 
 
-def _handing_over(ctx: Any, heads: int, t: int, tq: int, vnorm: Tensor) -> _Consume:
-    """The ``consume`` of :func:`_attention_backward` that hands each group of images to ``ctx.sink`` in
+def _handing_over(sink: Sink, block: int, heads: int, t: int, tq: int, vnorm: Tensor) -> _Consume:
+    """The ``consume`` of :func:`_attention_backward` that hands each group of images to ``sink`` in
     ``(m, H, …)`` shapes with those images' value norms (``vnorm`` ``(B, H, T)``)."""
 
     def consume(images: slice, attn: Tensor, flow: Tensor, row_sums: Tensor) -> None:
         m = images.stop - images.start
-        ctx.sink(ctx.block, images, attn.view(m, heads, t, t), flow.view(m, heads, tq, t),
-                 row_sums.view(m, heads, tq), vnorm[images])
+        sink(block, images, attn.view(m, heads, t, t), flow.view(m, heads, tq, t), row_sums.view(m, heads, tq),
+             vnorm[images])
 
     return consume
+
+
+def hand_over_probabilities(q: Tensor, k: Tensor, v: Tensor, grad: Tensor, scale: float, block: int,
+                            sink: Sink) -> None:
+    """``sink(block, images, A, F, ΣF, ‖v‖)`` (as the fused attention's backward calls it) for a block whose
+    attention backward does not run, from its recorded queries, keys and values ``(B, H, T, d)`` and the gradient
+    of its attention output ``(B, T_q, H·d)`` (heads concatenated, ``T_q ≤ T`` rows): the same chunked products as
+    :class:`AttentionInBackward`, without the three gradient products."""
+    b, heads, t, d = q.shape
+    n, tq = b * heads, grad.shape[1]
+    wide = torch.promote_types(q.dtype, torch.float32)
+    qf, kf, vf = (z.detach().to(wide).reshape(n, t, d) for z in (q, k, v))
+    g = grad.detach().to(wide).reshape(b, tq, heads, d).transpose(1, 2).reshape(n, tq, d)
+    consume = _handing_over(sink, block, heads, t, tq, torch.linalg.vector_norm(vf, dim=-1).view(b, heads, t))
+    _attention_backward(qf, kf, vf, g, scale, heads, consume, gradients=False)
 
 
 class ProbabilitiesInBackward(torch.autograd.Function):
@@ -128,8 +147,10 @@ class ProbabilitiesInBackward(torch.autograd.Function):
         # q, k, v once in (B·H, T, d) rows (one copy; the batched products then run on contiguous operands)
         q, k, v = qkv.detach().to(wide).reshape(b, t, 3, heads, d).permute(2, 0, 3, 1, 4).reshape(3, n, t, d)
         g = grad.to(wide).reshape(b, tq, heads, d).transpose(1, 2).reshape(n, tq, d)
-        consume = _handing_over(ctx, heads, t, tq, torch.linalg.vector_norm(v, dim=-1).view(b, heads, t))
+        consume = _handing_over(ctx.sink, ctx.block, heads, t, tq,
+                                torch.linalg.vector_norm(v, dim=-1).view(b, heads, t))
         parts = _attention_backward(q, k, v, g, ctx.scale, heads, consume)
+        assert parts is not None
         out = parts.view(3, b, heads, t, d).permute(1, 3, 0, 2, 4).reshape(b, t, three_c).to(qkv.dtype)
         return None, out, None, None, None, None
 
@@ -155,7 +176,9 @@ class AttentionInBackward(torch.autograd.Function):
         wide = torch.promote_types(q.dtype, torch.float32)
         qf, kf, vf = (z.detach().to(wide).reshape(n, t, d) for z in (q, k, v))
         g = grad.to(wide).reshape(n, tq, d)
-        consume = _handing_over(ctx, heads, t, tq, torch.linalg.vector_norm(vf, dim=-1).view(b, heads, t))
+        consume = _handing_over(ctx.sink, ctx.block, heads, t, tq,
+                                torch.linalg.vector_norm(vf, dim=-1).view(b, heads, t))
         parts = _attention_backward(qf, kf, vf, g, ctx.scale, heads, consume)
+        assert parts is not None
         grads = parts.view(3, b, heads, t, d).to(q.dtype)
         return None, grads[0], grads[1], grads[2], None, None, None
