@@ -42,15 +42,24 @@ DATA = {"shapes-vit": "scenes", "shapes-deit": "scenes", "shapes-vit-gap-reg": "
 REFS = ("mean", "black", "blur", "meanimage")
 
 
+def training_mean_image(model_name: str, model: torch.nn.Module, num_classes: int) -> torch.Tensor | None:
+    """The ``meanimage`` reference as training and the protocol matrix take it: the per-pixel mean of the first 512
+    training images (:func:`~vitlens.aha.data.mean_image`). Before session 25 :func:`score` took it over a
+    training set of one image (``steps=1, batch_size=1``), so on scenes and planted scenes its ``meanimage`` cells
+    deleted to one training scene instead."""
+    cfg = AHATrainConfig(n_val=1, steps=64, batch_size=8)
+    train_set, _, _ = datasets(DATA[model_name], model, cfg, num_classes)
+    return mean_image(train_set) if len(train_set) else None  # type: ignore[arg-type]
+
+
 def score(model_name: str, path: Path, n_val: int) -> dict[str, float]:
     model = vitlens.load_model(model_name)
     net = load_explainer(path, model)
     net.eval()
-    cfg = AHATrainConfig(n_val=n_val, steps=1, batch_size=1)
-    train_set, val_set, _ = datasets(DATA[model_name], model, cfg, net.num_classes)
-    mimg = mean_image(train_set) if len(train_set) else None  # type: ignore[arg-type]
+    cfg = AHATrainConfig(n_val=n_val, steps=1, batch_size=1)  # the validation images (the card's seed and count)
+    _, val_set, _ = datasets(DATA[model_name], model, cfg, net.num_classes)
     return validate(net, val_set, DistributedRun(), pools=["tokens", "none"], references=REFS,
-                    mean_std=mean_std(model), mean_img=mimg)
+                    mean_std=mean_std(model), mean_img=training_mean_image(model_name, model, net.num_classes))
 
 
 def validation_images(model_name: str, model: torch.nn.Module, n: int, num_classes: int) -> torch.Tensor:
@@ -85,9 +94,7 @@ def refine_choice(model_name: str, path: Path, n: int, kinds: list[str], batch: 
     x = validation_images(model_name, model, n, net.num_classes)
     with torch.no_grad():
         cls = model(x).argmax(-1)
-    cfg = AHATrainConfig(n_val=1, steps=64, batch_size=8)
-    train_set, _, _ = datasets(DATA[model_name], model, cfg, net.num_classes)
-    mi = mean_image(train_set)
+    mi = training_mean_image(model_name, model, net.num_classes)
     dc = data_config(model)
     refs = {r: reference(x, r, tuple(dc.mean), tuple(dc.std), mean_image=mi) for r in REFS}
     rows = {"gradskip": maps_of(model, x, "gradskip", batch),
