@@ -115,3 +115,83 @@ def test_the_card_names_a_mask_blur_other_than_the_default():
     meta["train"]["mask_sigma"] = 0.0
     line = next(ln for ln in model_card(meta, net).splitlines() if ln.startswith("- Loss:"))
     assert "Sinkhorn iterations; mask blur σ 0.0 px;" in line
+
+
+def test_images_without_a_teacher_map_add_no_loss_and_no_gradient():
+    """A NaN teacher row (an image beyond ``teacher_images``) gives 0 and no gradient; the other rows are unchanged."""
+    g = torch.Generator().manual_seed(1)
+    teacher = torch.rand(3, 16, generator=g, dtype=torch.float64)
+    maps = torch.rand(3, 8, 8, generator=g, dtype=torch.float64, requires_grad=True)
+    full = teacher_loss(maps, teacher, (4, 4))
+    partial = teacher.clone()
+    partial[1] = float("nan")
+    loss = teacher_loss(maps, partial, (4, 4))
+    assert loss[1] == 0 and torch.equal(loss[[0, 2]], full[[0, 2]].detach())
+    loss.sum().backward()
+    assert torch.isfinite(maps.grad).all() and bool((maps.grad[1] == 0).all()) and bool((maps.grad[0] != 0).any())
+
+
+def _tiny_explainer(model, path):
+    from vitlens.aha.network import build_explainer, save_explainer
+
+    torch.manual_seed(0)
+    save_explainer(build_explainer(model, width=8), path)
+    return path
+
+
+def test_refined_aha_teacher_covers_the_first_images_and_is_cached(tmp_path, monkeypatch):
+    """``teacher="aha"``: the AHA method's refined maps of a given explainer for the first ``count`` images (NaN rows
+    after them), written to the cache after every batch; a second call reads the cache instead of refining again,
+    goes on from where it stopped, and does not reuse rows of another identity."""
+    import vitlens.api
+
+    model = tiny_target()
+    x, y = tiny_data(n_train=5)[:2]
+    data = TensorData(x, y)
+    path = _tiny_explainer(model, tmp_path / "e.safetensors")
+    opts = {"explainer": str(path), "refine_steps": 1, "m": 4}
+    cache = tmp_path / "teacher-maps.pt"
+    maps = teacher_maps(model, data, "aha", (4, 4), batch=2, count=3, options=opts, cache=cache, identity={"r": 1})
+    ref = vitlens.explain(model, x[:3], method="aha", **opts).maps
+    expect = torch.nn.functional.adaptive_avg_pool2d(ref.unsqueeze(1), (4, 4)).flatten(1)
+    assert maps.shape == (5, 16) and torch.allclose(maps[:3], expect, atol=1e-5)
+    assert bool(torch.isnan(maps[3:]).all()) and cache.is_file()
+    calls: list[int] = []
+    explain = vitlens.api.explain
+
+    def counted(model, x, **kw):
+        calls.append(len(x))
+        return explain(model, x, **kw)
+
+    monkeypatch.setattr(vitlens.api, "explain", counted)
+    again = teacher_maps(model, data, "aha", (4, 4), batch=2, count=3, options=opts, cache=cache, identity={"r": 1})
+    assert calls == [] and torch.equal(again[:3], maps[:3])
+    more = teacher_maps(model, data, "aha", (4, 4), batch=2, count=4, options=opts, cache=cache, identity={"r": 1})
+    assert calls == [1] and torch.equal(more[:3], maps[:3]) and bool(torch.isfinite(more[3]).all())
+    teacher_maps(model, data, "aha", (4, 4), batch=2, count=2, options=opts, cache=cache, identity={"r": 2})
+    assert calls == [1, 2]  # another run's rows are not reused
+
+
+def test_a_training_with_the_refined_aha_teacher_caches_its_maps(tmp_path):
+    import json
+
+    model, data = tiny_target(), tiny_data()
+    path = _tiny_explainer(model, tmp_path / "teacher.safetensors")
+    res = train_aha(model, data, tmp_path / "run", steps=2, progress=False, teacher="aha", teacher_frac=1.0,
+                    teacher_explainer=str(path), teacher_images=3, **FAST)
+    saved = torch.load(tmp_path / "run" / "teacher-maps.pt", weights_only=True)
+    assert saved["done"] == 3 and saved["maps"].shape[0] == 3
+    assert any("teacher" in h for h in res.history)  # logged on the steps whose images have a teacher map
+    meta = json.loads((tmp_path / "run" / "aha.json").read_text())
+    assert (meta["train"]["teacher"], meta["train"]["teacher_images"]) == ("aha", 3)
+
+
+def test_refined_teacher_settings_are_checked():
+    with pytest.raises(InputError, match="teacher_explainer"):
+        AHATrainConfig(teacher="gradskip", teacher_explainer="x.safetensors").check()
+    with pytest.raises(InputError, match="teacher_images"):
+        AHATrainConfig(teacher="aha", teacher_images=0).check()
+    with pytest.raises(InputError, match="needs a teacher"):
+        AHATrainConfig(teacher_images=5).check()
+    args = _parse("--teacher", "aha", "--teacher-explainer", "e.safetensors", "--teacher-images", "960")
+    assert (args.teacher, args.teacher_explainer, args.teacher_images) == ("aha", "e.safetensors", 960)

@@ -55,7 +55,10 @@ def model_card(meta: dict[str, Any], net: AHANet) -> str:
         command = shlex.join(w for w in words if w != "--resume")
     odds = f" drawn with odds {t['reference_weights']}" if t.get("reference_weights") else ""
     teacher = (f"; teacher `{t['teacher']}` (weight {t.get('w_teacher', 1.0)}, fading to 0 at "
-               f"{t.get('teacher_frac', 0.5):.0%} of the steps)" if t.get("teacher") else "")
+               f"{t.get('teacher_frac', 0.5):.0%} of the steps"
+               + (f", refined maps of `{t['teacher_explainer']}`" if t.get("teacher_explainer") else "")
+               + (f", on the first {t['teacher_images']:,} training images" if t.get("teacher_images") else "")
+               + ")" if t.get("teacher") else "")
     v = meta.get("validation") or {}
     sfx = "" if v.get("output_pool", t.get("pool", "none")) == t.get("pool", "none") else f"_{v['output_pool']}"
     n_params = sum(p.numel() for p in net.decoder.parameters())

@@ -102,7 +102,13 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--mask-sigma", type=nonnegative_float, default=d.mask_sigma,
                    help="Gaussian blur of the training masks' edges, in pixels (0: hard edges, as the metric's)")
     p.add_argument("--teacher", choices=list(TEACHERS), default=None,
-                   help="pull the maps towards this single-pass method's maps in the first steps (default: none)")
+                   help="pull the maps towards this method's maps in the first steps (default: none); 'aha': the "
+                        "refined maps of a trained explainer (--teacher-explainer)")
+    p.add_argument("--teacher-explainer", default=None, metavar="PATH",
+                   help="the trained explainer whose refined maps the 'aha' teacher gives (default: the model's "
+                        "bundled one)")
+    p.add_argument("--teacher-images", type=int, default=None, metavar="N",
+                   help="teacher maps for the first N training images only (default: all)")
     p.add_argument("--teacher-weight", dest="w_teacher", type=nonnegative_float, default=d.w_teacher,
                    help="weight of the teacher term (1 - correlation on the token grid) at step 0")
     p.add_argument("--teacher-frac", type=positive_float, default=d.teacher_frac,
@@ -168,7 +174,8 @@ def cmd_train_aha(args: argparse.Namespace) -> int:
         grid_offset=not args.no_grid_offset, n_iters=args.n_iters, w_peak=args.w_peak,
         w_del=args.w_del, w_ins=args.w_ins,
         straight_through=args.straight_through, mask_sigma=args.mask_sigma, teacher=args.teacher, w_teacher=args.w_teacher,
-        teacher_frac=args.teacher_frac,
+        teacher_frac=args.teacher_frac, teacher_explainer=args.teacher_explainer,
+        teacher_images=args.teacher_images,
         width=args.width, backbone=args.backbone, pool=args.pool, choose_pool=not args.no_choose_pool,
         n_train=args.n_train, n_val=args.n_val, val_every=args.val_every, ckpt_every=args.ckpt_every,
         chunk=args.chunk, amp=args.amp, grad_checkpointing=args.grad_checkpointing, seed=args.seed,

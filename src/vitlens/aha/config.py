@@ -37,7 +37,9 @@ class AHATrainConfig:
 
     Teacher: ``teacher`` (a method of :data:`~vitlens.aha.teacher.TEACHERS`, default none) adds
     ``w_teacher · (1 − r)`` to the loss, ``r`` the correlation of each map with that method's map of the image on the
-    token grid, fading linearly to 0 at ``teacher_frac · steps`` (:mod:`vitlens.aha.teacher`).
+    token grid, fading linearly to 0 at ``teacher_frac · steps`` (:mod:`vitlens.aha.teacher`). ``teacher="aha"``:
+    the refined maps of the trained explainer ``teacher_explainer`` (a file; default the one bundled for the model);
+    ``teacher_images``: only the first that many training images get a teacher map (default all).
     """
 
     steps: int = 1000
@@ -68,6 +70,8 @@ class AHATrainConfig:
     teacher: str | None = None
     w_teacher: float = 1.0
     teacher_frac: float = 0.5
+    teacher_explainer: str | None = None
+    teacher_images: int | None = None
     width: int = 32
     n_levels: int = 4
     depths: tuple[int, ...] | None = None
@@ -125,6 +129,13 @@ class AHATrainConfig:
             if not (math.isfinite(self.w_teacher) and self.w_teacher >= 0 and 0 < self.teacher_frac <= 1):
                 raise InputError(f"w_teacher must be >= 0 and teacher_frac in (0, 1]; got {self.w_teacher}, "
                                  f"{self.teacher_frac}")
+            if self.teacher_images is not None and int(self.teacher_images) < 1:
+                raise InputError(f"teacher_images (--teacher-images) must be >= 1, got {self.teacher_images}")
+        if self.teacher_explainer is not None and self.teacher != "aha":
+            raise InputError("teacher_explainer (--teacher-explainer) is the explainer of the 'aha' teacher; "
+                             f"this run's teacher is {self.teacher!r}")
+        if self.teacher_images is not None and self.teacher is None:
+            raise InputError("teacher_images (--teacher-images) needs a teacher (--teacher)")
         if self.select not in ("best", "last"):
             raise InputError(f"select must be 'best' or 'last', got {self.select!r}")
         if self.pool not in OUTPUT_POOLS:

@@ -41,6 +41,9 @@ from .validation import LabelledImages, all_reduce_sum, best_pool, choose_spread
 
 __all__ = ["reference_logits", "soft_validate", "target_probs", "train_aha", "training_loss", "validate"]
 
+#: the file in a training's output folder that holds the ``aha`` teacher's maps computed so far (read on resume)
+TEACHER_CACHE = "teacher-maps.pt"
+
 
 # --------------------------------------------------------------------------------------------------------------------
 # Helpers: distributed, precision, RNG state
@@ -430,8 +433,8 @@ def _train_step(run: _Run, decoder: nn.Module, idx: list[int],
            "soft_ins": float(stats[2]), "peak": float(stats[3]), "tau": tau,
            "lr": float(run.sched.get_last_lr()[0]), "grid": plan.grid, "reference": plan.reference,
            "grad_norm": float(gnorm)}
-    if teacher is not None:
-        rec["teacher"] = float(parts["teacher"].detach().mean())  # this process's images
+    if teacher is not None and bool((has := torch.isfinite(teacher[0]).all(1)).any()):
+        rec["teacher"] = float(parts["teacher"].detach()[has].mean())  # this process's images that have a teacher
     run.history.append(rec)
     return rec
 
@@ -551,8 +554,13 @@ def train_aha(model: nn.Module, data: Any = "scenes", out_dir: str | os.PathLike
     if cfg.teacher is not None and run.step < cfg.steps:
         first = run.train_set[0][0]
         grid = teacher_grid((first.shape[-2], first.shape[-1]), run.adapter.patch_size)
-        run.teacher = teacher_maps(model, run.train_set, cfg.teacher, grid,
-                                   progress=progress and run.dist_info.rank == 0)
+        refined = cfg.teacher == "aha"  # minutes of refinement: 16 images a batch, cached in the output folder
+        run.teacher = teacher_maps(model, run.train_set, cfg.teacher, grid, batch=16 if refined else 32,
+                                   progress=progress and run.dist_info.rank == 0, count=cfg.teacher_images,
+                                   options={"explainer": cfg.teacher_explainer} if cfg.teacher_explainer else None,
+                                   cache=run.out / TEACHER_CACHE if refined and run.out is not None
+                                   and run.dist_info.rank == 0 else None,
+                                   identity={"data": run.data_info, "target": run.target_id})
     decoder, sampler, per_epoch = _distribute(run)
     pbar = None
     if progress and run.dist_info.rank == 0:

@@ -1,5 +1,6 @@
-"""A teacher for the first steps of an AHA training: the maps of a single-pass method (GradSkip by default) on the
-training images, and the loss that pulls the explainer's maps towards them.
+"""A teacher for an AHA training: the maps of another method on the training images (a single-pass method such as
+GradSkip, or ``"aha"``: the refined maps of an already trained explainer), and the loss that pulls the explainer's
+maps towards them.
 
 Why: on some targets (shapes-deit, planted-vit of docs/benchmarks/aha.md) the soft deletion/insertion objective
 stops tracking the hard metric after a few dozen steps, and the explainer ends level with GradSkip instead of ahead
@@ -11,22 +12,32 @@ teacher is used only in training).
 epoch), pooled to a coarse grid; :func:`teacher_loss` is ``1 − Pearson correlation`` between each explainer map and
 its teacher map on that grid (scale-free: only the ranking's shape matters); :func:`teacher_weight` fades the
 term out linearly over the first ``teacher_frac`` of the steps.
+
+``"aha"`` distils test-time refinement into the network: its maps are the AHA method's own output with its default
+``T`` refinement steps (``explain(model, x, method="aha")``; ``teacher_explainer``: which trained explainer, default
+the one bundled for the model). Refinement costs ``2·m·T`` target passes an image (about 2.4 s an image for the
+64-pixel shapes-deit on one CPU thread), so ``teacher_images`` bounds the images that get a teacher map; the rows of
+the others are NaN and :func:`teacher_loss` gives them neither loss nor gradient. Its maps are written to a cache
+file after every batch (the training's output folder), so a resumed run does not compute them again.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..atomic import save_torch
 from ..errors import InputError
 
 __all__ = ["TEACHERS", "teacher_grid", "teacher_loss", "teacher_maps", "teacher_weight"]
 
-#: methods a training run may use as its teacher (single pass, defined for every supported target)
-TEACHERS = ("gradskip", "chefer", "attnlrp", "gradcam")
+#: methods a training run may use as its teacher: single-pass methods defined for every supported target, and
+#: ``"aha"`` (the refined maps of a trained explainer, see the module)
+TEACHERS = ("gradskip", "chefer", "attnlrp", "gradcam", "aha")
 
 
 def teacher_grid(hw: tuple[int, int], patch_size: int | tuple[int, int] | None) -> tuple[int, int]:
@@ -43,8 +54,14 @@ def _pooled(maps: Tensor, grid: tuple[int, int]) -> Tensor:
 
 
 def teacher_maps(model: nn.Module, dataset: Any, method: str, grid: tuple[int, int], batch: int = 32,
-                 progress: bool = False) -> Tensor:
+                 progress: bool = False, count: int | None = None, options: dict[str, Any] | None = None,
+                 cache: str | Path | None = None, identity: dict[str, Any] | None = None) -> Tensor:
     """The teacher's maps for the predicted class of every image of ``dataset``, pooled to ``grid``: ``(N, gh·gw)``.
+
+    ``count``: only the first ``count`` images get a map; the other rows are NaN (no teacher). ``options``: passed
+    to the method (``"aha"``: e.g. ``explainer``). ``cache``: a file holding the rows computed so far, rewritten after
+    every batch and read back first; its rows are reused only for the same method, grid, options (an explainer
+    file by its contents), dataset size and ``identity`` (what else names the run's data and target).
 
     Raises:
         InputError: ``method`` is not one of :data:`TEACHERS`, or a teacher map is not finite.
@@ -54,31 +71,56 @@ def teacher_maps(model: nn.Module, dataset: Any, method: str, grid: tuple[int, i
     if method not in TEACHERS:
         raise InputError(f"unknown AHA teacher {method!r}; choose one of {', '.join(TEACHERS)}")
     n = len(dataset)
+    todo = n if count is None else max(0, min(n, int(count)))
+    key = {"method": method, "grid": list(grid),
+           "options": {k: _identify(v) for k, v in sorted((options or {}).items())},
+           "n": n, "identity": repr(identity)}
+    maps = torch.full((n, grid[0] * grid[1]), float("nan"))
+    done = 0
+    if cache is not None and Path(cache).is_file():
+        saved = torch.load(cache, map_location="cpu", weights_only=True)
+        if saved.get("key") == key:
+            done = min(todo, int(saved["done"]))
+            maps[:done] = saved["maps"][:done]
     dev = next((p.device for p in model.parameters()), torch.device("cpu"))
-    out = []
-    starts = range(0, n, batch)
+    starts = range(done, todo, batch)
     if progress:
         from tqdm.auto import tqdm
 
         starts = tqdm(starts, desc=f"teacher maps ({method})", unit="batch", dynamic_ncols=True)
     for s in starts:
-        x = torch.stack([dataset[i][0] for i in range(s, min(n, s + batch))]).to(dev)
-        out.append(_pooled(explain(model, x, method=method).maps.detach(), grid).cpu())
-    maps = torch.cat(out) if out else torch.zeros(0, grid[0] * grid[1])
-    if not bool(torch.isfinite(maps).all()):
-        raise InputError(f"the teacher {method!r} gave non-finite maps on the training images")
+        e = min(todo, s + batch)
+        x = torch.stack([dataset[i][0] for i in range(s, e)]).to(dev)
+        part = _pooled(explain(model, x, method=method, **(options or {})).maps.detach(), grid).cpu()
+        if not bool(torch.isfinite(part).all()):
+            raise InputError(f"the teacher {method!r} gave non-finite maps on training images {s}–{e - 1}")
+        maps[s:e] = part
+        if cache is not None:
+            save_torch({"key": key, "done": e, "maps": maps[:e].clone()}, cache)
     return maps
+
+
+def _identify(value: Any) -> str:
+    """An option value as the teacher cache's key holds it: a file by the SHA-256 of its contents."""
+    if isinstance(value, (str, Path)) and Path(value).is_file():
+        import hashlib
+
+        return "sha256:" + hashlib.sha256(Path(value).read_bytes()).hexdigest()
+    return repr(value)
 
 
 def teacher_loss(maps: Tensor, teacher: Tensor, grid: tuple[int, int]) -> Tensor:
     """``1 − r`` per map, ``r`` the Pearson correlation over ``grid`` between ``maps`` ``(N, H, W)`` and the rows of
-    ``teacher`` ``(N, gh·gw)``; in ``[0, 2]``, 0 when the two rank the cells alike up to scale and shift."""
+    ``teacher`` ``(N, gh·gw)``; in ``[0, 2]``, 0 when the two rank the cells alike up to scale and shift. A NaN
+    teacher row (no teacher map for that image) gives 0 and no gradient."""
     a = _pooled(maps, grid)
     b = teacher.to(a.device, a.dtype)
     a = a - a.mean(1, keepdim=True)
     b = b - b.mean(1, keepdim=True)
+    has = torch.isfinite(b).all(1)  # rows without a teacher map (NaN: beyond ``count``) add nothing
+    b = torch.where(has[:, None], b, torch.zeros_like(b))
     r = (a * b).sum(1) / (a.norm(dim=1) * b.norm(dim=1)).clamp_min(1e-12)
-    return 1.0 - r
+    return torch.where(has, 1.0 - r, torch.zeros_like(r))
 
 
 def teacher_weight(step: int, steps: int, weight: float, frac: float) -> float:
