@@ -144,3 +144,20 @@ def test_curve_gap_curves_integrate_to_the_matrix_auc_and_per_token_keeps_token_
             assert line.rstrip(" |").endswith("+0.000 ± 0.000")  # GradSkip − GradSkip per token
     stored = json.loads((tmp_path / "w" / "planted-vit.json").read_text())
     assert set(stored["curves"]) == set(script.ROWS)
+
+
+def test_select_scores_the_meanimage_reference_with_the_training_mean_image(monkeypatch):
+    """``aha_select`` deletes to the per-pixel mean of the first 512 training images under ``meanimage``, the image
+    training and the protocol matrix use (it once took the mean of one training scene)."""
+    from vitlens.aha.data import mean_image
+
+    select = load_benchmark("aha_select")
+    protocols = load_benchmark("aha_protocols")
+    seen = {}
+    monkeypatch.setattr(select, "validate", lambda net, data, dist, **kw: seen.update(kw, n=len(data)) or {})
+    select.score("shapes-deit", vitlens.aha.shipped_explainer(vitlens.load_model("shapes-deit"))[1], 8)
+    model = vitlens.load_model("shapes-deit")
+    expect = protocols.training_mean_image("shapes-deit", model, 10)
+    assert seen["n"] == 8 and torch.equal(seen["mean_img"], expect)
+    one = mean_image(select.datasets("scenes", model, select.AHATrainConfig(n_val=1, steps=1, batch_size=1), 10)[0])
+    assert not torch.allclose(seen["mean_img"], one)  # not the mean of a single scene
