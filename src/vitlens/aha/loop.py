@@ -434,7 +434,8 @@ def _train_step(run: _Run, decoder: nn.Module, idx: list[int],
            "lr": float(run.sched.get_last_lr()[0]), "grid": plan.grid, "reference": plan.reference,
            "grad_norm": float(gnorm)}
     if teacher is not None and bool((has := torch.isfinite(teacher[0]).all(1)).any()):
-        rec["teacher"] = float(parts["teacher"].detach()[has].mean())  # this process's images that have a teacher
+        t_loss = parts["teacher"].detach()
+        rec["teacher"] = float(t_loss[has.to(t_loss.device)].mean())  # this process's images that have a teacher
     run.history.append(rec)
     return rec
 
