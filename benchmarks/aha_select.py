@@ -32,7 +32,7 @@ import torch
 import vitlens
 from vitlens.aha import load_explainer
 from vitlens.aha.config import AHATrainConfig
-from vitlens.aha.data import datasets, mean_image, mean_std
+from vitlens.aha.data import datasets, mean_std
 from vitlens.aha.validation import validate
 from vitlens.models import get_adapter
 from vitlens.runtime import DistributedRun
@@ -42,22 +42,16 @@ DATA = {"shapes-vit": "scenes", "shapes-deit": "scenes", "shapes-vit-gap-reg": "
 REFS = ("mean", "black", "blur", "meanimage")
 
 
-def training_mean_image(model_name: str, model: torch.nn.Module, num_classes: int) -> torch.Tensor | None:
-    """The ``meanimage`` reference as training and the protocol matrix take it: the per-pixel mean of the first 512
-    training images (:func:`~vitlens.aha.data.mean_image`). Before session 25 :func:`score` took it over a
-    training set of one image (``steps=1, batch_size=1``), so on scenes and planted scenes its ``meanimage`` cells
-    deleted to one training scene instead."""
-    cfg = AHATrainConfig(n_val=1, steps=64, batch_size=8)
-    train_set, _, _ = datasets(DATA[model_name], model, cfg, num_classes)
-    return mean_image(train_set) if len(train_set) else None  # type: ignore[arg-type]
-
-
 def score(model_name: str, path: Path, n_val: int) -> dict[str, float]:
     model = vitlens.load_model(model_name)
     net = load_explainer(path, model)
     net.eval()
+    from aha_protocols import training_mean_image  # noqa: E402
+
     cfg = AHATrainConfig(n_val=n_val, steps=1, batch_size=1)  # the validation images (the card's seed and count)
     _, val_set, _ = datasets(DATA[model_name], model, cfg, net.num_classes)
+    # meanimage: the mean of 512 training images, as training and the protocol matrix take it (before session 25
+    # this took the training set of the config above, one image)
     return validate(net, val_set, DistributedRun(), pools=["tokens", "none"], references=REFS,
                     mean_std=mean_std(model), mean_img=training_mean_image(model_name, model, net.num_classes))
 
@@ -84,7 +78,7 @@ def refine_choice(model_name: str, path: Path, n: int, kinds: list[str], batch: 
     (``REF`` and ``REF/token``), for GradSkip, AHA T = 0 and each refinement variant in ``kinds``
     (:func:`variant`)."""
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from aha_protocols import ins_minus_del, maps_of  # noqa: E402
+    from aha_protocols import ins_minus_del, maps_of, training_mean_image  # noqa: E402
 
     from vitlens.aha.soft_metrics import reference
     from vitlens.images import data_config

@@ -111,19 +111,27 @@ def _handing_over(sink: Sink, block: int, heads: int, t: int, tq: int, vnorm: Te
     return consume
 
 
+def _per_head_backward(q: Tensor, k: Tensor, v: Tensor, g: Tensor, scale: float, block: int, sink: Sink,
+                       gradients: bool = True) -> Tensor | None:
+    """:func:`_attention_backward` on queries, keys and values ``(B, H, T, d)`` (any dtype: taken in at least
+    float32) and the output gradient in ``(B·H, T_q, d)`` rows, handing each group to ``sink``."""
+    b, heads, t, d = q.shape
+    wide = torch.promote_types(q.dtype, torch.float32)
+    qf, kf, vf = (z.detach().to(wide).reshape(b * heads, t, d) for z in (q, k, v))
+    consume = _handing_over(sink, block, heads, t, g.shape[1],
+                            torch.linalg.vector_norm(vf, dim=-1).view(b, heads, t))
+    return _attention_backward(qf, kf, vf, g.to(wide), scale, heads, consume, gradients)
+
+
 def hand_over_probabilities(q: Tensor, k: Tensor, v: Tensor, grad: Tensor, scale: float, block: int,
                             sink: Sink) -> None:
     """``sink(block, images, A, F, ΣF, ‖v‖)`` (as the fused attention's backward calls it) for a block whose
     attention backward does not run, from its recorded queries, keys and values ``(B, H, T, d)`` and the gradient
     of its attention output ``(B, T_q, H·d)`` (heads concatenated, ``T_q ≤ T`` rows): the same chunked products as
     :class:`AttentionInBackward`, without the three gradient products."""
-    b, heads, t, d = q.shape
-    n, tq = b * heads, grad.shape[1]
-    wide = torch.promote_types(q.dtype, torch.float32)
-    qf, kf, vf = (z.detach().to(wide).reshape(n, t, d) for z in (q, k, v))
-    g = grad.detach().to(wide).reshape(b, tq, heads, d).transpose(1, 2).reshape(n, tq, d)
-    consume = _handing_over(sink, block, heads, t, tq, torch.linalg.vector_norm(vf, dim=-1).view(b, heads, t))
-    _attention_backward(qf, kf, vf, g, scale, heads, consume, gradients=False)
+    b, heads, _, d = q.shape
+    g = grad.detach().reshape(b, grad.shape[1], heads, d).transpose(1, 2).reshape(b * heads, grad.shape[1], d)
+    _per_head_backward(q, k, v, g, scale, block, sink, gradients=False)
 
 
 class ProbabilitiesInBackward(torch.autograd.Function):
@@ -172,13 +180,8 @@ class AttentionInBackward(torch.autograd.Function):
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
         q, k, v = ctx.saved_tensors
         b, heads, t, d = q.shape
-        n, tq = b * heads, grad.shape[2]
-        wide = torch.promote_types(q.dtype, torch.float32)
-        qf, kf, vf = (z.detach().to(wide).reshape(n, t, d) for z in (q, k, v))
-        g = grad.to(wide).reshape(n, tq, d)
-        consume = _handing_over(ctx.sink, ctx.block, heads, t, tq,
-                                torch.linalg.vector_norm(vf, dim=-1).view(b, heads, t))
-        parts = _attention_backward(qf, kf, vf, g, ctx.scale, heads, consume)
+        parts = _per_head_backward(q, k, v, grad.reshape(b * heads, grad.shape[2], d), ctx.scale, ctx.block,
+                                   ctx.sink)
         assert parts is not None
         grads = parts.view(3, b, heads, t, d).to(q.dtype)
         return None, grads[0], grads[1], grads[2], None, None, None
