@@ -195,3 +195,88 @@ def test_refined_teacher_settings_are_checked():
         AHATrainConfig(teacher_images=5).check()
     args = _parse("--teacher", "aha", "--teacher-explainer", "e.safetensors", "--teacher-images", "960")
     assert (args.teacher, args.teacher_explainer, args.teacher_images) == ("aha", "e.safetensors", 960)
+
+
+def test_a_teacher_that_gives_non_finite_maps_is_a_clear_error(monkeypatch):
+    import vitlens.api
+
+    model = tiny_target()
+    x, y = tiny_data(n_train=5)[:2]
+    explain = vitlens.api.explain
+
+    calls: list[int] = []
+
+    def broken(model, x, **kw):  # the second batch's first map gets a NaN
+        exp = explain(model, x, **kw)
+        calls.append(len(x))
+        if len(calls) == 2:
+            exp.maps[0, 0, 0] = float("nan")
+        return exp
+
+    monkeypatch.setattr(vitlens.api, "explain", broken)
+    with pytest.raises(InputError, match="non-finite maps on training images 2–3"):
+        teacher_maps(model, TensorData(x, y), "gradskip", (4, 4), batch=2, count=4, progress=False)
+
+
+_SHARDED_SCRIPT = """
+import json, os, sys, torch
+sys.path.insert(0, {tests!r})
+import vitlens.api
+from test_aha import tiny_target, tiny_data
+from vitlens.aha.data import TensorData
+from vitlens.aha.teacher import teacher_maps
+from vitlens.runtime import init_distributed
+torch.set_num_threads(1)
+info = init_distributed()
+calls = []
+explain = vitlens.api.explain
+def counted(model, x, **kw):
+    calls.append(len(x))
+    return explain(model, x, **kw)
+vitlens.api.explain = counted
+x, y = tiny_data(n_train=7)[:2]
+maps = teacher_maps(tiny_target(), TensorData(x, y), "gradskip", (4, 4), batch=2, count={count},
+                    cache={cache!r}, identity={{"r": 1}}, dist_info=info)
+with open(os.path.join({out!r}, f"rank{{info.rank}}.json"), "w") as f:
+    json.dump({{"calls": calls, "maps": maps.tolist()}}, f)
+"""
+
+
+@pytest.mark.slow
+def test_teacher_maps_under_torchrun_share_the_batches(tmp_path):
+    """Two processes: each computes only its batches, both return every map (the single process's maps), the first
+    writes the cache, and a resumed run with more images reads it and computes only the new rows."""
+    import json
+    import os
+    import subprocess
+    import sys
+    import textwrap
+    from pathlib import Path
+
+    tests = Path(__file__).parent
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tests.parent / "src"), os.environ.get("PYTHONPATH", "")]),
+           "OMP_NUM_THREADS": "1"}
+    cache = tmp_path / "teacher-maps.pt"
+
+    def run(count: int) -> list[dict]:
+        script = tmp_path / f"sharded{count}.py"
+        script.write_text(textwrap.dedent(_SHARDED_SCRIPT.format(tests=str(tests), count=count, cache=str(cache),
+                                                                 out=str(tmp_path))))
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(script)]
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        return [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+
+    first = run(5)  # rounds of 2 batches of 2: rank 0 images 0–1 and 4, rank 1 images 2–3
+    assert [r["calls"] for r in first] == [[2, 1], [2]]
+    x, y = tiny_data(n_train=7)[:2]
+    single = teacher_maps(tiny_target(), TensorData(x, y), "gradskip", (4, 4), batch=2, count=5)
+    for r in first:
+        got = torch.tensor(r["maps"])
+        assert torch.allclose(got[:5], single[:5], atol=1e-6) and bool(torch.isnan(got[5:]).all())
+    saved = torch.load(cache, weights_only=True)
+    assert saved["done"] == 5 and torch.allclose(saved["maps"], single[:5], atol=1e-6)
+    again = run(7)  # resumed: images 5–6 only, on rank 0
+    assert [r["calls"] for r in again] == [[2], []]
+    assert torch.allclose(torch.tensor(again[1]["maps"])[:5], single[:5], atol=1e-6)
+    assert bool(torch.isfinite(torch.tensor(again[1]["maps"])).all())

@@ -559,9 +559,9 @@ def train_aha(model: nn.Module, data: Any = "scenes", out_dir: str | os.PathLike
         run.teacher = teacher_maps(model, run.train_set, cfg.teacher, grid, batch=16 if refined else 32,
                                    progress=progress and run.dist_info.rank == 0, count=cfg.teacher_images,
                                    options={"explainer": cfg.teacher_explainer} if cfg.teacher_explainer else None,
-                                   cache=run.out / TEACHER_CACHE if refined and run.out is not None
-                                   and run.dist_info.rank == 0 else None,
-                                   identity={"data": run.data_info, "target": run.target_id})
+                                   cache=run.out / TEACHER_CACHE if refined and run.out is not None else None,
+                                   identity={"data": run.data_info, "target": run.target_id},
+                                   dist_info=run.dist_info)  # the processes share the batches
     decoder, sampler, per_epoch = _distribute(run)
     pbar = None
     if progress and run.dist_info.rank == 0:

@@ -32,6 +32,7 @@ from torch import Tensor, nn
 
 from ..atomic import save_torch
 from ..errors import InputError
+from ..runtime import DistributedRun
 
 __all__ = ["TEACHERS", "teacher_grid", "teacher_loss", "teacher_maps", "teacher_weight"]
 
@@ -55,7 +56,8 @@ def _pooled(maps: Tensor, grid: tuple[int, int]) -> Tensor:
 
 def teacher_maps(model: nn.Module, dataset: Any, method: str, grid: tuple[int, int], batch: int = 32,
                  progress: bool = False, count: int | None = None, options: dict[str, Any] | None = None,
-                 cache: str | Path | None = None, identity: dict[str, Any] | None = None) -> Tensor:
+                 cache: str | Path | None = None, identity: dict[str, Any] | None = None,
+                 dist_info: DistributedRun | None = None) -> Tensor:
     """The teacher's maps for the predicted class of every image of ``dataset``, pooled to ``grid``: ``(N, gh·gw)``.
 
     ``count``: only the first ``count`` images get a map; the other rows are NaN (no teacher). ``options``: passed
@@ -63,8 +65,13 @@ def teacher_maps(model: nn.Module, dataset: Any, method: str, grid: tuple[int, i
     every batch and read back first; its rows are reused only for the same method, grid, options (an explainer
     file by its contents), dataset size and ``identity`` (what else names the run's data and target).
 
+    ``dist_info``: under ``torchrun`` the processes share the work: the batches go round in rounds of one batch per
+    process, each round's rows are summed over the processes (every row is computed by exactly one of them), and the
+    first process reads and writes ``cache`` (the others get what it read): every process returns all the maps, and
+    a resumed run goes on after the last whole round.
+
     Raises:
-        InputError: ``method`` is not one of :data:`TEACHERS`, or a teacher map is not finite.
+        InputError: ``method`` is not one of :data:`TEACHERS`, or a teacher map is not finite (on any process).
     """
     from ..api import explain
 
@@ -76,28 +83,55 @@ def teacher_maps(model: nn.Module, dataset: Any, method: str, grid: tuple[int, i
            "options": {k: _identify(v) for k, v in sorted((options or {}).items())},
            "n": n, "identity": repr(identity)}
     maps = torch.full((n, grid[0] * grid[1]), float("nan"))
+    dist_info = dist_info or DistributedRun()
+    lead = dist_info.rank == 0
+    dev = next((p.device for p in model.parameters()), torch.device("cpu"))
     done = 0
-    if cache is not None and Path(cache).is_file():
+    if lead and cache is not None and Path(cache).is_file():
         saved = torch.load(cache, map_location="cpu", weights_only=True)
         if saved.get("key") == key:
             done = min(todo, int(saved["done"]))
             maps[:done] = saved["maps"][:done]
-    dev = next((p.device for p in model.parameters()), torch.device("cpu"))
-    starts = range(done, todo, batch)
-    if progress:
+    if dist_info.active:  # what the first process read, for all of them
+        done = int(_summed(torch.tensor(float(done) if lead else 0.0), dev, dist_info))
+        maps[:done] = _summed(maps[:done] if lead else torch.zeros_like(maps[:done]), dev, dist_info)
+    span = batch * dist_info.world  # one round: one batch per process
+    rounds = range(done, todo, span)
+    if progress and lead:
         from tqdm.auto import tqdm
 
-        starts = tqdm(starts, desc=f"teacher maps ({method})", unit="batch", dynamic_ncols=True)
-    for s in starts:
-        e = min(todo, s + batch)
-        x = torch.stack([dataset[i][0] for i in range(s, e)]).to(dev)
-        part = _pooled(explain(model, x, method=method, **(options or {})).maps.detach(), grid).cpu()
-        if not bool(torch.isfinite(part).all()):
-            raise InputError(f"the teacher {method!r} gave non-finite maps on training images {s}–{e - 1}")
-        maps[s:e] = part
-        if cache is not None:
-            save_torch({"key": key, "done": e, "maps": maps[:e].clone()}, cache)
+        rounds = tqdm(rounds, desc=f"teacher maps ({method})", unit="round" if dist_info.active else "batch",
+                      dynamic_ncols=True)
+    for r0 in rounds:
+        r1 = min(todo, r0 + span)
+        part = torch.zeros((r1 - r0 + 1, maps.shape[1]))  # the round's rows and a last row for "non-finite"
+        s, e = r0 + dist_info.rank * batch, min(r1, r0 + (dist_info.rank + 1) * batch)
+        if s < e:
+            x = torch.stack([dataset[i][0] for i in range(s, e)]).to(dev)
+            mine = _pooled(explain(model, x, method=method, **(options or {})).maps.detach(), grid).cpu()
+            if bool(torch.isfinite(mine).all()):
+                part[s - r0:e - r0] = mine
+            else:
+                part[-1] = 1.0
+        part = _summed(part, dev, dist_info)  # every row is computed by exactly one process
+        if bool(part[-1].any()):
+            raise InputError(f"the teacher {method!r} gave non-finite maps on training images {r0}–{r1 - 1}")
+        maps[r0:r1] = part[:-1]
+        if cache is not None and lead:
+            save_torch({"key": key, "done": r1, "maps": maps[:r1].clone()}, cache)
     return maps
+
+
+def _summed(t: Tensor, device: torch.device, dist_info: DistributedRun) -> Tensor:
+    """``t`` (on the CPU) summed over the processes (``t`` itself for one), through ``device`` (nccl takes only
+    CUDA tensors)."""
+    if not dist_info.active:
+        return t
+    import torch.distributed as dist
+
+    out = t.to(device).contiguous()
+    dist.all_reduce(out, op=dist.ReduceOp.SUM)
+    return out.cpu()
 
 
 def _identify(value: Any) -> str:
