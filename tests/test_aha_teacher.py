@@ -184,6 +184,11 @@ def test_a_training_with_the_refined_aha_teacher_caches_its_maps(tmp_path):
     assert any("teacher" in h for h in res.history)  # logged on the steps whose images have a teacher map
     meta = json.loads((tmp_path / "run" / "aha.json").read_text())
     assert (meta["train"]["teacher"], meta["train"]["teacher_images"]) == ("aha", 3)
+    import hashlib
+
+    sha = hashlib.sha256(path.read_bytes()).hexdigest()
+    assert meta["teacher_file"] == {"path": str(path), "sha256": sha}  # the card names the file's contents
+    assert f"SHA-256 `{sha[:16]}…`" in (tmp_path / "run" / "aha.md").read_text()
 
 
 def test_refined_teacher_settings_are_checked():
@@ -280,3 +285,18 @@ def test_teacher_maps_under_torchrun_share_the_batches(tmp_path):
     assert [r["calls"] for r in again] == [[2], []]
     assert torch.allclose(torch.tensor(again[1]["maps"])[:5], single[:5], atol=1e-6)
     assert bool(torch.isfinite(torch.tensor(again[1]["maps"])).all())
+
+
+def test_the_default_aha_teacher_is_recorded_as_the_bundled_file_by_its_contents():
+    import hashlib
+
+    from vitlens.aha import shipped_explainer
+    from vitlens.aha.loop import _teacher_file
+
+    model = vitlens.load_model("shapes-deit")
+    found = shipped_explainer(model)
+    assert found is not None
+    rec = _teacher_file(model, None)
+    assert rec == {"path": f"weights/{found[1].name} (bundled)",
+                   "sha256": hashlib.sha256(found[1].read_bytes()).hexdigest()}
+    assert _teacher_file(tiny_target(), None) is None  # no bundled explainer: nothing to record

@@ -56,7 +56,7 @@ def model_card(meta: dict[str, Any], net: AHANet) -> str:
     odds = f" drawn with odds {t['reference_weights']}" if t.get("reference_weights") else ""
     teacher = (f"; teacher `{t['teacher']}` (weight {t.get('w_teacher', 1.0)}, fading to 0 at "
                f"{t.get('teacher_frac', 0.5):.0%} of the steps"
-               + (f", refined maps of `{t['teacher_explainer']}`" if t.get("teacher_explainer") else "")
+               + _teacher_file_words(t, meta.get("teacher_file"))
                + (f", on the first {t['teacher_images']:,} training images" if t.get("teacher_images") else "")
                + ")" if t.get("teacher") else "")
     v = meta.get("validation") or {}
@@ -158,3 +158,12 @@ def curve_lines(curve: list[dict[str, Any]]) -> list[str]:
         lines.append(f"| {v['step']} | {v.get('images_seen', 0):,} | {v.get('seconds', 0):.0f} | {v['deletion']:.4f} | "
                      f"{v['insertion']:.4f} | {v['difference']:.4f} | {extra}{'' if soft is None else f'{soft:.4f}'} |")
     return lines + [""]
+
+
+def _teacher_file_words(t: dict[str, Any], file: dict[str, str] | None) -> str:
+    """The card's words for the ``aha`` teacher's explainer: the file the run read, with its SHA-256 (cards written
+    before it was recorded: the option as given)."""
+    if file:
+        return f", refined maps of `{file['path']}` (SHA-256 `{file['sha256'][:16]}…`)"
+    return f", refined maps of `{t['teacher_explainer']}`" if t.get("teacher_explainer") else ""
+

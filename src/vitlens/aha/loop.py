@@ -228,6 +228,7 @@ class _Run:
     target_id: str = ""
     ref_logits: dict[str, tuple[Tensor, Tensor]] = field(default_factory=dict)  # see training_loss(ref_cache=)
     teacher: Tensor | None = None  # the teacher's maps of the training images (cfg.teacher), on teacher_grid
+    teacher_file: dict[str, str] | None = None  # the aha teacher's explainer: its path and SHA-256
 
     def seconds(self) -> float:
         """Training wall time so far, including the runs this one resumes."""
@@ -510,6 +511,7 @@ def _write_outputs(run: _Run, name: str, command: str | None, card: bool, second
         "validation": run.validation,
         "learning_curve": run.val_history,
         "validation_protocol": PROTOCOL,
+        **({"teacher_file": run.teacher_file} if run.teacher_file else {}),
         "loss_history": [round(h["loss"], 6) for h in run.history],
         "written": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "versions": versions(),
@@ -518,6 +520,23 @@ def _write_outputs(run: _Run, name: str, command: str | None, card: bool, second
     if card:
         write_text(out / f"{name}.md", model_card(meta, net))
     return weights
+
+
+def _teacher_file(model: nn.Module, path: str | None) -> dict[str, str] | None:
+    """``{"path", "sha256"}`` of the ``aha`` teacher's explainer: ``path``, or the one bundled for ``model``."""
+    import hashlib
+
+    from . import shipped_explainer
+
+    if path is None:
+        found = shipped_explainer(model)
+        if found is None or not found[1].is_file():
+            return None  # the method's own error names what is missing when the maps are computed
+        file = found[1]
+        shown = f"{file.parent.name}/{file.name} (bundled)"
+    else:
+        file, shown = Path(path), str(path)
+    return {"path": shown, "sha256": hashlib.sha256(file.read_bytes()).hexdigest()}
 
 
 def train_aha(model: nn.Module, data: Any = "scenes", out_dir: str | os.PathLike | None = None, *,
@@ -556,6 +575,8 @@ def train_aha(model: nn.Module, data: Any = "scenes", out_dir: str | os.PathLike
         first = run.train_set[0][0]
         grid = teacher_grid((first.shape[-2], first.shape[-1]), run.adapter.patch_size)
         refined = cfg.teacher == "aha"  # minutes of refinement: 16 images a batch, cached in the output folder
+        if refined:  # which file's maps they are, for the card (the default is whichever explainer is bundled now)
+            run.teacher_file = _teacher_file(model, cfg.teacher_explainer)
         run.teacher = teacher_maps(model, run.train_set, cfg.teacher, grid, batch=16 if refined else 32,
                                    progress=progress and run.dist_info.rank == 0, count=cfg.teacher_images,
                                    options={"explainer": cfg.teacher_explainer} if cfg.teacher_explainer else None,
