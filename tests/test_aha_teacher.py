@@ -98,6 +98,27 @@ def test_the_card_names_the_teacher():
     meta["train"].update(teacher="gradskip", w_teacher=0.5, teacher_frac=1.0)
     line = next(ln for ln in model_card(meta, net).splitlines() if ln.startswith("- Loss:"))
     assert line.endswith("per image; teacher `gradskip` (weight 0.5, fading to 0 at 100% of the steps).")
+    meta["notes"] = ["Kept elsewhere: the teacher."]  # a maintainer's note in the JSON: the card's last bullet
+    notes = model_card(meta, net).split("## Notes", 1)[1]
+    assert notes.splitlines()[-3] == "- Kept elsewhere: the teacher."
+
+
+def test_the_shipped_shapes_deit_explainer_names_a_teacher_file_the_repository_holds():
+    """Its card's command names an untracked teacher file; the note names the kept copy, with the same contents."""
+    import hashlib
+    import json
+    import re
+    from pathlib import Path
+
+    from vitlens.aha import shipped_explainer
+
+    _, path, _ = shipped_explainer(vitlens.load_model("shapes-deit"))
+    meta = json.loads(path.with_suffix(".json").read_text())
+    assert meta["train"]["teacher"] == "aha"
+    kept = re.search(r"`(benchmarks/results/aha-teachers/[^`]+)`", " ".join(meta["notes"]))
+    assert kept is not None
+    file = Path(__file__).resolve().parents[1] / kept.group(1)
+    assert hashlib.sha256(file.read_bytes()).hexdigest() == meta["teacher_file"]["sha256"]
 
 
 def test_the_card_names_a_mask_blur_other_than_the_default():

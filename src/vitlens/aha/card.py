@@ -120,6 +120,7 @@ def model_card(meta: dict[str, Any], net: AHANet) -> str:
         "for `--resume`) in the output folder; it is not part of the shipped files.",
         "- Any number of processes gives the same weights up to float rounding (the batch is sharded, every random "
         "draw is keyed by step and image); the same process count reproduces them bit for bit.",
+        *(f"- {note}" for note in meta.get("notes") or []),  # what a maintainer added to the JSON after training
         "",
         f"Versions: {json.dumps(meta['versions'])}",
         "",
