@@ -56,7 +56,7 @@ def plot(curve: list[dict], path: Path, title: str, reference: dict[str, float])
     import matplotlib.pyplot as plt
 
     x = [v["images_seen"] for v in curve]
-    fig, ax = plt.subplots(figsize=(7.0, 4.2), dpi=150)
+    fig, ax = plt.subplots(figsize=(8.6, 4.2), dpi=150)
     ax.plot(x, [v["insertion"] for v in curve], "o-", color="tab:green", label="insertion ↑")
     ax.plot(x, [v["deletion"] for v in curve], "o-", color="tab:red", label="deletion ↓")
     ax.plot(x, [v["difference"] for v in curve], "o-", color="black", lw=2, label="insertion − deletion ↑")
@@ -70,7 +70,7 @@ def plot(curve: list[dict], path: Path, title: str, reference: dict[str, float])
     ax.set_ylabel("AUC (held-out, hard metric)")
     ax.set_title(title, fontsize=10)
     ax.grid(alpha=0.3)
-    ax.legend(loc="center right", fontsize=8, framealpha=0.9)
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)  # outside: hides no point
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path)
