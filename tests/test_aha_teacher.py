@@ -312,12 +312,12 @@ def test_the_default_aha_teacher_is_recorded_as_the_bundled_file_by_its_contents
     import hashlib
 
     from vitlens.aha import shipped_explainer
-    from vitlens.aha.loop import _teacher_file
+    from vitlens.aha.teacher import teacher_file
 
     model = vitlens.load_model("shapes-deit")
     found = shipped_explainer(model)
     assert found is not None
-    rec = _teacher_file(model, None)
+    rec = teacher_file(model, None)
     assert rec == {"path": f"weights/{found[1].name} (bundled)",
                    "sha256": hashlib.sha256(found[1].read_bytes()).hexdigest()}
-    assert _teacher_file(tiny_target(), None) is None  # no bundled explainer: nothing to record
+    assert teacher_file(tiny_target(), None) is None  # no bundled explainer: nothing to record

@@ -36,7 +36,7 @@ from .evaluation import PROTOCOL
 from .network import OUTPUT_POOLS, AHANet, model_digest, save_explainer
 from .plan import StepPlan, choose_classes, image_noise, lr_factor, plan_step, temperature
 from .soft_metrics import RegionGrid, aha_loss, curve_fractions, default_grid_range, reference, soft_curves
-from .teacher import teacher_grid, teacher_loss, teacher_maps, teacher_weight
+from .teacher import teacher_grid, teacher_loss, teacher_weight, training_teacher
 from .validation import LabelledImages, all_reduce_sum, best_pool, choose_spread, validate
 
 __all__ = ["reference_logits", "soft_validate", "target_probs", "train_aha", "training_loss", "validate"]
@@ -522,23 +522,6 @@ def _write_outputs(run: _Run, name: str, command: str | None, card: bool, second
     return weights
 
 
-def _teacher_file(model: nn.Module, path: str | None) -> dict[str, str] | None:
-    """``{"path", "sha256"}`` of the ``aha`` teacher's explainer: ``path``, or the one bundled for ``model``."""
-    import hashlib
-
-    from . import shipped_explainer
-
-    if path is None:
-        found = shipped_explainer(model)
-        if found is None or not found[1].is_file():
-            return None  # the method's own error names what is missing when the maps are computed
-        file = found[1]
-        shown = f"{file.parent.name}/{file.name} (bundled)"
-    else:
-        file, shown = Path(path), str(path)
-    return {"path": shown, "sha256": hashlib.sha256(file.read_bytes()).hexdigest()}
-
-
 def train_aha(model: nn.Module, data: Any = "scenes", out_dir: str | os.PathLike | None = None, *,
               config: AHATrainConfig | None = None, name: str = "aha", resume: bool = False,
               stop_after: int | None = None, progress: bool = True, device: str | torch.device | None = None,
@@ -572,17 +555,10 @@ def train_aha(model: nn.Module, data: Any = "scenes", out_dir: str | os.PathLike
     run = _setup(model, data, out_dir, cfg, name, resume, overwrite, device, threads)
     _resume(run, resume)
     if cfg.teacher is not None and run.step < cfg.steps:
-        first = run.train_set[0][0]
-        grid = teacher_grid((first.shape[-2], first.shape[-1]), run.adapter.patch_size)
-        refined = cfg.teacher == "aha"  # minutes of refinement: 16 images a batch, cached in the output folder
-        if refined:  # which file's maps they are, for the card (the default is whichever explainer is bundled now)
-            run.teacher_file = _teacher_file(model, cfg.teacher_explainer)
-        run.teacher = teacher_maps(model, run.train_set, cfg.teacher, grid, batch=16 if refined else 32,
-                                   progress=progress and run.dist_info.rank == 0, count=cfg.teacher_images,
-                                   options={"explainer": cfg.teacher_explainer} if cfg.teacher_explainer else None,
-                                   cache=run.out / TEACHER_CACHE if refined and run.out is not None else None,
-                                   identity={"data": run.data_info, "target": run.target_id},
-                                   dist_info=run.dist_info)  # the processes share the batches
+        run.teacher, run.teacher_file = training_teacher(
+            model, run.train_set, cfg, run.adapter.patch_size, progress and run.dist_info.rank == 0,
+            run.out / TEACHER_CACHE if run.out is not None else None,
+            {"data": run.data_info, "target": run.target_id}, run.dist_info)
     decoder, sampler, per_epoch = _distribute(run)
     pbar = None
     if progress and run.dist_info.rank == 0:

@@ -34,7 +34,7 @@ from ..atomic import save_torch
 from ..errors import InputError
 from ..runtime import DistributedRun
 
-__all__ = ["TEACHERS", "teacher_grid", "teacher_loss", "teacher_maps", "teacher_weight"]
+__all__ = ["TEACHERS", "teacher_grid", "teacher_loss", "teacher_maps", "teacher_weight", "training_teacher"]
 
 #: methods a training run may use as its teacher: single-pass methods defined for every supported target, and
 #: ``"aha"`` (the refined maps of a trained explainer, see the module)
@@ -120,6 +120,41 @@ def teacher_maps(model: nn.Module, dataset: Any, method: str, grid: tuple[int, i
         if cache is not None and lead:
             save_torch({"key": key, "done": r1, "maps": maps[:r1].clone()}, cache)
     return maps
+
+
+def training_teacher(model: nn.Module, train_set: Any, cfg: Any, patch_size: Any, progress: bool,
+                     cache: Path | None, identity: dict[str, Any],
+                     dist_info: DistributedRun) -> tuple[Tensor, dict[str, str] | None]:
+    """A training's teacher (``cfg.teacher``, an :class:`~vitlens.aha.config.AHATrainConfig`): the maps of its
+    training images (:func:`teacher_maps` on the token grid; ``"aha"``: 16 images a batch, kept in ``cache``) and,
+    for ``"aha"``, which explainer file they are the refined maps of (:func:`teacher_file`; the default is whichever
+    explainer is bundled when the run starts, so the card names it by its contents)."""
+    first = train_set[0][0]
+    grid = teacher_grid((first.shape[-2], first.shape[-1]), patch_size)
+    refined = cfg.teacher == "aha"  # minutes of refinement: cached in the output folder
+    maps = teacher_maps(model, train_set, cfg.teacher, grid, batch=16 if refined else 32, progress=progress,
+                        count=cfg.teacher_images,
+                        options={"explainer": cfg.teacher_explainer} if cfg.teacher_explainer else None,
+                        cache=cache if refined else None, identity=identity, dist_info=dist_info)
+    return maps, teacher_file(model, cfg.teacher_explainer) if refined else None
+
+
+def teacher_file(model: nn.Module, path: str | None) -> dict[str, str] | None:
+    """``{"path", "sha256"}`` of the ``aha`` teacher's explainer: ``path``, or the one bundled for ``model``
+    (``None`` where there is none: the method itself then names what is missing)."""
+    import hashlib
+
+    from . import shipped_explainer
+
+    if path is None:
+        found = shipped_explainer(model)
+        if found is None or not found[1].is_file():
+            return None
+        file = found[1]
+        shown = f"{file.parent.name}/{file.name} (bundled)"
+    else:
+        file, shown = Path(path), str(path)
+    return {"path": shown, "sha256": hashlib.sha256(file.read_bytes()).hexdigest()}
 
 
 def _summed(t: Tensor, device: torch.device, dist_info: DistributedRun) -> Tensor:
