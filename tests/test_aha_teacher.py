@@ -265,6 +265,8 @@ maps = teacher_maps(tiny_target(), TensorData(x, y), "gradskip", (4, 4), batch=2
                     cache={cache!r}, identity={{"r": 1}}, dist_info=info)
 with open(os.path.join({out!r}, f"rank{{info.rank}}.json"), "w") as f:
     json.dump({{"calls": calls, "maps": maps.tolist()}}, f)
+torch.distributed.barrier()
+torch.distributed.destroy_process_group()  # gloo's threads torn down before exit (left to the interpreter: abort)
 """
 
 
