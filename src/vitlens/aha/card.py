@@ -167,4 +167,3 @@ def _teacher_file_words(t: dict[str, Any], file: dict[str, str] | None) -> str:
     if file:
         return f", refined maps of `{file['path']}` (SHA-256 `{file['sha256'][:16]}…`)"
     return f", refined maps of `{t['teacher_explainer']}`" if t.get("teacher_explainer") else ""
-

@@ -129,6 +129,7 @@ def training_teacher(model: nn.Module, train_set: Any, cfg: Any, patch_size: Any
     training images (:func:`teacher_maps` on the token grid; ``"aha"``: 16 images a batch, kept in ``cache``) and,
     for ``"aha"``, which explainer file they are the refined maps of (:func:`teacher_file`; the default is whichever
     explainer is bundled when the run starts, so the card names it by its contents)."""
+    assert cfg.teacher is not None  # the training asks for maps only when it has a teacher
     first = train_set[0][0]
     grid = teacher_grid((first.shape[-2], first.shape[-1]), patch_size)
     refined = cfg.teacher == "aha"  # minutes of refinement: cached in the output folder
@@ -142,8 +143,6 @@ def training_teacher(model: nn.Module, train_set: Any, cfg: Any, patch_size: Any
 def teacher_file(model: nn.Module, path: str | None) -> dict[str, str] | None:
     """``{"path", "sha256"}`` of the ``aha`` teacher's explainer: ``path``, or the one bundled for ``model``
     (``None`` where there is none: the method itself then names what is missing)."""
-    import hashlib
-
     from . import shipped_explainer
 
     if path is None:
@@ -154,7 +153,7 @@ def teacher_file(model: nn.Module, path: str | None) -> dict[str, str] | None:
         shown = f"{file.parent.name}/{file.name} (bundled)"
     else:
         file, shown = Path(path), str(path)
-    return {"path": shown, "sha256": hashlib.sha256(file.read_bytes()).hexdigest()}
+    return {"path": shown, "sha256": _sha256(file)}
 
 
 def _summed(t: Tensor, device: torch.device, dist_info: DistributedRun) -> Tensor:
@@ -172,10 +171,14 @@ def _summed(t: Tensor, device: torch.device, dist_info: DistributedRun) -> Tenso
 def _identify(value: Any) -> str:
     """An option value as the teacher cache's key holds it: a file by the SHA-256 of its contents."""
     if isinstance(value, (str, Path)) and Path(value).is_file():
-        import hashlib
-
-        return "sha256:" + hashlib.sha256(Path(value).read_bytes()).hexdigest()
+        return "sha256:" + _sha256(Path(value))
     return repr(value)
+
+
+def _sha256(file: Path) -> str:
+    import hashlib
+
+    return hashlib.sha256(file.read_bytes()).hexdigest()
 
 
 def teacher_loss(maps: Tensor, teacher: Tensor, grid: tuple[int, int]) -> Tensor:
