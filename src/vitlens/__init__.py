@@ -32,6 +32,11 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     "ClassProbability": (".targets", "ClassProbability"),
     "Contrast": (".targets", "Contrast"),
     "SegmentationTarget": (".targets", "SegmentationTarget"),
+    "TextPrompt": (".targets_text", "TextPrompt"),
+    "TextContrast": (".targets_text", "TextContrast"),
+    "TextEmbedding": (".targets_text", "TextEmbedding"),
+    "VisionLanguageModel": (".models.vlm", "VisionLanguageModel"),
+    "ZeroShotClassifier": (".models.vlm", "ZeroShotClassifier"),
     "data": (".data", None),
     "metrics": (".metrics", None),
     "targets": (".targets", None),
@@ -84,7 +89,9 @@ if TYPE_CHECKING:
     from .explainers.support import conformance, working_methods
     from .images import load_images
     from .models import get_adapter, load_model
+    from .models.vlm import VisionLanguageModel, ZeroShotClassifier
     from .targets import ClassLogit, ClassProbability, Contrast, SegmentationTarget
+    from .targets_text import TextContrast, TextEmbedding, TextPrompt
 
 __all__ = [
     "explain",
@@ -102,6 +109,11 @@ __all__ = [
     "ClassProbability",
     "Contrast",
     "SegmentationTarget",
+    "TextPrompt",
+    "TextContrast",
+    "TextEmbedding",
+    "VisionLanguageModel",
+    "ZeroShotClassifier",
     "data",
     "metrics",
     "targets",

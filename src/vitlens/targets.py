@@ -15,7 +15,7 @@ logits to give the scores ``y`` (shape ``(B,)``) whose gradients and relevance a
 from __future__ import annotations
 
 import copy
-from typing import Sequence, Union
+from typing import Any, Sequence, Union
 
 import torch
 import torch.nn.functional as F
@@ -94,6 +94,12 @@ class Target:
     def resolve(self, logits: Tensor) -> "Target":
         """Return a copy with all class indices fixed for this batch of logits (validated)."""
         raise NotImplementedError
+
+    def bind(self, model: Any) -> "Target":
+        """This target for ``model`` (a module or its adapter), before anything runs: a target that needs the model
+        itself, not only its output (a text prompt: the model's tokenizer and text encoder,
+        :mod:`vitlens.targets_text`), returns a copy that holds what it needs. Default: ``self``."""
+        return self
 
     def score(self, logits: Tensor) -> Tensor:
         """Target score per image, ``(B,)``, differentiable w.r.t. the logits."""

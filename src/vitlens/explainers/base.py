@@ -374,8 +374,9 @@ class Explainer(Method):
             x = x.to(device)
         x = x.to(adapter.dtype())  # fp16/bf16/fp64 models get their dtype (torch.autocast still applies inside)
         adapter.check_input(x)
-        tgt = make_target(target)
-        if getattr(adapter.model, "num_classes", None) == 0 and hasattr(adapter.model, "reset_classifier"):
+        tgt = make_target(target).bind(adapter)  # text targets: the model's text side, once per call
+        if getattr(adapter.model, "num_classes", None) == 0 and hasattr(adapter.model, "reset_classifier") and \
+                not getattr(tgt, "scores_embeddings", False):  # a TextEmbedding scores an image tower's features
             from ..errors import TargetError
 
             raise TargetError(f"{type(adapter.model).__name__} has no classifier head (num_classes=0): its output "

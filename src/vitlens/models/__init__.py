@@ -41,6 +41,9 @@ from .timm_swin import TimmSwinAdapter
 from .timm_swinv2 import TimmSwinV2Adapter
 from .timm_vit import TimmViTAdapter
 from .timm_vit_variants import TimmBlockFeaturesAdapter, TimmParallelViTAdapter
+from .timm_naflexvit import TimmNaFlexVitAdapter
+from .vlm import VisionLanguageModel, ZeroShotClassifier
+from .vlm_adapter import VLMAdapter
 
 __all__ = [
     "Adapter",
@@ -76,6 +79,10 @@ __all__ = [
     "TimmEfficientVitMsraAdapter",
     "HFPvtV2Adapter",
     "LinearProbe",
+    "TimmNaFlexVitAdapter",
+    "VisionLanguageModel",
+    "ZeroShotClassifier",
+    "VLMAdapter",
     "get_adapter",
     "refusal",
     "register_adapter",
@@ -150,7 +157,7 @@ def _refused_note(model: nn.Module) -> str | None:
     return None if why is None else f"{type(model).__name__} is not read by any adapter: {why}"
 
 
-_ADAPTERS: list[type[Adapter]] = [TimmParallelViTAdapter, TimmBlockFeaturesAdapter, TimmViTAdapter, TimmEvaAdapter, TimmBeitAdapter, TimmRelPosAdapter, TimmSwinAdapter,
+_ADAPTERS: list[type[Adapter]] = [VLMAdapter, TimmNaFlexVitAdapter, TimmParallelViTAdapter, TimmBlockFeaturesAdapter, TimmViTAdapter, TimmEvaAdapter, TimmBeitAdapter, TimmRelPosAdapter, TimmSwinAdapter,
                                   TimmSwinV2Adapter, TimmCaitAdapter, HFViTAdapter, HFSequenceAdapter, HFSwinAdapter,
                                   HFSwinV2Adapter, SegformerAdapter, TimmPvtV2Adapter, HFPvtV2Adapter, TimmMViTAdapter,
                                   TimmHieraAdapter, HFHieraAdapter, TimmMaxxVitAdapter, TimmTwinsAdapter, TimmCoaTAdapter, TimmCrossVitAdapter,
@@ -282,7 +289,10 @@ def _load_named(name: str | nn.Module, pretrained: bool, weights: str | os.PathL
                 raise
             raise _build_error(name, kwargs, e) from None
     elif name.startswith("hf:"):
-        model = _load_hf(name[3:], pretrained, **kwargs)
+        from .vlm import load_vlm_folder, vlm_folder_type  # CLIP / SigLIP / SigLIP2 folders: image-text models
+
+        vlm = vlm_folder_type(name[3:])
+        model = load_vlm_folder(name[3:], pretrained, **kwargs) if vlm else _load_hf(name[3:], pretrained, **kwargs)
     elif name == "efficientnet_lite0":
         from .efficientnet import load_efficientnet_lite0
 
