@@ -15,7 +15,7 @@ from vitlens.viz import display_image, save_figure
 def test_figure_size_is_bounded_for_any_aspect_ratio(tmp_path: Path, hw: tuple[int, int]) -> None:
     rng = np.random.default_rng(0)
     image = rng.integers(0, 255, (*hw, 3), dtype=np.uint8)
-    path = save_figure(tmp_path / "f.png", image, rng.standard_normal(hw), title="t", caption="c")
+    path = save_figure(tmp_path / "f.png", image, rng.standard_normal(hw), title="t", caption="c", dpi=100)
     with Image.open(path) as written:
         width, height = written.size
     assert width <= 1000 and height <= 1600, (width, height)  # at 100 dpi: 8.3 x at most ~15.4 inches

@@ -64,6 +64,7 @@ class AHA(Explainer):
         self._cache: dict[int, tuple[weakref.ref, Any]] = {}
 
     def check_options(self) -> None:
+    value_kind = "score"
         o = self.options
         if int(o["refine_steps"]) < 0:
             raise InputError(f"refine_steps must be >= 0, got {o['refine_steps']}")

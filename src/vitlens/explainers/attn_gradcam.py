@@ -38,6 +38,7 @@ class AttentionGradCAM(OneLayerCAM):
     """
 
     name = "attn_gradcam"
+    value_kind = "nonnegative"
     description = "Grad-CAM on the last block's attention"
     needs = (ATTENTION, TOKEN_SEQUENCE)
     display_name = "Attention Grad-CAM"

@@ -24,6 +24,7 @@ class AttnLRP(GradientInputLRP):
     """
 
     name = "attnlrp"
+    value_kind = "signed"
     description = "AttnLRP relevance as gradient x input"
     display_name = "AttnLRP"
     mode = "attnlrp"

@@ -24,6 +24,7 @@ class CPLRP(GradientInputLRP):
     """
 
     name = "cplrp"
+    value_kind = "signed"
     description = "CP-LRP relevance as gradient x input"
     display_name = "CP-LRP"
     mode = "cplrp"

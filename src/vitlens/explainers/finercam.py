@@ -136,6 +136,7 @@ class FinerCAM(OneLayerCAM):
 
     name = "finercam"
     description = "Grad-CAM of the target class against its closest competitor"
+    value_kind = "nonnegative"
     needs = (FEATURES,)
     display_name = "Finer-CAM"
     defaults: dict[str, Any] = {"references": 3, "gamma": 1.0, "weighting": "mean", "layer": -1}

@@ -30,6 +30,7 @@ class GAE(Explainer):
     """
 
     name = "gae"
+    value_kind = "nonnegative"
     description = "gradient-weighted attention rollout (Chefer et al. 2021b)"
     needs = (ATTENTION, (TOKEN_SEQUENCE, WINDOWS, CLASS_ATTENTION))
     display_name = "GAE"

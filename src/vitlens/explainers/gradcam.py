@@ -39,6 +39,7 @@ class GradCAM(OneLayerCAM):
     """
 
     name = "gradcam"
+    value_kind = "nonnegative"
     description = "Grad-CAM on the ViT's tokens (or a CNN's last feature map)"
     needs = (FEATURES,)
     display_name = "Grad-CAM"

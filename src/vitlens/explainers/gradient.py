@@ -34,6 +34,13 @@ class Gradient(Explainer):
 
     name = "gradient"
     description = "vanilla gradient of the class score (magnitude)"
+    value_kind = "nonnegative"
+
+    @classmethod
+    def value_kind_for(cls, options: Any) -> str:
+        """Non-negative for the magnitude reductions (default ``max_abs``), signed for ``reduce='sum'``."""
+        return "signed" if options.get("reduce", cls.defaults["reduce"]) == "sum" else cls.value_kind
+
     display_name = "Gradient"
     level = "pixel"
     defaults: dict[str, Any] = {"reduce": "max_abs"}

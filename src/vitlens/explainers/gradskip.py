@@ -77,6 +77,7 @@ class GradSkip(Explainer):
 
     def check_options(self) -> None:
         o = self.options
+    value_kind = "signed"
         check_choices(o, head_weighting=_HEAD_MODES, skip=_SKIP_MODES)
         if not 0.0 <= float(o["alpha"]) <= 1.0:
             raise InputError(f"alpha must be in [0, 1], got {o['alpha']}")

@@ -26,6 +26,7 @@ class InputXGradient(Explainer):
     readout_logit_only = True  # logits only: the readout fast path applies (base.Explainer)
 
     name = "inputxgradient"
+    value_kind = "signed"
     description = "input x gradient, signed"
     display_name = "Input × Gradient"
     level = "pixel"

@@ -106,6 +106,7 @@ class IntegratedGradients(Explainer):
 
     name = "integrated_gradients"
     description = "integrated gradients from a baseline image"
+    value_kind = "signed"
     display_name = "Integrated Gradients"
     level = "pixel"
     defaults: dict[str, Any] = {

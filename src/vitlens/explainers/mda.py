@@ -124,6 +124,7 @@ class MDA(Explainer):
     defaults: dict[str, Any] = {
         "n_regions": None,
         "compactness": 10000.0,
+    value_kind = "nonnegative"
         "reference": "inputxgradient",
         "window": None,
         "cutoff": 0.9,

@@ -139,6 +139,13 @@ class MUTEX(Explainer):
 
     name = "mutex"
     description = "token masks from attention-graph centralities"
+    value_kind = "probability"
+
+    @classmethod
+    def value_kind_for(cls, options: Any) -> str:
+        """An expected class probability (``score='probability'``), else a mean of the target's own score."""
+        return cls.value_kind if options.get("score", "probability") == "probability" else "score"
+
     needs = (TOKENS, ATTENTION, TOKEN_SEQUENCE)
     display_name = "MUTEX"
     level = "token"

@@ -24,6 +24,7 @@ class RandomMap(Explainer):
 
     name = "random"
     description = "uniform random map: the floor every method should beat"
+    value_kind = "nonnegative"
     display_name = "Random"
     baseline = True
     level = "token"

@@ -8,7 +8,14 @@ from typing import Any, ClassVar, Mapping
 from ..errors import InputError
 
 __all__ = ["Method", "register", "unregister", "get_method", "methods", "method_classes", "requirements",
-           "display_label", "display_parts", "is_baseline"]
+           "display_label", "display_parts", "is_baseline", "VALUE_KINDS", "value_kind"]
+
+#: What a method's map values mean (:attr:`Method.value_kind`), which fixes how every figure draws them:
+#: ``"signed"`` — relevance for (> 0) and against (< 0) the class, 0 = none: a diverging scale centred at 0;
+#: ``"nonnegative"`` — importance >= 0 (a ReLU'd CAM, a gradient's magnitude, attention): a sequential scale from 0;
+#: ``"probability"`` — an expected class probability (RISE's mean score over masks): sequential, lowest to highest;
+#: ``"score"`` — a score whose 0 means nothing (a mean logit, a learned ranking score): sequential, lowest to highest.
+VALUE_KINDS: tuple[str, ...] = ("signed", "nonnegative", "probability", "score")
 
 
 class Method:
@@ -50,6 +57,15 @@ class Method:
     option_symbols: ClassVar[dict[str, str]] = {}
     #: a reference point rather than a method (the random map): never marked best, e.g. for its cost.
     baseline: ClassVar[bool] = False
+    #: what the map's values mean with the default options, one of :data:`VALUE_KINDS` (every registered method
+    #: declares it; a test enforces it). Figures draw a method by it, the same way on every image.
+    value_kind: ClassVar[str] = ""
+
+    @classmethod
+    def value_kind_for(cls, options: Mapping[str, Any]) -> str:
+        """:attr:`value_kind` with these options (a method whose meaning depends on an option overrides it:
+        ``gradient`` with ``reduce='sum'`` is signed, RISE with ``score='target'`` is a mean logit)."""
+        return cls.value_kind
 
 
 _METHODS: dict[str, type[Method]] = {}
@@ -119,6 +135,27 @@ def display_label(label: str) -> str:
     ``'gradcam'`` → ``'Grad-CAM'`` (see :func:`display_parts`)."""
     shown, settings = display_parts(label)
     return f"{shown} ({settings})" if settings else shown
+def value_kind(label: str) -> str | None:
+    """What the values of a method label's maps mean (:data:`VALUE_KINDS`): ``'rise'`` → ``'probability'``,
+    ``'gradient[reduce=sum]'`` → ``'signed'``; ``None`` for a label of no registered method or one that declares
+    nothing (figures then judge the map itself)."""
+    name, sep, rest = str(label).partition("[")
+    cls = _METHODS.get(name)
+    if cls is None:
+        return None
+    options: dict[str, Any] = {}
+    if sep and rest.endswith("]"):
+        import ast
+
+        for part in rest[:-1].split(","):
+            key, eq, value = part.partition("=")
+            if eq:
+                try:
+                    options[key.strip()] = ast.literal_eval(value.strip())
+                except (ValueError, SyntaxError):
+                    options[key.strip()] = value.strip()
+    kind = cls.value_kind_for(options)
+    return kind if kind in VALUE_KINDS else None
 def is_baseline(label: str) -> bool:
     """Whether a method label (``'random[seed=1]'``) names a baseline (:attr:`Method.baseline`)."""
     cls = _METHODS.get(str(label).partition("[")[0])

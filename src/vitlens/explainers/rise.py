@@ -67,6 +67,13 @@ class RISE(Explainer):
     readout_logit_only = True  # logits only: the readout fast path applies (base.Explainer)
 
     name = "rise"
+    value_kind = "probability"
+
+    @classmethod
+    def value_kind_for(cls, options: Any) -> str:
+        """An expected class probability (``score='probability'``), else a mean of the target's own score."""
+        return cls.value_kind if options.get("score", "probability") == "probability" else "score"
+
     description = "mean class score over random smooth masks"
     display_name = "RISE"
     level = "pixel"

@@ -40,6 +40,7 @@ class AttentionRollout(Explainer):
 
     name = "rollout"
     description = "attention rollout: attention maps multiplied through the blocks"
+    value_kind = "nonnegative"
     needs = (ATTENTION, (TOKEN_SEQUENCE, WINDOWS, CLASS_ATTENTION))
     display_name = "Attention Rollout"
     level = "token"

@@ -43,6 +43,13 @@ class SmoothGrad(Explainer):
     readout_logit_only = True  # logits only: the readout fast path applies (base.Explainer)
 
     name = "smoothgrad"
+    value_kind = "nonnegative"
+
+    @classmethod
+    def value_kind_for(cls, options: Any) -> str:
+        """Non-negative for the magnitude reductions (default ``max_abs``), signed for ``reduce='sum'``."""
+        return "signed" if options.get("reduce", cls.defaults["reduce"]) == "sum" else cls.value_kind
+
     description = "gradient averaged over noisy copies of the input"
     display_name = "SmoothGrad"
     level = "pixel"

@@ -87,6 +87,13 @@ class TIS(Explainer):
 
     name = "tis"
     description = "token masks from clustered activations, scored on the kept tokens"
+    value_kind = "probability"
+
+    @classmethod
+    def value_kind_for(cls, options: Any) -> str:
+        """An expected class probability (``score='probability'``), else a mean of the target's own score."""
+        return cls.value_kind if options.get("score", "probability") == "probability" else "score"
+
     needs = (TOKENS, BLOCK_IO, TOKEN_SEQUENCE)
     display_name = "TIS"
     level = "token"

@@ -154,6 +154,7 @@ class TransformerAttribution(Explainer):
 
     name = "transformer_attribution"
     description = "LRP relevance of the attention, rolled out (Chefer et al. 2021a)"
+    value_kind = "nonnegative"
     needs = (ATTENTION, (LRP_LINEARS, LRP_VARIANT_LINEARS), BLOCK_IO, TOKEN_SEQUENCE, LINEAR_HEAD)
     display_name = "Transformer Attribution"
     level = "token"

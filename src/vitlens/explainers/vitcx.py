@@ -95,6 +95,13 @@ class ViTCX(Explainer):
     """
 
     name = "vitcx"
+    value_kind = "probability"
+
+    @classmethod
+    def value_kind_for(cls, options: Any) -> str:
+        """An expected class probability (``score='probability'``), else a mean of the target's own score."""
+        return cls.value_kind if options.get("score", "probability") == "probability" else "score"
+
     description = "masks from clustered patch embeddings and their causal impact"
     needs = (BLOCK_IO, TOKEN_SEQUENCE)
     display_name = "ViT-CX"

@@ -12,7 +12,7 @@ Importing or using this package never changes matplotlib's global backend or pyp
 ``[0, 1]`` (or uint8), not model-normalised input: use :func:`vitlens.images.denormalize` first.
 """
 
-from .figures import colorbar_label, save_figure, save_grid, split_label
+from .figures import JOURNAL_RC, clip_note, colorbar_label, save_figure, save_grid, split_label, tick_labels, wrap_phrases
 from .pixels import (
     ImageLike,
     MapLike,
@@ -22,6 +22,7 @@ from .pixels import (
     Scale,
     default_style,
     display_image,
+    kind_normalize,
     smooth_map,
     style_normalize,
     apply_scale,
@@ -46,6 +47,7 @@ __all__ = [
     "STYLES",
     "Scale",
     "default_style",
+    "kind_normalize",
     "display_image",
     "smooth_map",
     "style_normalize",
@@ -65,4 +67,8 @@ __all__ = [
     "save_grid",
     "colorbar_label",
     "split_label",
+    "wrap_phrases",
+    "tick_labels",
+    "clip_note",
+    "JOURNAL_RC",
 ]

@@ -4,10 +4,17 @@ Figures are drawn with :class:`matplotlib.figure.Figure` on an explicit ``Figure
 this module never changes matplotlib's global backend or pyplot state. Small inputs (a 64-px scene, a 28-px digit)
 are enlarged by an integer factor (nearest neighbour) before the map is blended, so the map is drawn smoothly at the
 resolution of the figure and every input pixel stays visible as a square.
+
+What a figure says about its colours is what was drawn: a method's maps are scaled by what its values mean (its
+declared :attr:`~vitlens.explainers.registry.Method.value_kind`), the same way on every image; colour bars carry the
+map's values in one number format, arrows where the scale was clipped and the percentile it ends at; captions wrap
+between phrases. PDF figures embed TrueType fonts (no Type 3), SVG keeps text as text, and the default resolution
+draws every panel at least as large as the image it shows.
 """
 
 from __future__ import annotations
 
+import math
 import textwrap
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -16,8 +23,7 @@ from typing import Any
 import numpy as np
 import torch
 from matplotlib.backends.backend_agg import FigureCanvasAgg
-from matplotlib.cm import ScalarMappable
-from matplotlib.colors import Colormap, Normalize
+from matplotlib.colors import Colormap
 from matplotlib.figure import Figure
 
 from vitlens.errors import InputError
@@ -28,8 +34,11 @@ from .pixels import (
     MapNormalization,
     MapStyle,
     Scale,
+    default_style,
     is_signed,
+    kind_normalize,
     map_array,
+    map_scale,
     overlay_with_scale,
     prepare_path,
     smooth_map,
@@ -39,49 +48,15 @@ from .pixels import (
 )
 
 from ..atomic import atomic_path
+from .colorbars import add_colorbar as _add_colorbar, clip_note, colorbar_label, tick_labels, wrap_phrases
 
-__all__ = ["save_figure", "save_grid", "colorbar_label", "split_label"]
+__all__ = ["save_figure", "save_grid", "colorbar_label", "split_label", "wrap_phrases", "tick_labels", "clip_note",
+           "JOURNAL_RC"]
 
-
-def colorbar_label(mode: str, units: str = "relevance") -> str:
-    """What the colours mean, in words, for a scaling mode (see :func:`vitlens.viz.scale_map`)."""
-    if mode == "signed":
-        return f"{units}: blue against the class, red for it (white = 0)"
-    if mode == "abs":
-        return f"|{units}| (sign ignored)"
-    if mode == "minmax":
-        return f"{units}, lowest to highest"
-    return units
-
-
-def _ticks(scale: Scale, relative: bool) -> tuple[list[float], list[str]]:
-    """Tick positions on the ``[0, 1]`` colour scale and their labels (map values, or words when maps differ)."""
-    if scale.mode == "signed":
-        if relative:
-            return [0.0, 0.5, 1.0], ["−max", "0", "+max"]
-        return [0.0, 0.5, 1.0], [f"{scale.vmin:.3g}", "0", f"+{scale.vmax:.3g}"]
-    if relative:
-        return [0.0, 1.0], ["0" if scale.mode == "abs" else "min", "max"]
-    return [0.0, 1.0], [f"{scale.vmin:.3g}", f"{scale.vmax:.3g}"]
-
-
-def _add_colorbar(fig: Figure, axes: Any, cmap: Colormap, scale: Scale, units: str, relative: bool,
-                  location: str = "right", fontsize: float = 8, wrap: int = 34) -> None:
-    """A colour bar beside ``axes`` (``location='right'``) or drawn into the axes ``axes`` (``'bottom'``)."""
-    mappable = ScalarMappable(norm=Normalize(0.0, 1.0), cmap=cmap)
-    if location == "right":
-        bar = fig.colorbar(mappable, ax=axes, location="right", fraction=0.05, aspect=25)
-    else:
-        bar = fig.colorbar(mappable, cax=axes, orientation="horizontal")
-    ticks, labels = _ticks(scale, relative)
-    bar.set_ticks(ticks, labels=labels, fontsize=fontsize - 1)
-    label = colorbar_label(scale.mode, units)
-    if location == "right":  # wrap to the bar's height so the label is never cut
-        label = textwrap.fill(label, max(20, int(fig.get_figheight() * 10)))
-    else:
-        label = textwrap.fill(label, wrap)
-    bar.set_label(label, fontsize=fontsize)
-
+#: matplotlib settings every figure is written with (locally, :func:`matplotlib.rc_context`; the global rcParams
+#: are never changed): PDF and PS embed TrueType (Type 42) fonts, not Type 3 (publishers' checkers flag those);
+#: SVG keeps text as text (editable, searchable), not paths.
+JOURNAL_RC: dict[str, Any] = {"pdf.fonttype": 42, "ps.fonttype": 42, "svg.fonttype": "none"}
 
 def split_label(label: str) -> tuple[str, str]:
     """``'gradskip[alpha=0,skip=fixed]'`` → ``('gradskip', 'alpha=0, skip=fixed')``; a plain name: ``(name, '')``."""
@@ -112,6 +87,39 @@ def _check_suffix(path: str | Path) -> None:
                          f"{', '.join('.' + k for k in sorted(kinds))}")
 
 
+def _method_kind(label: str | None) -> tuple[str | None, str | None]:
+    """A method label's declared value kind and level (``None``, ``None`` for a label of no registered method)."""
+    if label is None:
+        return None, None
+    from vitlens.explainers.registry import method_classes, value_kind  # the registry imports no method
+
+    cls = method_classes().get(str(label).partition("[")[0])
+    return value_kind(str(label)), (cls.level if cls is not None else None)
+
+
+def _panel_dpi(fig: Figure, axes: Sequence[Any], sizes: Sequence[tuple[int, int]], floor: float = 100.0,
+               ceiling: float = 600.0) -> int:
+    """The smallest resolution (>= ``floor``) at which each panel ``axes[i]`` is at least ``sizes[i]`` (height,
+    width) pixels: the layout is in inches, so a panel's pixels grow linearly with the dpi."""
+    fig.set_dpi(100)
+    fig.draw_without_rendering()
+    need = floor
+    for ax, (h, w) in zip(axes, sizes):
+        box = ax.get_window_extent()  # after the layout and the image's aspect, in pixels at 100 dpi
+        if box.width > 0 and box.height > 0:
+            need = max(need, 100.0 * w / box.width, 100.0 * h / box.height)
+    return int(math.ceil(min(need, ceiling)))
+
+
+def _save(fig: Figure, path: Path, dpi: int, metadata: Mapping[str, str] | None) -> None:
+    """Write ``fig`` with :data:`JOURNAL_RC` (set for this call only) atomically."""
+    from matplotlib import rc_context
+
+    with rc_context(JOURNAL_RC), atomic_path(path) as tmp:  # no half-written picture survives an error or a kill
+        fig.savefig(tmp, dpi=dpi, format=path.suffix.lstrip(".").lower() or None,
+                    metadata=_file_metadata(path, metadata))
+
+
 def save_figure(
     path: str | Path,
     image: ImageLike,
@@ -125,13 +133,15 @@ def save_figure(
     normalize: MapNormalization = "auto",
     clip: float | None = 99.5,
     scale: Scale | None = None,
-    style: MapStyle = "overlay",
+    style: MapStyle | None = None,
+    method: str | None = None,
     smooth: float = 0.0,
     units: str = "relevance",
     min_side: int = 320,
     max_side: int = 2048,
     panel_size: float = 3.6,
-    dpi: int = 100,
+    dpi: int | None = None,
+    min_panel_px: int | None = None,
     metadata: Mapping[str, str] | None = None,
 ) -> Path:
     """Write one explanation as a figure: the image, the overlay, a colour bar saying what the colours mean, and a
@@ -139,19 +149,25 @@ def save_figure(
 
     Args:
         path: output file; the format follows the suffix (``.png``, ``.pdf``, ``.svg``); parent folders are created.
+            PDF embeds TrueType fonts and SVG keeps text as text (:data:`JOURNAL_RC`).
         image: the picture (see :data:`vitlens.viz.ImageLike`) at any resolution, e.g. the original photo with
             :func:`vitlens.viz.map_to_original` applied to the map.
         heatmap: ``(h, w)`` map, resized to the image; NaN where the model saw nothing (left uncoloured).
         title: drawn above the overlay (e.g. the method and its settings).
-        caption: drawn under the panels, wrapped.
+        caption: drawn under the panels, wrapped between phrases.
         show_image: also show the plain image left of the overlay.
         alpha, cmap, normalize, clip: as in :func:`vitlens.viz.overlay`; by default the colour scale ends at the
             99.5th percentile (a few extreme pixels, common in gradient maps, would wash out the rest; ``None``:
-            the maximum). The scale is computed over the pixels that have a value (NaN is left out).
+            the maximum), and the colour bar says so (arrows at a clipped end, the percentile in its label). The
+            scale is computed over the pixels that have a value (NaN is left out).
         scale: a fixed colour range (:func:`vitlens.viz.map_scale`), e.g. to draw a map on the original image and
             on the model's view with the same colours; ``normalize`` and ``clip`` are then unused.
         style: ``'overlay'``, ``'blend'`` or ``'abs'`` (see :data:`vitlens.viz.MapStyle`); the plain image panel is
-            shown in colour in every style.
+            shown in colour in every style. ``None``: the method's default (:func:`vitlens.viz.default_style`),
+            else ``'overlay'``.
+        method: the label of the method that made the map (``'rise'``, ``'gradient[reduce=sum]'``): with
+            ``normalize='auto'`` its declared value kind sets the scale (signed → diverging at 0; non-negative →
+            from 0; probability-like → lowest to highest), never a guess from this one map.
         smooth: Gaussian smoothing of the map before drawing, standard deviation in map pixels (0: none).
         units: what the map's values are, for the colour bar's label.
         min_side: images whose shorter side is smaller are enlarged (integer factor, nearest) before blending.
@@ -159,7 +175,10 @@ def save_figure(
             are never enlarged beyond it (see :func:`vitlens.viz.display_image`).
         panel_size: width of each panel in inches; the height follows the aspect ratio, bounded to between a
             quarter of and four times the width (very thin images are drawn in a panel of that size).
-        dpi: resolution of the written raster.
+        dpi: resolution of the written raster; ``None``: the smallest (>= 100) at which each panel is at least
+            ``min_panel_px`` pixels on its longer side.
+        min_panel_px: the panels' least size at the default dpi (e.g. the model's input size); ``None``: the
+            image's own longer side, up to 512.
         metadata: provenance stored in the file (PNG text chunks; for PDF and SVG as JSON in the document's
             subject/description).
 
@@ -167,7 +186,14 @@ def save_figure(
         The path written.
     """
     _check_suffix(path)
-    _check_dpi(dpi)
+    if dpi is not None:
+        _check_dpi(dpi)
+    kind, level = _method_kind(method)
+    if style is None:
+        style = default_style(level, kind) if level is not None else "overlay"
+    if normalize == "auto" and kind is not None:
+        normalize = kind_normalize(kind)
+    own = to_uint8(image).shape[:2]
     pixels = display_image(image, min_side, max_side)
     arr = map_array(heatmap, allow_nan=True)
     arr = smooth_map(np.abs(arr) if style == "abs" else arr, smooth)  # |h| is smoothed: signs never cancel
@@ -176,8 +202,8 @@ def save_figure(
     panels = [("image", pixels), (title or "explanation", blended)] if show_image else [(title or "", blended)]
     width = panel_size * len(panels) + 1.1
     aspect = min(4.0, max(0.25, h / w))  # a 1 x 500 strip must not make a figure a hundred metres tall
-    height = panel_size * aspect + (0.5 if caption else 0.15) + (0.35 if title else 0.0)
-    fig = Figure(figsize=(width, height), dpi=dpi, layout="constrained")
+    height = panel_size * aspect + (0.65 if caption else 0.3) + (0.35 if title else 0.0)
+    fig = Figure(figsize=(width, height), dpi=100, layout="constrained")
     FigureCanvasAgg(fig)
     axes = fig.subplots(1, len(panels), squeeze=False)[0]
     for ax, (name, cell) in zip(axes, panels):
@@ -185,13 +211,16 @@ def save_figure(
         _clean_axes(ax)
         if name:
             ax.set_title(name, fontsize=10)
-    _add_colorbar(fig, list(axes), colormap, scale, units, relative=False)
-    if caption:
-        fig.supxlabel(textwrap.fill(caption, int(12 * width)), fontsize=10)
+    note = _add_colorbar(fig, list(axes), colormap, scale, units, relative=False, value_kind=kind, with_note=False)
+    text = "; ".join(t for t in (caption, note and f"colour {note}") if t)  # the clipping is said in the caption
+    if text:
+        fig.supxlabel(wrap_phrases(text, int(12 * width)), fontsize=10)
+    if dpi is None:
+        side = int(min_panel_px) if min_panel_px is not None else min(max(own), 512)
+        ratio = side / max(own)
+        dpi = _panel_dpi(fig, list(axes), [(round(own[0] * ratio), round(own[1] * ratio))] * len(panels))
     path = prepare_path(path)
-    with atomic_path(path) as tmp:  # no half-written picture survives an error or a kill
-        fig.savefig(tmp, dpi=dpi, format=path.suffix.lstrip(".").lower() or None,
-                    metadata=_file_metadata(path, metadata))
+    _save(fig, path, dpi, metadata)
     return path
 
 
@@ -255,6 +284,32 @@ def _column_title(title: str, width_chars: int) -> str:
     return text + ("\n" + textwrap.fill(settings, width_chars + 4) if settings else "")
 
 
+def _column_looks(columns: Mapping[str, list], normalize: str, styles: Mapping[str, MapStyle] | None
+                  ) -> dict[str, tuple[str, MapNormalization, str | None]]:
+    """Per column: its style, its scaling and its method's value kind. The scaling of ``normalize='auto'`` is the
+    method's declared kind; a label of no registered method is judged on all its maps at once (signed when any is),
+    so a column is drawn one way on every row."""
+    looks: dict[str, tuple[str, MapNormalization, str | None]] = {}
+    for name, maps in columns.items():
+        kind, level = _method_kind(name)
+        given = (styles or {}).get(name)
+        style = given if given is not None else (default_style(level, kind) if level is not None else "overlay")
+        mode: MapNormalization = normalize  # type: ignore[assignment]
+        if mode == "auto":
+            mode = kind_normalize(kind) if kind is not None else (
+                "signed" if any(is_signed(m) for m in maps) else "minmax")
+        looks[name] = (style, style_normalize(style, mode) if style != "overlay" else mode, kind)
+    return looks
+
+
+def _row_scale(maps: Sequence[np.ndarray], modes: Sequence[str], clip: float | None) -> Scale:
+    """One colour range for the maps of a grid row (``shared_scale``): their common mode (``'signed'`` when the
+    modes differ and one is signed, else lowest to highest) over all their values."""
+    mode = modes[0] if len(set(modes)) == 1 else ("signed" if "signed" in modes else "minmax")
+    values = np.concatenate([np.asarray(m, dtype=np.float64).ravel() for m in maps])
+    return map_scale(values[None, :], mode, clip)  # type: ignore[arg-type]
+
+
 def save_grid(
     path: str | Path,
     images: ImageLike | Sequence[ImageLike],
@@ -270,16 +325,18 @@ def save_grid(
     normalize: MapNormalization = "auto",
     clip: float | None = 99.5,
     styles: Mapping[str, MapStyle] | None = None,
+    shared_scale: bool = False,
     smooth: float = 0.0,
     units: str = "relevance",
-    dpi: int = 100,
+    dpi: int | None = None,
     metadata: Mapping[str, str] | None = None,
     text_size: float = 7.5,
 ) -> Path:
     """Write a comparison grid: one row per image; the image, then one overlay column per method.
 
     Args:
-        path: output file (``.png``; matplotlib picks the format from the suffix). Parent folders are created.
+        path: output file (``.png``, ``.pdf`` with TrueType fonts, ``.svg`` with text as text). Parent folders are
+            created.
         images: ``(B, 3, H, W)`` tensor, ``(B, H, W, 3)`` array, or a list of B images (see :data:`ImageLike`).
         heatmaps: method label → its B maps, as a ``(B, h, w)`` tensor/array or a list; column order is dict order.
             A label with settings (``'gradskip[alpha=0]'``) is titled by its display name with its settings
@@ -288,13 +345,21 @@ def save_grid(
         row_labels: one label per image, drawn left of each row (wrapped, never cut); default none.
         captions: one caption per image, drawn under the image (e.g. class, probability, true label).
         col_size: edge of each cell in inches.
-        colorbar: draw one colour bar under each method column saying what its colours mean. Each map is scaled on
-            its own; ``normalize='auto'`` scales a whole column as signed when any of its maps is signed.
-        alpha, cmap, normalize, clip: passed to :func:`vitlens.viz.overlay` (``clip``: see :func:`save_figure`).
-        styles: method label → its style (see :data:`vitlens.viz.MapStyle`); default ``'overlay'``.
+        colorbar: draw one colour bar under each method column saying what its colours mean (each map is scaled on
+            its own; arrows when a map's scale was clipped); with ``shared_scale``, one bar per row in map values.
+        alpha, cmap, clip: passed to :func:`vitlens.viz.overlay` (``clip``: see :func:`save_figure`).
+        normalize: ``'auto'``: each column by what its method's values mean (its declared value kind: signed →
+            diverging at 0, non-negative → from 0, probability-like → lowest to highest), the same on every row;
+            a label of no registered method: signed when any of its maps is. Or one mode for all columns.
+        styles: method label → its style (see :data:`vitlens.viz.MapStyle`); a method not given gets its default
+            (:func:`vitlens.viz.default_style`: pixel-level maps on a grey copy of the image), as ``vitlens
+            explain`` draws it; a label of no registered method ``'overlay'``.
+        shared_scale: one colour range per row, over all its methods' maps (for methods whose values compare,
+            e.g. one method at several settings), with its colour bar in map values at the row's end.
         smooth: Gaussian smoothing of every map, standard deviation in map pixels (0: none).
         units: what the maps' values are, for the colour bars.
-        dpi: resolution of the written raster.
+        dpi: resolution of the written raster; ``None``: the smallest (>= 100) at which every panel is at least
+            as large as its image (up to 1024 px), so a 224-px model input is never drawn smaller.
         metadata: provenance stored in the file (PNG text chunks).
         text_size: size of captions and colour-bar labels in points (column titles 1.5 pt larger, tick labels 1 pt
             smaller); lines are wrapped to the columns' width at that size. Raise it for a grid shown scaled down.
@@ -305,42 +370,53 @@ def save_grid(
     _check_suffix(path)
     if not 4.0 <= float(text_size) <= 40.0:
         raise InputError(f"save_grid: text_size must be between 4 and 40 points; got {text_size!r}")
-    _check_dpi(dpi)
+    if dpi is not None:
+        _check_dpi(dpi)
     image_list = _image_list(images)
     if not image_list:
         raise InputError("save_grid got no images")
     rows = len(image_list)
     columns = {name: _map_list(maps, name, rows) for name, maps in heatmaps.items()}
     column_titles = _check_grid(rows, columns, titles, row_labels, captions, col_size)
-    modes = {name: normalize if normalize != "auto" else
-             ("signed" if any(is_signed(m) for m in maps) else "minmax") for name, maps in columns.items()}
+    looks = _column_looks(columns, normalize, styles)
 
     ncols = 1 + len(columns)
     grow = float(text_size) / 7.5  # text sizes and wrap widths relative to the defaults
     chars = max(8, int(col_size * 11 / grow))
     heads = [_column_title(t, chars) for t in column_titles]
-    notes = [textwrap.fill(str(c), chars + int(10 / grow)) for c in captions] if captions is not None else None
-    extra = (0.6 * grow if colorbar and columns else 0.0)
+    notes = [wrap_phrases(str(c), chars + int(10 / grow)) for c in captions] if captions is not None else None
+    with_bars = bool(colorbar and columns and not shared_scale)
+    row_bars = bool(colorbar and columns and shared_scale)
+    extra = (0.6 * grow if with_bars else 0.0)
     extra += max(0.45, 0.15 * max(n.count("\n") + 1 for n in notes)) * grow if notes else 0.0
     extra += 0.17 * grow * max(h.count("\n") + 1 for h in heads)
-    fig = Figure(figsize=(col_size * ncols + (0.4 if row_labels else 0), col_size * rows + 0.3 + extra),
-                 dpi=dpi, layout="constrained")
+    width = col_size * ncols + (0.4 if row_labels else 0) + (0.9 * grow if row_bars else 0.0)
+    fig = Figure(figsize=(width, col_size * rows + 0.3 + extra), dpi=100, layout="constrained")
     FigureCanvasAgg(fig)
-    with_bars = bool(colorbar and columns)
-    grid = fig.add_gridspec(rows + with_bars, ncols, height_ratios=[1.0] * rows + [0.06] * with_bars)
+    grid = fig.add_gridspec(rows + with_bars, ncols + row_bars, height_ratios=[1.0] * rows + [0.06] * with_bars,
+                            width_ratios=[1.0] * ncols + [0.07] * row_bars)
     axes = np.array([[fig.add_subplot(grid[r, c]) for c in range(ncols)] for r in range(rows)], dtype=object)
-    cell_px = max(1, int(col_size * dpi))
-    scales: dict[str, tuple[Scale, Colormap]] = {}
+    cell_px = max(1, int(col_size * (dpi or 100)))
+    scales: dict[str, list[Scale]] = {name: [] for name in columns}
+    maps_of: dict[str, Colormap] = {}
+    own_sizes = []
     for r, image in enumerate(image_list):
+        own = to_uint8(image).shape[:2]
+        own_sizes.append(tuple(min(1024, v) for v in own))
         pixels = display_image(image, cell_px, max(cell_px, 1024))
+        drawn = {name: smooth_map(np.abs(map_array(maps[r])) if looks[name][0] == "abs" else maps[r], smooth)
+                 for name, maps in columns.items()}
+        fixed = _row_scale(list(drawn.values()), [looks[n][1] for n in columns], clip) if shared_scale and columns \
+            else None
         cells = [pixels]
-        for name, maps in columns.items():
-            style = (styles or {}).get(name, "overlay")
-            mode = style_normalize(style, normalize) if style != "overlay" else modes[name]
-            blended, scale, colormap = overlay_with_scale(pixels, smooth_map(np.abs(map_array(maps[r])) if style == "abs"
-                                                                     else maps[r], smooth), alpha, cmap, mode,
-                                                          clip, style=style)
-            scales.setdefault(name, (scale, colormap))
+        row_map: Colormap | None = None
+        for name in columns:
+            style, mode, _ = looks[name]
+            blended, scale, colormap = overlay_with_scale(pixels, drawn[name], alpha, cmap, mode, clip, scale=fixed,
+                                                          style=style)  # type: ignore[arg-type]
+            scales[name].append(scale)
+            maps_of.setdefault(name, colormap)
+            row_map = row_map or colormap
             cells.append(blended)
         for c, cell in enumerate(cells):
             ax = axes[r, c]
@@ -352,14 +428,23 @@ def save_grid(
                 ax.set_ylabel(textwrap.fill(str(row_labels[r]), chars), fontsize=text_size + 0.5)
             if c == 0 and notes is not None:
                 ax.set_xlabel(notes[r], fontsize=text_size)
+        if row_bars and fixed is not None and row_map is not None:
+            _add_colorbar(fig, fig.add_subplot(grid[r, ncols]), row_map, fixed, units, relative=False,
+                          location="side", fontsize=text_size,
+                          value_kind=next(iter({looks[n][2] for n in columns})) if len({looks[n][2] for n in columns})
+                          == 1 else None)
     if with_bars:
         fig.add_subplot(grid[rows, 0]).set_axis_off()
         for c, name in enumerate(columns, start=1):
-            scale, colormap = scales[name]
-            _add_colorbar(fig, fig.add_subplot(grid[rows, c]), colormap, scale, units, relative=True,
-                          location="bottom", fontsize=text_size, wrap=max(12, int(34 / grow)))
+            column = scales[name]
+            low = any(sc.clipped()[0] for sc in column)
+            high = any(sc.clipped()[1] for sc in column)
+            below = any(sc.data_min < 0 for sc in column)
+            _add_colorbar(fig, fig.add_subplot(grid[rows, c]), maps_of[name], column[0], units, relative=True,
+                          location="bottom", fontsize=text_size, wrap=max(12, int(34 / grow)),
+                          value_kind=looks[name][2], low=low, high=high, below_zero=below)
+    if dpi is None:
+        dpi = _panel_dpi(fig, list(axes.ravel()), [own_sizes[r] for r in range(rows) for _ in range(ncols)])
     path = prepare_path(path)
-    with atomic_path(path) as tmp:  # no half-written picture survives an error or a kill
-        fig.savefig(tmp, dpi=dpi, format=path.suffix.lstrip(".").lower() or None,
-                    metadata=_file_metadata(path, metadata))
+    _save(fig, path, dpi, metadata)
     return path

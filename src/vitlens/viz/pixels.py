@@ -35,6 +35,7 @@ __all__ = [
     "Scale",
     "smooth_map",
     "default_style",
+    "kind_normalize",
     "style_normalize",
     "to_uint8",
     "is_signed",
@@ -60,7 +61,8 @@ composited onto white), float in ``[0, 1]`` or uint8; or a PIL image."""
 MapLike = torch.Tensor | np.ndarray
 """A heatmap ``(H, W)`` of any real values (leading singleton dimensions such as ``(1, H, W)`` are dropped)."""
 
-MapNormalization = Literal["auto", "signed", "minmax", "abs", "none"]
+MapNormalization = Literal["auto", "signed", "positive", "minmax", "abs", "none"]
+"""How a map is scaled for display (see :func:`scale_map`); ``'positive'``: from 0 to the top (non-negative maps)."""
 
 MapStyle = Literal["overlay", "blend", "abs"]
 """How a map is drawn over its image: ``'overlay'`` — colours over the colour image (token-level maps);
@@ -185,12 +187,29 @@ def _resize_map(heatmap: np.ndarray, size_hw: tuple[int, int]) -> np.ndarray:
 
 @dataclass(frozen=True)
 class Scale:
-    """How a map was scaled for display: ``mode`` (``'signed'``, ``'abs'``, ``'minmax'`` or ``'none'``) and the map
-    values ``vmin``/``vmax`` that got the two ends of the colour map (``vmin = -vmax`` for ``'signed'``)."""
+    """How a map was scaled for display: ``mode`` (``'signed'``, ``'positive'``, ``'abs'``, ``'minmax'`` or
+    ``'none'``) and the map values ``vmin``/``vmax`` that got the two ends of the colour map (``vmin = -vmax`` for
+    ``'signed'``, 0 for ``'positive'``). ``data_min``/``data_max``: the map's own range (NaN: not recorded) and
+    ``clip`` the percentile the scale ends at, so a colour bar can say what it cut (:meth:`clipped`)."""
 
     mode: str
     vmin: float
     vmax: float
+    data_min: float = float("nan")
+    data_max: float = float("nan")
+    clip: float | None = None
+
+    def clipped(self) -> tuple[bool, bool]:
+        """Whether values lie below ``vmin`` / above ``vmax`` (drawn in the end colours: a colour bar's arrows).
+        For ``'abs'`` the low end is 0 = no magnitude and never clipped; ``'positive'`` clips values below 0."""
+        lo, hi = self.data_min, self.data_max
+        if self.mode == "abs":
+            top = max(abs(lo), abs(hi)) if math.isfinite(lo) and math.isfinite(hi) else float("nan")
+            return False, bool(top > self.vmax * (1 + 1e-9))
+        if self.mode == "none":
+            return bool(lo < 0.0), bool(hi > 1.0)
+        span = 1e-9 * max(abs(self.vmin), abs(self.vmax))
+        return bool(lo < self.vmin - span), bool(hi > self.vmax + span)
 
 
 def is_signed(heatmap: MapLike, share: float = 0.05) -> bool:
@@ -202,11 +221,21 @@ def is_signed(heatmap: MapLike, share: float = 0.05) -> bool:
     return total > 0 and float(-arr[arr < 0].sum()) >= share * total
 
 
+def kind_normalize(value_kind: str | None) -> MapNormalization:
+    """The scaling for a method's declared value kind (:data:`vitlens.explainers.VALUE_KINDS`): ``'signed'`` →
+    ``'signed'`` (diverging, centred at 0); ``'nonnegative'`` → ``'positive'`` (sequential from 0);
+    ``'probability'`` / ``'score'`` → ``'minmax'`` (sequential, lowest to highest); ``None`` (undeclared) →
+    ``'auto'`` (judged from the map)."""
+    return {"signed": "signed", "nonnegative": "positive", "probability": "minmax",
+            "score": "minmax"}.get(str(value_kind), "auto")  # type: ignore[return-value]
+
+
 def _resolve_mode(arr: np.ndarray, normalize: str) -> MapNormalization:
     if normalize == "auto":
         return "signed" if is_signed(arr) else "minmax"
-    if normalize not in ("signed", "abs", "minmax", "none"):
-        raise InputError(f"normalize must be 'auto', 'signed', 'abs', 'minmax' or 'none', got {normalize!r}")
+    if normalize not in ("signed", "positive", "abs", "minmax", "none"):
+        raise InputError(f"normalize must be 'auto', 'signed', 'positive', 'abs', 'minmax' or 'none', "
+                         f"got {normalize!r}")
     return normalize  # type: ignore[return-value]  # checked against the literals just above
 
 
@@ -224,15 +253,20 @@ def map_scale(heatmap: MapLike, normalize: MapNormalization = "auto", clip: floa
     if clip is not None and not 0.0 < float(clip) <= 100.0:
         raise InputError(f"clip must be a percentile in (0, 100], got {clip!r}")
     q = 100.0 if clip is None else float(clip)
+    seen = {"data_min": float(values.min()), "data_max": float(values.max()), "clip": None if q >= 100.0 else q}
     if mode in ("signed", "abs"):
         top = float(np.percentile(np.abs(values), q))
-        return Scale("signed", -top, top) if mode == "signed" else Scale("abs", 0.0, top)
+        return Scale("signed", -top, top, **seen) if mode == "signed" else Scale("abs", 0.0, top, **seen)
+    if mode == "positive":  # 0 to the top of the positive part; values below 0 saturate at 0 (and are said)
+        positive = values[values > 0]
+        top = float(np.percentile(positive, q)) if positive.size else 0.0
+        return Scale("positive", 0.0, top, **seen)
     if mode == "minmax":
         lo, hi = float(np.percentile(values, 100.0 - q)), float(np.percentile(values, q))
         if hi - lo <= 1e-9 * max(abs(lo), abs(hi)):  # constant up to resampling round-off: not stretched to noise
             lo = hi = float(np.median(values))
-        return Scale("minmax", lo, hi)
-    return Scale("none", 0.0, 1.0)
+        return Scale("minmax", lo, hi, **seen)
+    return Scale("none", 0.0, 1.0, **seen)
 
 
 def apply_scale(heatmap: MapLike, scale: Scale) -> np.ndarray:
@@ -245,6 +279,9 @@ def apply_scale(heatmap: MapLike, scale: Scale) -> np.ndarray:
     if scale.mode == "abs":
         top = scale.vmax
         return np.clip(np.abs(arr) / top, 0.0, 1.0) if top > 0 else np.where(np.isnan(arr), np.nan, 0.0)
+    if scale.mode == "positive":
+        top = scale.vmax
+        return np.clip(arr / top, 0.0, 1.0) if top > 0 else np.where(np.isnan(arr), np.nan, 0.0)
     if scale.mode == "minmax":
         lo, hi = scale.vmin, scale.vmax
         return np.clip((arr - lo) / (hi - lo), 0.0, 1.0) if hi > lo else np.where(np.isnan(arr), np.nan, 0.0)
@@ -256,7 +293,7 @@ def scale_map(heatmap: MapLike, normalize: MapNormalization = "auto", clip: floa
     """Scale a heatmap ``(H, W)`` to ``[0, 1]`` for a colour map; returns ``(values, scale)``.
 
     Modes: ``'signed'``: ``0.5 + h / (2 s)`` with ``s = max|h|`` (0 lands on the middle of a diverging colour map);
-    ``'abs'``: ``|h| / s`` (magnitude only); ``'minmax'``: ``(h - min) / (max - min)``; ``'none'``: clipped to
+    ``'positive'``: ``h / max h`` (non-negative maps, from 0; values below 0 saturate at 0); ``'abs'``: ``|h| / s`` (magnitude only); ``'minmax'``: ``(h - min) / (max - min)``; ``'none'``: clipped to
     ``[0, 1]``; ``'auto'``: ``'signed'`` when :func:`is_signed`, else ``'minmax'``.
     ``clip`` (a percentile in ``(0, 100]``, e.g. 99) replaces the maximum (and, for ``'minmax'``, the minimum by the
     ``100 - clip`` percentile) so that a few extreme pixels do not wash out the rest; values beyond saturate.
@@ -279,8 +316,8 @@ def normalize_map(heatmap: MapLike, normalize: MapNormalization = "minmax", clip
 
 def default_cmap(mode: str) -> str:
     """The colour map used when none is given: diverging ``'RdBu_r'`` (blue < 0 < red, white at 0) for signed maps,
-    ``'turbo'`` otherwise."""
-    return "RdBu_r" if mode == "signed" else "turbo"
+    sequential ``'inferno'`` (perceptually uniform, dark = low, readable in grey print) otherwise."""
+    return "RdBu_r" if mode == "signed" else "inferno"
 
 
 def _colormap(cmap: str | Colormap) -> Colormap:
@@ -292,10 +329,13 @@ def _colormap(cmap: str | Colormap) -> Colormap:
         raise InputError(f"unknown matplotlib colormap {cmap!r}") from None
 
 
-def default_style(level: str) -> MapStyle:
-    """The style a method's maps are drawn in by default: ``'blend'`` for pixel-level methods (``level='pixel'``),
-    ``'overlay'`` for token-level ones."""
-    return "blend" if level == "pixel" else "overlay"
+def default_style(level: str, value_kind: str | None = "signed") -> MapStyle:
+    """The style a method's maps are drawn in by default: pixel-level methods (``level='pixel'``) on a grey copy of
+    the image — ``'blend'`` for signed maps, ``'abs'`` for non-negative ones (a gradient's magnitude); smooth
+    probability-like pixel maps (RISE) and token-level maps ``'overlay'`` the colour image."""
+    if level != "pixel" or value_kind in ("probability", "score"):
+        return "overlay"
+    return "abs" if value_kind == "nonnegative" else "blend"
 
 
 def style_normalize(style: str, normalize: MapNormalization) -> MapNormalization:
@@ -383,7 +423,7 @@ def overlay_with_scale(
     if scale is None:  # over the map's own pixels that have a value, before any resampling to the image
         scale = map_scale(arr, style_normalize(style, normalize), clip)
     mode = scale.mode
-    default = "inferno" if style == "abs" and mode == "abs" else default_cmap(mode)
+    default = default_cmap(mode)
     colormap = _colormap(cmap if cmap is not None else default)
     warn_if_stretched(arr.shape, pixels.shape[:2])
     scaled = apply_scale(_resize_map(arr, pixels.shape[:2]), scale)
