@@ -117,11 +117,17 @@ def cmd_bench(args: argparse.Namespace) -> int:
     torch.manual_seed(args.seed)  # random-weight models (pretrained=False) are the same in every process and rerun
     seeded = {"seed": args.seed} if args.model.startswith(("timm:", "hf:")) and "seed" not in model_kwargs else {}
     model = load_model_with_options(args.model, {**model_kwargs, **seeded})  # the seed is recorded with the model
+    prompts = None
+    if args.prompts is not None:  # a vision-language model classifying over prompts (docs/vlm.md)
+        from vitlens.models.vlm import ZeroShotClassifier, read_prompts
+
+        prompts = read_prompts(args.prompts)
+        model = ZeroShotClassifier(model, prompts)
     data = _with_class_map(args.data, args.class_map)
     config = BenchConfig(
         model=args.model + ("" if not model_kwargs else " " + json.dumps(model_kwargs, sort_keys=True)),
         data=data, methods=split_specs(args.methods), metrics=split_specs(args.metrics or _default_metrics(data)),
-        n=args.n, batch_size=args.batch, target=args.target, seed=args.seed, show=args.show,
+        n=args.n, batch_size=args.batch, target=args.target, seed=args.seed, show=args.show, prompts=prompts,
     )
     run_dir = run_benchmark(config, args.out, model=model, progress=not args.quiet, overwrite=args.overwrite,
                             device=device)
@@ -242,6 +248,10 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--num-images", "--n", dest="n", type=positive_int, default=None,
                    help="number of images (default: the whole source); under torchrun write --num-images")
     b.add_argument("--batch", type=positive_int, default=25, help="images per unit of work")
+    b.add_argument("--prompts", default=None, metavar="PROMPTS",
+                   help="vision-language models (CLIP, SigLIP, shapes-clip): classify over these prompts instead of "
+                        "classes, comma-separated or @FILE (one per line), one per class of the data in its class "
+                        "order (docs/vlm.md)")
     b.add_argument("--target", choices=["predicted", "label"], default="predicted",
                    help="the class explained: the model's prediction or the true label")
     b.add_argument("--device", default="cpu",

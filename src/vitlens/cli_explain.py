@@ -38,6 +38,9 @@ def add_explain_parser(sub: Any, formatter: type[argparse.HelpFormatter]) -> arg
     e.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
                    help="option for every method, repeatable (per-method options: --methods 'gradskip:alpha=0.3')")
     e.add_argument("--target", type=nonnegative_int, default=None, help="class index to explain (None: the predicted class)")
+    e.add_argument("--text", action="append", default=[], metavar="PROMPT",
+                   help="vision-language models (CLIP, SigLIP, shapes-clip): explain the image-text score of this "
+                        "prompt instead of a class; repeatable, one figure per prompt (docs/vlm.md)")
     e.add_argument("--device", default="cpu", help="torch device: cpu, cuda, cuda:1, mps, or auto")
     e.add_argument("--batch", type=positive_int, default=16, help="images per batch (>= 1)")
     e.add_argument("--normalize", default="auto", choices=["auto", "signed", "abs", "minmax"],
@@ -128,6 +131,10 @@ def _probabilities(model: Any, x: Any) -> Any:
 
     from vitlens.models.base import logits_of
 
+    from vitlens.models import get_adapter
+
+    if not get_adapter(model).provides("class_logits"):  # e.g. a vision-language model's image embeddings
+        return None
     with torch.no_grad():
         logits = logits_of(model(x))
     return logits.float().softmax(-1).cpu() if logits.ndim == 2 else None
@@ -180,15 +187,55 @@ def cmd_explain(args: argparse.Namespace) -> int:
                              "smooth": args.smooth,
                              "styles": {label: viz.default_style(method.level) if args.style == "auto" else args.style
                                         for label, method in methods}}
-    _refuse_replacing(out, planned_files(bases, [label for label, _ in methods], args.format), args.overwrite)
+    runs = prompt_runs(args, bases)  # [(target, bases)]: once, or once per --text prompt
+    _refuse_replacing(out, [f for _, b in runs for f in planned_files(b, [label for label, _ in methods], args.format)],
+                      args.overwrite)
     from vitlens.run_folders import folder_lock
 
     with folder_lock(out, "explain"):
         from vitlens.api import model_provenance
 
         style["model_record"] = model_provenance(model, args.model, model_kwargs)  # once: it hashes the weights
-        _explain_all(args, out, paths, bases, methods, model, cfg, names, style, device)
+        for target, run_bases in runs:
+            _explain_all(args, out, paths, run_bases, methods, model, cfg, names, style, device, target)
     return 0
+
+
+def prompt_runs(args: argparse.Namespace, bases: list[str]) -> list[tuple[Any, list[str]]]:
+    """``[(target, output bases)]``: ``--target`` once, or a :class:`vitlens.TextPrompt` per ``--text`` prompt with
+    the prompt in the file names (``cat.a_photo_of_a_dog.gradskip.png``)."""
+    from vitlens.errors import InputError
+
+    if not args.text:
+        return [(args.target, bases)]
+    if args.target is not None:
+        raise InputError("--target and --text both given: a class index or text prompts, not both")
+    import vitlens
+
+    texts = [t for t in args.text]
+    if any(not t.strip() for t in texts) or len(set(texts)) != len(texts):
+        raise InputError("--text: give each prompt once, and none empty")
+    runs, stems = [], set()
+    for i, text in enumerate(texts):
+        stem = _safe(text)[:48] or f"prompt{i + 1}"
+        stem = stem if stem.casefold() not in stems else f"{stem}-{i + 1}"
+        stems.add(stem.casefold())
+        runs.append((vitlens.TextPrompt(text), [f"{b}.{stem}" for b in bases]))
+    return runs
+
+
+def _text_caption(exp: Any, j: int, name_only: bool = False) -> str | None:
+    """The caption of a map of a text target: the prompt and the image-text score (``name_only``: the prompt);
+    ``None`` for class targets."""
+    prompts = exp.target.get("prompts") if exp.target.get("kind") in ("TextPrompt", "TextContrast") else None
+    if not prompts:
+        return None
+    if name_only:
+        return str(prompts[int(exp.targets[j])])
+    text = f"\u201c{prompts[int(exp.targets[j])]}\u201d"
+    if exp.target.get("versus") is not None:
+        text += f" vs \u201c{exp.target['versus']}\u201d"
+    return f"{text}, score = {float(exp.scores[j]):.3g}"
 
 
 def planned_files(bases: Sequence[str], labels: Sequence[str], ext: str = "png") -> list[str]:
@@ -220,7 +267,8 @@ def _refuse_replacing(out: Path, files: Sequence[str], overwrite: bool) -> None:
 
 
 def _explain_all(args: argparse.Namespace, out: Path, paths: list[Path], bases: list[str], methods: list,
-                 model: Any, cfg: Any, names: list[str] | None, style: dict[str, Any], device: Any) -> None:
+                 model: Any, cfg: Any, names: list[str] | None, style: dict[str, Any], device: Any,
+                 target: Any = None) -> None:
     from vitlens import images as vimages
 
     began = time.perf_counter()
@@ -232,7 +280,7 @@ def _explain_all(args: argparse.Namespace, out: Path, paths: list[Path], bases: 
         results = {}
         for label, method in methods:
             t0 = time.perf_counter()
-            results[label] = (method.explain(model, x, target=args.target), time.perf_counter() - t0)
+            results[label] = (method.explain(model, x, target=target), time.perf_counter() - t0)
         for j, i in enumerate(chunk):
             record = _write_image(paths[i], out / bases[i], pixels[j], results, j, probs, names, cfg, style, args)
             _report_line(record, args)
@@ -285,7 +333,7 @@ def _write_image(path: Path, base: Path, view: Any, results: dict[str, Any], j: 
     for label, (exp, seconds) in results.items():
         cls = int(exp.targets[j])
         prob = None if probs is None or cls >= probs.shape[1] else float(probs[j, cls])
-        caption = _caption(cls, prob, names)
+        caption = _text_caption(exp, j) or _caption(cls, prob, names)
         stem = f"{base.name}.{_safe(label)}"
         meta = {"method": label, "model": args.model, "image": str(path), "target_class": str(cls)}
         kind = style["styles"][label]
@@ -310,7 +358,8 @@ def _write_image(path: Path, base: Path, view: Any, results: dict[str, Any], j: 
         info = exp.provenance()
         info.update({"image": str(path), "image_sha256": digest, "model": args.model,
                      "model_provenance": style["model_record"], "target_class": cls,
-                     "target_name": names[cls] if names and cls < len(names) else None, "probability": prob,
+                     "target_name": _text_caption(exp, j, name_only=True) or (
+                         names[cls] if names and cls < len(names) else None), "probability": prob,
                      "score": float(exp.scores[j]), "targets": [cls], "scores": [float(exp.scores[j])],
                      "remainder": None if exp.remainder is None else float(exp.remainder[j]),
                      "seconds_per_image": seconds / len(exp),
@@ -327,7 +376,8 @@ def _write_image(path: Path, base: Path, view: Any, results: dict[str, Any], j: 
     if len(results) > 1:
         first = next(iter(record["methods"].values()))
         grid = base.parent / f"{base.name}.grid.{args.format}"
-        viz.save_grid(grid, [view], grid_maps, captions=[_caption(first["class"], first["probability"], names)],
+        viz.save_grid(grid, [view], grid_maps, captions=[_text_caption(next(iter(results.values()))[0], j)
+                                                         or _caption(first["class"], first["probability"], names)],
                       row_labels=[path.name], col_size=2.2, metadata={"model": args.model, "image": str(path)},
                       normalize=style["normalize"], clip=style["clip"], styles=style["styles"], smooth=style["smooth"],
                       dpi=args.dpi)

@@ -214,6 +214,8 @@ def write_report(run_dir: str | Path, config: Any = None) -> dict[str, Path]:
     order = [r["method"] for r in rows]
     cfg = json.loads((run_dir / "config.json").read_text()) if (run_dir / "config.json").exists() else {}
     description, class_names = _model_facts(cfg.get("model"))
+    if cfg.get("prompts"):  # a vision-language model over prompts: the prompts are its classes
+        class_names = [str(p) for p in cfg["prompts"]]
     curves = plot_curves(run_dir, order, show=top_methods(order))
     every = plot_curves(run_dir, order, name="curves-all.png", bands=False) if len(top_methods(order)) < len(order) \
         else None

@@ -170,7 +170,11 @@ def _facts(cfg: dict[str, Any], model_description: str, acc: dict[str, Any], n_m
                                                   f"{acc['mean_probability']:.2f} over {acc['n']} images"))
     target = cfg.get("target", "predicted")
     items.append(("Data", f"<code>{_e(cfg.get('data'))}</code>, {_e(cfg.get('n') or 'all')} images"))
-    items.append(("Explained class", "the model's predicted class" if target == "predicted" else "the true label"))
+    prompts = cfg.get("prompts")
+    if prompts:
+        items.append(("Prompts (the classes)", ", ".join(f"{i}: \u201c{_e(p)}\u201d" for i, p in enumerate(prompts))))
+    items.append(("Explained class", ("the best-matching prompt" if prompts else "the model's predicted class")
+                  if target == "predicted" else "the true label"))
     items.append(("Methods", str(n_methods)))
     return "<dl class='facts'>" + "".join(f"<dt>{k}</dt><dd>{v}</dd>" for k, v in items) + "</dl>"
 

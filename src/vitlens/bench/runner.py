@@ -53,6 +53,8 @@ class BenchConfig:
     target: str = "predicted"
     seed: int = 0
     show: int = 6
+    #: a vision-language model's prompts, one per class (the model is a ZeroShotClassifier over them)
+    prompts: list[str] | None = None
     extra: dict[str, Any] = field(default_factory=dict)
     #: share across the methods of one batch what does not depend on the method (a cost knob, not part of the
     #: stored configuration: the results differ by float rounding only)
@@ -89,6 +91,7 @@ class BenchConfig:
         return json.loads(dumps({
             "model": self.model, "data": self.data, "n": self.n, "target": self.target, "seed": self.seed,
             "methods": [[m, o] for m, o in self.methods], "metrics": [[m, o] for m, o in self.metrics],
+            **({"prompts": list(self.prompts)} if self.prompts else {}),
         }))
 
 

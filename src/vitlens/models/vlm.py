@@ -37,7 +37,7 @@ from ..errors import InputError, TargetError
 
 __all__ = ["VisionLanguageModel", "ZeroShotClassifier", "is_vision_language", "plain_vision_language",
            "image_embedding_of", "load_vlm_folder",
-           "naflex_inputs", "vlm_folder_type", "VLM_MODEL_TYPES"]
+           "naflex_inputs", "vlm_folder_type", "VLM_MODEL_TYPES", "read_prompts"]
 
 
 def image_embedding_of(out: Any, what: str = "image") -> Tensor:
@@ -409,3 +409,27 @@ def _folder_tokenizer(ident: str) -> Any:
         return AutoTokenizer.from_pretrained(ident, local_files_only=True)
     except (OSError, ValueError, TypeError, KeyError):
         return None
+
+
+def read_prompts(spec: str) -> list[str]:
+    """Prompts from a command-line value: comma-separated (``"a ring,a triangle"``), or ``@FILE`` with one prompt per
+    line (blank lines and lines starting with ``#`` skipped). One line for a value that gives none or repeats one."""
+    from pathlib import Path
+
+    if spec.startswith("@"):
+        path = Path(spec[1:])
+        if not path.is_file():
+            raise InputError(f"prompts file {path} does not exist (give @FILE with one prompt per line)")
+        try:
+            lines = path.read_text(encoding="utf-8").splitlines()
+        except (OSError, UnicodeDecodeError) as e:
+            raise InputError(f"prompts file {path} cannot be read as UTF-8 text ({type(e).__name__})") from None
+        prompts = [s.strip() for s in lines if s.strip() and not s.strip().startswith("#")]
+    else:
+        prompts = [s.strip() for s in spec.split(",") if s.strip()]
+    if not prompts:
+        raise InputError(f"no prompts in {spec!r} (comma-separated prompts, or @FILE with one per line)")
+    twice = next((p for p in prompts if prompts.count(p) > 1), None)
+    if twice is not None:
+        raise InputError(f"the prompt {twice!r} is given twice; each prompt is one class")
+    return prompts

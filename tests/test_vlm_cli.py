@@ -1,0 +1,70 @@
+"""The command line with vision–language models (issue #52, item 5): ``vitlens explain --text`` (one figure per prompt,
+the caption naming the prompt and its score) and ``vitlens bench --prompts`` (prompts as classes, shown in the
+report)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from vitlens.cli import main
+
+from tiny_vlms import hf_model, tokenizer
+
+CLASSES = "a disk,a square,a triangle,a cross,a ring,a star"  # the scenes' classes in their order
+
+
+@pytest.fixture()
+def clip_dir(tmp_path):
+    folder = tmp_path / "clip"
+    hf_model("clip").save_pretrained(folder)
+    tokenizer().save_pretrained(folder)
+    return folder
+
+
+def test_explain_one_figure_per_prompt(clip_dir, tmp_path, capsys):
+    img = tmp_path / "cat.png"
+    Image.fromarray((np.random.RandomState(0).rand(40, 56, 3) * 255).astype("uint8")).save(img)
+    out = tmp_path / "out"
+    assert main(["explain", str(img), "--model", f"hf:{clip_dir}", "--text", "a photo of a cat", "--text",
+                 "a photo of a dog", "--methods", "gradskip", "--json", "--dpi", "60", "--out", str(out)]) == 0
+    records = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.startswith("{")]
+    assert [r["methods"]["gradskip"]["name"] for r in records] == ["a photo of a cat", "a photo of a dog"]
+    for stem in ("a_photo_of_a_cat", "a_photo_of_a_dog"):
+        info = json.loads((out / f"cat_png.{stem}.gradskip.json").read_text())
+        assert info["target"]["kind"] == "TextPrompt" and info["target_name"] == stem.replace("_", " ")
+        assert info["probability"] is None  # an image embedding has no class probability
+        assert abs(info["score"] - (sum(np.load(out / f"cat_png.{stem}.gradskip.npz")["token_map"].ravel())
+                                    + info["remainder"])) < 1e-4 * max(1.0, abs(info["score"]))
+        assert (out / f"cat_png.{stem}.gradskip.png").stat().st_size > 0
+
+
+def test_explain_text_needs_a_vision_language_model(tmp_path, capsys):
+    img = tmp_path / "x.png"
+    Image.fromarray(np.zeros((32, 32, 3), dtype="uint8")).save(img)
+    code = main(["explain", str(img), "--model", "shapes-vit", "--text", "a ring", "--dpi", "60",
+                 "--out", str(tmp_path / "o")])
+    assert code != 0
+    err = capsys.readouterr().err
+    assert "vision–language model" in err and "Traceback" not in err
+    assert main(["explain", str(img), "--model", "shapes-vit", "--text", "a ring", "--target", "1",
+                 "--out", str(tmp_path / "p")]) != 0
+
+
+def test_bench_with_prompts_as_classes(clip_dir, tmp_path):
+    out = tmp_path / "run"
+    assert main(["bench", "--model", f"hf:{clip_dir}", "--prompts", CLASSES, "--data", "scenes", "--n", "3",
+                 "--batch", "3", "--methods", "gradskip", "--out", str(out), "--quiet"]) == 0
+    config = json.loads((out / "config.json").read_text())
+    assert config["prompts"] == CLASSES.split(",")
+    page = (out / "report.html").read_text()
+    assert "Prompts (the classes)" in page and "\u201ca triangle\u201d" in page
+    prompts_file = tmp_path / "prompts.txt"
+    prompts_file.write_text("# one per class\n" + "\n".join(CLASSES.split(",")) + "\n")
+    assert main(["bench", "--model", f"hf:{clip_dir}", "--prompts", f"@{prompts_file}", "--data", "scenes", "--n",
+                 "3", "--batch", "3", "--methods", "gradskip", "--out", str(out), "--quiet"]) == 0  # the same run
+    assert main(["bench", "--model", f"hf:{clip_dir}", "--prompts", "a ring,a ring", "--data", "scenes", "--n", "3",
+                 "--methods", "gradskip", "--out", str(tmp_path / "bad"), "--quiet"]) != 0
