@@ -16,6 +16,8 @@ from typing import Any, Callable, Iterable, Mapping
 
 from .devices import check_device
 from .errors import InputError
+from .option_ranges import (OptionSpec, any_of, brief, check_option, check_option_for_input, choice, custom, flag,
+                            grid_cells, integer, is_real, number, seed, subset, tensor)
 
 __all__ = [
     "check_known",
@@ -32,6 +34,20 @@ __all__ = [
     "finite_float",
     "parse_key_values",
     "load_model_with_options",
+    "OptionSpec",
+    "integer",
+    "number",
+    "flag",
+    "choice",
+    "subset",
+    "any_of",
+    "seed",
+    "grid_cells",
+    "tensor",
+    "custom",
+    "check_option",
+    "check_option_for_input",
+    "brief",
 ]
 
 
@@ -45,10 +61,6 @@ def check_known(kind: str, owner: str, given: Iterable[str], allowed: Iterable[s
                          f"{kind}s: {', '.join(allowed) or 'none'}")
 
 
-def _is_real(v: Any) -> bool:
-    return isinstance(v, numbers.Real) and not isinstance(v, bool)
-
-
 def check_number(name: str, value: Any, *, low: float | None = None, high: float | None = None,
                  low_open: bool = False, owner: str = "") -> float:
     """``value`` as a finite float in ``[low, high]`` (``(low, high]`` with ``low_open``); else one-line error."""
@@ -57,7 +69,7 @@ def check_number(name: str, value: Any, *, low: float | None = None, high: float
     hi = "" if high is None else f"<= {high}"
     allowed = " and ".join(s for s in (lo, hi) if s)
     want = f"a number {allowed}".strip()
-    if not _is_real(value) or not math.isfinite(float(value)):
+    if not is_real(value) or not math.isfinite(float(value)):
         raise InputError(f"option {name}{where} must be {want}; got {value!r}")
     v = float(value)
     if (low is not None and (v <= low if low_open else v < low)) or (high is not None and v > high):
@@ -95,7 +107,7 @@ def check_like_default(owner: str, options: Mapping[str, Any], defaults: Mapping
             if isinstance(v, bool) or not isinstance(v, numbers.Integral):
                 raise InputError(f"option {key} of {owner} must be an integer; got {v!r}")
         elif isinstance(default, numbers.Real):
-            if not _is_real(v) or not math.isfinite(float(v)):
+            if not is_real(v) or not math.isfinite(float(v)):
                 raise InputError(f"option {key} of {owner} must be a finite number; got {v!r}")
 
 

@@ -11,6 +11,7 @@ from torch import Tensor
 
 from ..errors import InputError
 from ..models import Adapter
+from ..options import integer
 from .base import Explainer
 
 __all__ = ["OneLayerCAM", "features_at", "token_gradcam"]
@@ -39,11 +40,8 @@ class OneLayerCAM(Explainer):
     index, negative counting from the end), on the model's token grid."""
 
     level = "token"
-
-    def check_options(self) -> None:
-        layer = self.options["layer"]
-        if isinstance(layer, bool) or not isinstance(layer, int):
-            raise InputError(f"layer must be an int block index (negative counts from the end), got {layer!r}")
+    #: checked against the model's layers when it arrives (:meth:`layer_index`)
+    option_specs = {"layer": integer(unit="a block index, negative counts from the end")}
 
     def layer_index(self, adapter: Adapter) -> int:
         """The ``layer`` option as a non-negative index into ``adapter.feature_layers()`` (checked against it)."""

@@ -33,7 +33,8 @@ from ..targets import Target
 from ._attention import token_map
 from ._lrp import BlockLinears, LinearTaps, Rerouted
 from ._lrp_variants import GATE_SHARE, VariantRules
-from .base import Attribution, Explainer, check_choices
+from ..options import choice
+from .base import Attribution, Explainer
 
 __all__ = ["GradientInputLRP", "QKV_GRADIENT", "RATIO_EPS", "attention_rule", "identity_rule", "scale_grad"]
 
@@ -103,9 +104,7 @@ class GradientInputLRP(Explainer):
     level = "token"
     mode = "attnlrp"
     defaults: dict[str, Any] = {"activation_rule": "identity"}
-
-    def check_options(self) -> None:
-        check_choices(self.options, activation_rule=_ACTIVATION_RULES)
+    option_specs = {"activation_rule": choice(*_ACTIVATION_RULES)}
 
     def attribute(self, adapter: Adapter, x: Tensor, target: Target) -> tuple[Attribution, Tensor, Target]:
         act = identity_rule if self.options["activation_rule"] == "identity" else None

@@ -17,6 +17,7 @@ from ..errors import InputError, UnsupportedModelError, WeightsUnavailableError
 from ..models import Adapter
 from ..models.capabilities import CLASS_LOGITS, FEATURE_MAPS, TOKEN_SEQUENCE
 from ..targets import Target
+from ..options import choice, custom, grid_cells, integer, number
 from .base import Attribution, Explainer, image_size
 from .registry import register
 
@@ -24,6 +25,19 @@ __all__ = ["AHA"]
 
 #: the references a ``reference="mixed"`` refinement takes in turn, one per step
 MIXED = ("mean", "black", "blur")
+
+
+def _explainer_ok(value: Any) -> bool:
+    """A path (non-empty string or Path: read when the method meets its model), ``'untrained'`` or an AHANet."""
+    if isinstance(value, str):
+        return bool(value.strip())
+    if isinstance(value, Path):
+        return True
+    if isinstance(value, nn.Module):
+        from ..aha import AHANet
+
+        return isinstance(value, AHANet)
+    return False
 
 
 @register
@@ -50,6 +64,7 @@ class AHA(Explainer):
     """
 
     name = "aha"
+    value_kind = "score"
     description = "learned explainer trained on deletion/insertion, optional refinement (needs trained explainer weights)"
     needs = (CLASS_LOGITS, (TOKEN_SEQUENCE, FEATURE_MAPS))
     display_name = "AHA"
@@ -57,6 +72,18 @@ class AHA(Explainer):
     level = "pixel"
     defaults: dict[str, Any] = {"explainer": None, "refine_steps": 6, "lr": 0.025, "grid": None, "tau": 0.03, "m": 16,
                                 "n_iters": 30, "reference": "mixed", "w_peak": 0.0025}
+    option_specs = {
+        "explainer": custom(_explainer_ok, "a path to a .safetensors explainer, an AHANet or 'untrained'",
+                            none=True, invalid=["", 3, nn.Linear(1, 1)], valid=["untrained", Path("x.safetensors")]),
+        "refine_steps": integer(0, 10_000),
+        "lr": number(0, low_open=True),
+        "grid": grid_cells(none=True),
+        "tau": number(0, low_open=True),
+        "m": integer(2, unit="curve points incl. both ends; refinement needs >= 3"),
+        "n_iters": integer(1),
+        "reference": choice("mean", "black", "blur", "mixed"),
+        "w_peak": number(0),
+    }
     fast_options: dict[str, Any] = {"explainer": "untrained", "refine_steps": 1, "m": 4}
 
     def __init__(self, **options: Any) -> None:
@@ -64,19 +91,10 @@ class AHA(Explainer):
         self._cache: dict[int, tuple[weakref.ref, Any]] = {}
 
     def check_options(self) -> None:
-    value_kind = "score"
         o = self.options
-        if int(o["refine_steps"]) < 0:
-            raise InputError(f"refine_steps must be >= 0, got {o['refine_steps']}")
         if int(o["refine_steps"]) > 0 and int(o["m"]) < 3:
-            raise InputError(f"refinement needs m >= 3 curve points, got {o['m']}")
-        if not float(o["tau"]) > 0:
-            raise InputError(f"tau must be > 0, got {o['tau']}")
-        if o["reference"] not in ("mean", "black", "blur", "mixed"):
-            raise InputError(f"reference must be 'mean', 'black', 'blur' or 'mixed', got {o['reference']!r}")
-        e = o["explainer"]
-        if not (e is None or isinstance(e, (str, Path, nn.Module))):
-            raise InputError(f"explainer must be None, a path, an AHANet or 'untrained'; got {type(e).__name__}")
+            raise InputError(f"option m of method 'aha' must be >= 3 when refine_steps > 0 (refinement needs 3 "
+                             f"curve points); got {o['m']}")
 
     def declared_cost(self) -> dict[str, float]:
         t = int(self.options["refine_steps"])

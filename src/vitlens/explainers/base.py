@@ -20,6 +20,7 @@ from .._version import __version__
 from ..errors import InputError
 from ..models import Adapter, get_adapter
 from ..models.base import Recording, logits_of
+from ..options import OptionSpec, check_like_default, check_option, check_option_for_input
 from ..targets import Target, TargetSpec, make_target
 from .registry import Method, method_classes
 from .support import check
@@ -261,7 +262,10 @@ class Explainer(Method):
     ``needs`` (the adapter capabilities it needs, :mod:`vitlens.models.capabilities`; ``()`` for model-agnostic
     methods; :meth:`~vitlens.explainers.registry.Method.required` when they depend on the options), ``level``
     (``"token"`` or ``"pixel"``) and implement :meth:`attribute`.
-    Options are validated against ``defaults`` (unknown names are an error) and by :meth:`check_options`.
+    Each option declares its type and range in ``option_specs`` (helpers of :mod:`vitlens.options`: ``integer``,
+    ``number``, ``choice``, ``grid_cells``, ...): unknown names, wrong types and values out of range are refused when
+    the method is made, ranges that depend on the image when the input arrives, each in one line naming the method,
+    the option, the value and the allowed range. :meth:`check_options` adds checks across options.
     """
 
     name: ClassVar[str] = ""
@@ -273,27 +277,38 @@ class Explainer(Method):
     batch_equivariant: ClassVar[bool] = True
     #: options whose default is a number but which also accept ``None`` (documented meaning, e.g. "all at once").
     nullable_options: ClassVar[frozenset[str]] = frozenset({"internal_batch_size"})
+    #: option name → its declared type and range, one per option of ``defaults`` (``tests/test_option_ranges.py``
+    #: holds every registered method to it). An option without one only gets the type check of its default.
+    option_specs: ClassVar[dict[str, OptionSpec]] = {}
     #: True for methods that read only the model's logits (no capture): their calls run the adapter's readout fast
     #: path where it offers one (``Adapter.readout_only``: the last block on the readout tokens only; same maps up to
     #: float rounding).
     readout_logit_only: ClassVar[bool] = False
 
     def __init__(self, **options: Any) -> None:
-        from ..options import check_like_default
-
         unknown = sorted(set(options) - set(self.defaults))
         if unknown:
             raise InputError(
                 f"unknown option(s) {', '.join(unknown)} for method '{self.name}'; "
                 f"options are: {', '.join(sorted(self.defaults)) or 'none'}"
             )
-        # types first (a number where a number is expected, ...), then the method's own range checks
-        check_like_default(f"method '{self.name}'", options, self.defaults, self.nullable_options)
-        self.options: dict[str, Any] = {**self.defaults, **options}
+        owner, specs = f"method '{self.name}'", self.option_specs
+        # each option against its declared range; an option declared nowhere against the type of its default
+        check_like_default(owner, {k: v for k, v in options.items() if k not in specs}, self.defaults,
+                           self.nullable_options)
+        given = {k: check_option(owner, k, specs[k], v) if k in specs else v for k, v in options.items()}
+        self.options: dict[str, Any] = {**self.defaults, **given}
         self.check_options()
 
     def check_options(self) -> None:
-        """Validate ``self.options``; raise :class:`InputError` with a clear message if one is bad."""
+        """Checks across options (``option_specs`` holds each one's range); raise :class:`InputError` in one line."""
+
+    def check_input_options(self, shape: tuple[int, ...]) -> None:
+        """Refuse an option whose range depends on the input (a grid of more cells than the image has pixels) in
+        one line, for an input batch of ``shape`` ``(B, C, H, W)``."""
+        for key, spec in self.option_specs.items():
+            if key in self.options:
+                check_option_for_input(f"method '{self.name}'", key, spec, self.options[key], shape)
 
     def declared_cost(self) -> dict[str, float]:
         """Cost per image with the current options, in passes of the target model: ``{"forward": …, "backward": …}``.
@@ -369,6 +384,7 @@ class Explainer(Method):
         check(adapter, self)  # the one refusal path: what the method needs and the adapter lacks
         _refuse_inference_parameters(adapter.model)
         x = validate_batch(x)
+        self.check_input_options(tuple(x.shape))
         device = _model_device(adapter.model)
         if device is not None and x.device != device:
             x = x.to(device)

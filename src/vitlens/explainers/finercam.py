@@ -13,12 +13,13 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ..errors import InputError, TargetError
+from ..errors import TargetError
 from ..models import Adapter
 from ..models.capabilities import FEATURES
 from ..targets import Target
 from ._cam import OneLayerCAM, features_at, token_gradcam
-from .base import Attribution, check_choices, image_size
+from ..options import choice, integer, number
+from .base import Attribution, image_size
 from .registry import register
 
 __all__ = ["FinerCAM", "FinerContrast", "similar_classes", "class_scores"]
@@ -135,25 +136,13 @@ class FinerCAM(OneLayerCAM):
     """
 
     name = "finercam"
-    description = "Grad-CAM of the target class against its closest competitor"
     value_kind = "nonnegative"
+    description = "Grad-CAM of the target class against its closest competitor"
     needs = (FEATURES,)
     display_name = "Finer-CAM"
     defaults: dict[str, Any] = {"references": 3, "gamma": 1.0, "weighting": "mean", "layer": -1}
-
-    def check_options(self) -> None:
-        super().check_options()
-        o = self.options
-        k = o["references"]
-        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-            raise InputError(f"references must be a positive int, got {k!r}")
-        try:
-            gamma = float(o["gamma"])
-        except (TypeError, ValueError):
-            raise InputError(f"gamma must be a number, got {o['gamma']!r}") from None
-        if not gamma == gamma or gamma in (float("inf"), float("-inf")):
-            raise InputError(f"gamma must be finite, got {o['gamma']!r}")
-        check_choices(o, weighting=_WEIGHTINGS)
+    option_specs = {**OneLayerCAM.option_specs, "references": integer(1, unit="capped at K - 1"),
+                    "gamma": number(0), "weighting": choice(*_WEIGHTINGS)}
 
     def _retarget(self, tgt: Target, logits: Tensor) -> FinerContrast:
         n_classes = logits.shape[1]

@@ -12,7 +12,8 @@ from torch import Tensor
 
 from ..models import Adapter
 from ..targets import Target
-from ._gradients import REDUCTIONS, check_reduce, input_gradient, input_gradients, reduce_channels
+from ..options import choice
+from ._gradients import REDUCTIONS, input_gradient, input_gradients, reduce_channels
 from .base import Attribution, Explainer
 from .registry import register
 
@@ -33,7 +34,6 @@ class Gradient(Explainer):
     readout_logit_only = True  # logits only: the readout fast path applies (base.Explainer)
 
     name = "gradient"
-    description = "vanilla gradient of the class score (magnitude)"
     value_kind = "nonnegative"
 
     @classmethod
@@ -41,12 +41,11 @@ class Gradient(Explainer):
         """Non-negative for the magnitude reductions (default ``max_abs``), signed for ``reduce='sum'``."""
         return "signed" if options.get("reduce", cls.defaults["reduce"]) == "sum" else cls.value_kind
 
+    description = "vanilla gradient of the class score (magnitude)"
     display_name = "Gradient"
     level = "pixel"
     defaults: dict[str, Any] = {"reduce": "max_abs"}
-
-    def check_options(self) -> None:
-        check_reduce(self.options)
+    option_specs = {"reduce": choice(*REDUCTIONS)}
 
     def attribute(self, adapter: Adapter, x: Tensor, target: Target) -> tuple[Attribution, Tensor, Target]:
         _, grad, logits, tgt = input_gradient(adapter, x, target)

@@ -33,13 +33,31 @@ from ._gradskip_rules import (
     weighted_attention,
     wide,
 )
-from .base import Attribution, Explainer, check_choices
+from ..options import choice, custom, flag, number
+from .base import Attribution, Explainer
 from .registry import register
 
 __all__ = ["GradSkip", "gini", "head_weights", "readout_relevance"]
 
 _HEAD_MODES = ("adaptive", "uniform", "gradient", "sparsity")
 _SKIP_MODES = ("adaptive", "fixed", "none")
+
+
+def _head_subset(value: Any) -> tuple[str, float] | None:
+    """``("top" | "bottom", k)`` with ``0 < k <= 1`` from ``("top", 0.25)`` or ``"top25"``; ``None`` if it is not
+    one."""
+    if isinstance(value, str):
+        side = "top" if value.startswith("top") else "bottom" if value.startswith("bottom") else ""
+        try:
+            value = (side, float(value[len(side):]) / 100.0) if side else None
+        except ValueError:
+            return None
+    if not (isinstance(value, (tuple, list)) and len(value) == 2 and value[0] in ("top", "bottom")):
+        return None
+    k = value[1]
+    if isinstance(k, bool) or not isinstance(k, (int, float)) or not 0.0 < float(k) <= 1.0:
+        return None
+    return str(value[0]), float(k)
 
 
 @register
@@ -59,6 +77,7 @@ class GradSkip(Explainer):
     """
 
     name = "gradskip"
+    value_kind = "signed"
     description = "relevance propagation with adaptive head weights and skip-aware gates; conserves relevance"
     needs = (ATTENTION, (TOKEN_SEQUENCE, WINDOWS, CLASS_ATTENTION, STAGES, MASK_UNITS, POOLING_ATTENTION,
                          PARTITION_ATTENTION))
@@ -74,27 +93,20 @@ class GradSkip(Explainer):
         "eps": 1e-12,
         "readout_path": True,
     }
-
-    def check_options(self) -> None:
-        o = self.options
-    value_kind = "signed"
-        check_choices(o, head_weighting=_HEAD_MODES, skip=_SKIP_MODES)
-        if not 0.0 <= float(o["alpha"]) <= 1.0:
-            raise InputError(f"alpha must be in [0, 1], got {o['alpha']}")
-        if not 0.0 <= float(o["grad_threshold"]) < 1.0:
-            raise InputError(f"grad_threshold must be in [0, 1), got {o['grad_threshold']}")
-        hs = o["head_subset"]
-        if hs is not None:
-            if isinstance(hs, str):  # "top25" / "bottom25"
-                side = "top" if hs.startswith("top") else "bottom" if hs.startswith("bottom") else ""
-                try:
-                    hs = (side, float(hs[len(side):]) / 100.0) if side else None
-                except ValueError:
-                    hs = None
-            ok = isinstance(hs, (tuple, list)) and len(hs) == 2 and hs[0] in ("top", "bottom")
-            if not ok or not 0.0 < float(hs[1]) <= 1.0:
-                raise InputError(f"head_subset must be None, ('top'|'bottom', k) with 0 < k <= 1, or 'top25'; got {o['head_subset']!r}")
-            o["head_subset"] = (hs[0], float(hs[1]))
+    option_specs = {
+        "head_weighting": choice(*_HEAD_MODES),
+        "alpha": number(0, 1),
+        "grad_threshold": number(0, 1, high_open=True),
+        "head_subset": custom(lambda v: _head_subset(v) is not None,
+                              "('top' | 'bottom', k) with 0 < k <= 1, or 'top25' / 'bottom25'", none=True,
+                              invalid=[("top", 0), ("top", 1.5), ("side", 0.5), "top0", "middle25", 0.5, ("top",)],
+                              valid=[("top", 1.0), ("bottom", 0.25), "top25", ["bottom", 0.5]],
+                              normalize=_head_subset),
+        "skip": choice(*_SKIP_MODES),
+        "conservative": flag(),
+        "eps": number(0, low_open=True),  # a stabiliser: 0 gives 0/0 gates on tokens without gradient
+        "readout_path": flag(),
+    }
 
     def attribute(self, adapter: Adapter, x: Tensor, target: Target) -> tuple[Attribution, Tensor, Target]:
         if adapter.provides(WINDOWS):  # Swin: docs/methods/gradskip_swin.md

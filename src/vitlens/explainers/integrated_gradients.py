@@ -15,7 +15,8 @@ from torch import Tensor
 from ..errors import InputError, VitlensError
 from ..models import Adapter
 from ..targets import Target
-from ._gradients import check_rows, clean_forward, input_gradients
+from ..options import any_of, choice, integer, tensor
+from ._gradients import clean_forward, input_gradients
 from .base import Attribution, Explainer
 from .registry import register
 
@@ -105,8 +106,8 @@ class IntegratedGradients(Explainer):
     readout_logit_only = True  # logits only: the readout fast path applies (base.Explainer)
 
     name = "integrated_gradients"
-    description = "integrated gradients from a baseline image"
     value_kind = "signed"
+    description = "integrated gradients from a baseline image"
     display_name = "Integrated Gradients"
     level = "pixel"
     defaults: dict[str, Any] = {
@@ -115,25 +116,16 @@ class IntegratedGradients(Explainer):
         "baseline": "black",
         "internal_batch_size": 64,
     }
+    option_specs = {
+        "n_steps": integer(1, 100_000),
+        "rule": choice(*QUADRATURES),
+        "baseline": any_of(choice("black", "zero"), tensor()),
+        "internal_batch_size": integer(1, none=True),
+    }
     fast_options: dict[str, Any] = {"n_steps": 4}
 
     def check_options(self) -> None:
-        o = self.options
-        n = o["n_steps"]
-        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-            raise InputError(f"n_steps must be a positive int, got {n!r}")
-        quadrature(o["rule"], n)  # validates the rule (and n >= 2 for the trapezoid rule)
-        b = o["baseline"]
-        if isinstance(b, str) and b not in ("black", "zero"):
-            raise InputError(f"baseline must be 'black', 'zero' or a tensor, got {b!r}")
-        if not isinstance(b, str):
-            try:
-                t = torch.as_tensor(b, dtype=torch.float32)
-            except (TypeError, ValueError, RuntimeError):
-                raise InputError(f"baseline must be 'black', 'zero' or a tensor, got {type(b).__name__}") from None
-            if not bool(torch.isfinite(t).all()):
-                raise InputError("the baseline tensor contains NaN or inf values")
-        check_rows(o["internal_batch_size"], "internal_batch_size")
+        quadrature(self.options["rule"], self.options["n_steps"])  # the trapezoid rule needs n_steps >= 2
 
     def declared_cost(self) -> dict[str, float]:
         n = float(self.options["n_steps"])

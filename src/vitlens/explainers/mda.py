@@ -38,7 +38,8 @@ from torch import Tensor
 from ..errors import InputError, VitlensError
 from ..models import Adapter
 from ..targets import Target
-from ._perturbation import score_needs, check_positive_int, check_score, resolve, target_scores
+from ..options import choice, custom, integer, number
+from ._perturbation import SCORE_KINDS, resolve, score_needs, target_scores
 from .base import Attribution, Explainer, Explanation, image_size
 from .registry import get_method, methods, register
 
@@ -101,6 +102,11 @@ def search_window(n_regions: int) -> int:
     return max(1, min(2 * int(math.isqrt(n_regions)), 28))
 
 
+def _reference_ok(value: Any) -> bool:
+    """``'none'`` (index order) or the name of a registered method other than MDA itself."""
+    return value == "none" or (isinstance(value, str) and value != "mda" and value in methods())
+
+
 @register
 class MDA(Explainer):
     """Metric-driven attribution ``(B, H, W)``: greedy insertion/deletion orderings of SLIC regions, each region
@@ -118,13 +124,13 @@ class MDA(Explainer):
     """
 
     name = "mda"
+    value_kind = "nonnegative"
     description = "greedy insertion/deletion orderings of superpixels"
     display_name = "MDA"
     level = "pixel"
     defaults: dict[str, Any] = {
         "n_regions": None,
         "compactness": 10000.0,
-    value_kind = "nonnegative"
         "reference": "inputxgradient",
         "window": None,
         "cutoff": 0.9,
@@ -137,6 +143,24 @@ class MDA(Explainer):
         "score": "probability",
         "batch_size": 64,
     }
+    option_specs = {
+        "n_regions": custom(lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 2,
+                            "an integer >= 2 (SLIC segments, at most the image's pixels)", none=True,
+                            invalid=[1, 0, -3, 2.5, "9", True], valid=[2, 196]),
+        "compactness": number(0, low_open=True),
+        "reference": custom(_reference_ok, "'none' or a registered method other than 'mda' (vitlens methods)",
+                            invalid=["mda", "no-such-method", 3, ""], valid=["none", "inputxgradient", "random"]),
+        "window": integer(1, none=True),
+        "cutoff": number(0, 1, low_open=True),
+        "blur_size": integer(1),
+        "blur_sigma": number(0, low_open=True),
+        "blur_step": integer(1),
+        "blur_max_size": integer(1),
+        "blur_max_prob": number(),  # a target score when score='target'
+        "fill": number(),
+        "score": choice(*SCORE_KINDS),
+        "batch_size": integer(1),
+    }
     fast_options: dict[str, Any] = {"n_regions": 9, "blur_size": 5, "blur_sigma": 2.0, "blur_max_size": 9}
 
     def required(self) -> tuple[str | tuple[str, ...], ...]:
@@ -148,29 +172,13 @@ class MDA(Explainer):
         self._forwards: list[int] = []
         self._reference_cost = {"forward": 0.0, "backward": 0.0}
 
-    def check_options(self) -> None:
-        o = self.options
-        check_positive_int(o, "blur_size", "blur_step", "blur_max_size", "batch_size")
-        check_score(o)
-        for key in ("n_regions", "window"):
-            if o[key] is not None:
-                check_positive_int(o, key)
-        if o["n_regions"] is not None and o["n_regions"] < 2:
-            raise InputError(f"n_regions must be at least 2, got {o['n_regions']}")
-        if not float(o["compactness"]) > 0:
-            raise InputError(f"compactness must be > 0, got {o['compactness']}")
-        if not 0.0 < float(o["cutoff"]) <= 1.0:
-            raise InputError(f"cutoff must be in (0, 1], got {o['cutoff']}")
-        if not float(o["blur_sigma"]) > 0:
-            raise InputError(f"blur_sigma must be > 0, got {o['blur_sigma']}")
-        if not math.isfinite(float(o["blur_max_prob"])):
-            raise InputError(f"blur_max_prob must be a finite number, got {o['blur_max_prob']}")
-        if not math.isfinite(float(o["fill"])):
-            raise InputError(f"fill must be a finite number, got {o['fill']}")
-        ref = o["reference"]
-        if ref != "none" and (ref == self.name or ref not in methods()):
-            raise InputError(f"reference must be 'none' or a registered method other than 'mda', got {ref!r}; "
-                             f"available: {', '.join(m for m in methods() if m != self.name)}")
+    def check_input_options(self, shape: tuple[int, ...]) -> None:
+        """Also: SLIC cannot make more segments than the image has pixels."""
+        super().check_input_options(shape)
+        n, (h, w) = self.options["n_regions"], (int(shape[-2]), int(shape[-1]))
+        if n is not None and n > h * w:
+            raise InputError(f"option n_regions={n} of method 'mda' does not fit the {h}x{w} input: at most "
+                             f"{h * w} segments (one per pixel)")
 
     def explain(self, *args: Any, **kwargs: Any) -> Explanation:
         self._forwards = []

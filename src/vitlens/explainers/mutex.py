@@ -37,7 +37,8 @@ from ..models import Adapter
 from ..models.base import recorded
 from ..models.capabilities import ATTENTION, TOKENS, TOKEN_SEQUENCE
 from ..targets import Target
-from ._perturbation import score_needs, check_positive_int, check_score, coverage_average, resolve, score_token_subsets
+from ..options import any_of, choice, flag, integer, number, subset
+from ._perturbation import SCORE_KINDS, coverage_average, resolve, score_needs, score_token_subsets
 from .base import Attribution, Explainer, image_size
 from .registry import register
 
@@ -138,7 +139,6 @@ class MUTEX(Explainer):
     """
 
     name = "mutex"
-    description = "token masks from attention-graph centralities"
     value_kind = "probability"
 
     @classmethod
@@ -146,6 +146,7 @@ class MUTEX(Explainer):
         """An expected class probability (``score='probability'``), else a mean of the target's own score."""
         return cls.value_kind if options.get("score", "probability") == "probability" else "score"
 
+    description = "token masks from attention-graph centralities"
     needs = (TOKENS, ATTENTION, TOKEN_SEQUENCE)
     display_name = "MUTEX"
     level = "token"
@@ -159,31 +160,21 @@ class MUTEX(Explainer):
         "score": "probability",
         "batch_size": 64,
     }
+    option_specs = {
+        "aggregations": subset(*AGGREGATIONS),
+        "centralities": subset(*CENTRALITIES),
+        "statistics": subset(*STATISTICS),
+        "quantile": number(0, 1, high_open=True),
+        "edge_cut": any_of(choice("mean", none=True), number(0, 1, high_open=True)),
+        "weighted": flag(),
+        "score": choice(*SCORE_KINDS),
+        "batch_size": integer(1),
+    }
     fast_options: dict[str, Any] = {}
 
     def required(self) -> tuple[str | tuple[str, ...], ...]:
         """``score='probability'`` (a softmax over classes) also needs class logits."""
         return self.needs + score_needs(self.options["score"])
-
-    def check_options(self) -> None:
-        o = self.options
-        check_positive_int(o, "batch_size")
-        check_score(o)
-        for key, allowed in (("aggregations", AGGREGATIONS), ("centralities", CENTRALITIES),
-                             ("statistics", STATISTICS)):
-            vals = o[key]
-            if isinstance(vals, str) or not isinstance(vals, (tuple, list)) or not vals:
-                raise InputError(f"{key} must be a non-empty sequence of {allowed}, got {vals!r}")
-            bad = [v for v in vals if v not in allowed]
-            if bad:
-                raise InputError(f"unknown {key} {bad}; choose from {allowed}")
-            o[key] = tuple(vals)
-        if not 0.0 <= float(o["quantile"]) < 1.0:
-            raise InputError(f"quantile must be in [0, 1), got {o['quantile']}")
-        cut = o["edge_cut"]
-        if cut is not None and cut != "mean":
-            if isinstance(cut, bool) or not isinstance(cut, (int, float)) or not 0.0 <= float(cut) < 1.0:
-                raise InputError(f"edge_cut must be 'mean', None or a quantile in [0, 1), got {cut!r}")
 
     @property
     def n_masks(self) -> int:

@@ -9,6 +9,7 @@ from torch import Tensor
 
 from ..models import Adapter
 from ..targets import Target
+from ..options import seed
 from ._random import image_seed
 from .base import Attribution, Explainer, image_size
 from .registry import register
@@ -23,12 +24,13 @@ class RandomMap(Explainer):
     so maps are deterministic and a batch equals one-by-one calls."""
 
     name = "random"
-    description = "uniform random map: the floor every method should beat"
     value_kind = "nonnegative"
+    description = "uniform random map: the floor every method should beat"
     display_name = "Random"
     baseline = True
     level = "token"
     defaults: dict[str, Any] = {"seed": 0}
+    option_specs = {"seed": seed()}
 
     def declared_cost(self) -> dict[str, float]:
         return {"forward": 1.0, "backward": 0.0}

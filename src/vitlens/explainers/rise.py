@@ -20,10 +20,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ..errors import InputError
 from ..models import Adapter
 from ..targets import Target
 from ._perturbation import score_needs, SCORE_KINDS, check_positive_int, check_score, resolve, target_scores
+from ..options import choice, grid_cells, integer, number, seed
 from ._random import image_generator
 from .base import Attribution, Explainer
 from .registry import register
@@ -86,23 +86,20 @@ class RISE(Explainer):
         "seed": 0,
         "batch_size": 64,
     }
+    option_specs = {
+        "n_masks": integer(1, MAX_MASKS),  # bounded work: each mask is one forward per image
+        "grid_size": grid_cells(pair=False),
+        "p_keep": number(0, 1, low_open=True),
+        "fill": number(),
+        "score": choice(*SCORE_KINDS),
+        "seed": seed(),
+        "batch_size": integer(1),
+    }
     fast_options: dict[str, Any] = {"n_masks": 24, "grid_size": 3, "batch_size": 16}
 
     def required(self) -> tuple[str | tuple[str, ...], ...]:
         """``score='probability'`` (a softmax over classes) also needs class logits."""
         return self.needs + score_needs(self.options["score"])
-
-    def check_options(self) -> None:
-        o = self.options
-        check_positive_int(o, "n_masks", "grid_size", "batch_size")
-        check_score(o)
-        if int(o["n_masks"]) > MAX_MASKS:  # bounded work: each mask is one forward per image
-            raise InputError(f"n_masks={o['n_masks']} means {int(o['n_masks']):,} forward passes per image; at most "
-                             f"{MAX_MASKS:,} (the paper uses 4,000)")
-        if not 0.0 < float(o["p_keep"]) <= 1.0:
-            raise InputError(f"p_keep must be in (0, 1], got {o['p_keep']}")
-        if not math.isfinite(float(o["fill"])):
-            raise InputError(f"fill must be a finite number, got {o['fill']}")
 
     def declared_cost(self) -> dict[str, float]:
         return {"forward": 1.0 + self.options["n_masks"], "backward": 0.0}

@@ -11,13 +11,14 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ..errors import InputError, UnsupportedModelError
+from ..errors import UnsupportedModelError
 from ..models import Adapter
 from ..models.base import recorded
 from ..models.capabilities import ATTENTION, CLASS_ATTENTION, TOKEN_SEQUENCE, WINDOWS
 from ..targets import Target
 from ._attention import DISCARD_PER, FUSIONS, discard_lowest, fuse_heads, readout_row, token_map
-from .base import Attribution, Explainer, check_choices, image_size
+from ..options import choice, number
+from .base import Attribution, Explainer, image_size
 from .registry import register
 
 __all__ = ["AttentionRollout", "fuse_heads", "discard_lowest", "readout_row", "token_map"]  # helpers re-exported
@@ -39,23 +40,17 @@ class AttentionRollout(Explainer):
     """
 
     name = "rollout"
-    description = "attention rollout: attention maps multiplied through the blocks"
     value_kind = "nonnegative"
+    description = "attention rollout: attention maps multiplied through the blocks"
     needs = (ATTENTION, (TOKEN_SEQUENCE, WINDOWS, CLASS_ATTENTION))
     display_name = "Attention Rollout"
     level = "token"
     defaults: dict[str, Any] = {"head_fusion": "mean", "discard_ratio": 0.0, "discard_per": "matrix"}
+    option_specs = {"head_fusion": choice(*FUSIONS), "discard_ratio": number(0, 1, high_open=True),
+                    "discard_per": choice(*DISCARD_PER)}
 
     def check_options(self) -> None:
-        o = self.options
-        check_choices(o, head_fusion=FUSIONS, discard_per=DISCARD_PER)
-        try:
-            ratio = float(o["discard_ratio"])
-        except (TypeError, ValueError):
-            raise InputError(f"discard_ratio must be a number in [0, 1), got {o['discard_ratio']!r}") from None
-        if not 0.0 <= ratio < 1.0:
-            raise InputError(f"discard_ratio must be in [0, 1), got {o['discard_ratio']}")
-        o["discard_ratio"] = ratio
+        self.options["discard_ratio"] = float(self.options["discard_ratio"])
 
     def declared_cost(self) -> dict[str, float]:
         return {"forward": 1.0, "backward": 0.0}

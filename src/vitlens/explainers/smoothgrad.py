@@ -11,10 +11,10 @@ from typing import Any, Callable
 import torch
 from torch import Tensor
 
-from ..errors import InputError
 from ..models import Adapter
 from ..targets import Target
-from ._gradients import check_reduce, check_rows, clean_forward, input_gradients, reduce_channels
+from ..options import choice, integer, number, seed
+from ._gradients import REDUCTIONS, clean_forward, input_gradients, reduce_channels
 from ._random import image_seed
 from .base import Attribution, Explainer
 from .registry import register
@@ -54,22 +54,9 @@ class SmoothGrad(Explainer):
     display_name = "SmoothGrad"
     level = "pixel"
     defaults: dict[str, Any] = {"n": 50, "noise": 0.15, "seed": 0, "reduce": "max_abs", "internal_batch_size": 64}
+    option_specs = {"n": integer(1), "noise": number(0), "seed": seed(), "reduce": choice(*REDUCTIONS),
+                    "internal_batch_size": integer(1, none=True)}
     fast_options: dict[str, Any] = {"n": 4}
-
-    def check_options(self) -> None:
-        o = self.options
-        check_reduce(o)
-        if isinstance(o["n"], bool) or not isinstance(o["n"], int) or o["n"] < 1:
-            raise InputError(f"n must be a positive int, got {o['n']!r}")
-        try:
-            noise = float(o["noise"])
-        except (TypeError, ValueError):
-            noise = float("nan")
-        if not (0.0 <= noise < float("inf")):
-            raise InputError(f"noise must be >= 0 (a fraction of the input range), got {o['noise']!r}")
-        if isinstance(o["seed"], bool) or not isinstance(o["seed"], int):
-            raise InputError(f"seed must be an int, got {o['seed']!r}")
-        check_rows(o["internal_batch_size"], "internal_batch_size")
 
     def declared_cost(self) -> dict[str, float]:
         n = float(self.options["n"])

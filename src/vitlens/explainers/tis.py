@@ -30,7 +30,8 @@ from ..models import Adapter
 from ..models.base import recorded
 from ..models.capabilities import BLOCK_IO, TOKENS, TOKEN_SEQUENCE
 from ..targets import Target
-from ._perturbation import score_needs, check_positive_int, check_score, coverage_average, resolve, score_token_subsets
+from ..options import choice, integer, number, seed
+from ._perturbation import SCORE_KINDS, coverage_average, resolve, score_needs, score_token_subsets
 from ._random import image_generator
 from .base import Attribution, Explainer, image_size
 from .registry import register
@@ -86,7 +87,6 @@ class TIS(Explainer):
     """
 
     name = "tis"
-    description = "token masks from clustered activations, scored on the kept tokens"
     value_kind = "probability"
 
     @classmethod
@@ -94,6 +94,7 @@ class TIS(Explainer):
         """An expected class probability (``score='probability'``), else a mean of the target's own score."""
         return cls.value_kind if options.get("score", "probability") == "probability" else "score"
 
+    description = "token masks from clustered activations, scored on the kept tokens"
     needs = (TOKENS, BLOCK_IO, TOKEN_SEQUENCE)
     display_name = "TIS"
     level = "token"
@@ -106,20 +107,20 @@ class TIS(Explainer):
         "seed": 0,
         "batch_size": 64,
     }
+    option_specs = {
+        "n_masks": integer(1, unit="k-means clusters, at most the activation channels"),
+        "token_ratio": number(0, 1, low_open=True),
+        "max_iter": integer(1),
+        "tol": number(0),
+        "score": choice(*SCORE_KINDS),
+        "seed": seed(),
+        "batch_size": integer(1),
+    }
     fast_options: dict[str, Any] = {"n_masks": 8, "max_iter": 20, "batch_size": 8}
 
     def required(self) -> tuple[str | tuple[str, ...], ...]:
         """``score='probability'`` (a softmax over classes) also needs class logits."""
         return self.needs + score_needs(self.options["score"])
-
-    def check_options(self) -> None:
-        o = self.options
-        check_positive_int(o, "n_masks", "max_iter", "batch_size")
-        check_score(o)
-        if not 0.0 < float(o["token_ratio"]) <= 1.0:
-            raise InputError(f"token_ratio must be in (0, 1], got {o['token_ratio']}")
-        if not float(o["tol"]) >= 0.0:
-            raise InputError(f"tol must be >= 0, got {o['tol']}")
 
     def declared_cost(self) -> dict[str, float]:
         """1 forward for the activations + ``n_masks`` forwards on ``⌊r·N⌋`` tokens (``token_fraction`` ≈ r)."""

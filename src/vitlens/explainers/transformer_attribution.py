@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ..errors import InputError, UnsupportedModelError
+from ..errors import UnsupportedModelError
 from ..models import Adapter
 from ..models.base import Recording, recorded
 from ..models.capabilities import ATTENTION, BLOCK_IO, LINEAR_HEAD, LRP_LINEARS, LRP_VARIANT_LINEARS, TOKEN_SEQUENCE
@@ -23,6 +23,7 @@ from ..targets import Target
 from ._attention import readout_row, relevance_rollout, token_map
 from ._lrp import BlockLinears, LinearTaps
 from ._lrp_variants import VariantRules, gate_value_weights, normed
+from ..options import number
 from .base import Attribution, Explainer
 from .registry import register
 
@@ -153,21 +154,16 @@ class TransformerAttribution(Explainer):
     """
 
     name = "transformer_attribution"
-    description = "LRP relevance of the attention, rolled out (Chefer et al. 2021a)"
     value_kind = "nonnegative"
+    description = "LRP relevance of the attention, rolled out (Chefer et al. 2021a)"
     needs = (ATTENTION, (LRP_LINEARS, LRP_VARIANT_LINEARS), BLOCK_IO, TOKEN_SEQUENCE, LINEAR_HEAD)
     display_name = "Transformer Attribution"
     level = "token"
     defaults: dict[str, Any] = {"alpha": 1.0}
+    option_specs = {"alpha": number(1)}  # beta = alpha - 1 >= 0
 
     def check_options(self) -> None:
-        try:
-            alpha = float(self.options["alpha"])
-        except (TypeError, ValueError):
-            raise InputError(f"alpha must be a number >= 1, got {self.options['alpha']!r}") from None
-        if not alpha >= 1.0:
-            raise InputError(f"alpha must be >= 1 (beta = alpha - 1 >= 0), got {self.options['alpha']}")
-        self.options["alpha"] = alpha
+        self.options["alpha"] = float(self.options["alpha"])
 
     def declared_cost(self) -> dict[str, float]:
         # the relevance sweep is explicit tensor algebra on captured activations, not a pass of the model

@@ -19,7 +19,6 @@ image and the model, so :meth:`ViTCX.declared_cost` reports the mean over the im
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import torch
@@ -31,7 +30,8 @@ from ..models import Adapter
 from ..models.base import recorded
 from ..models.capabilities import BLOCK_IO, TOKEN_SEQUENCE
 from ..targets import Target
-from ._perturbation import score_needs, check_positive_int, check_score, resolve, target_scores
+from ..options import choice, flag, integer, number, seed
+from ._perturbation import SCORE_KINDS, resolve, score_needs, target_scores
 from ._random import image_generator
 from .base import Attribution, Explainer, Explanation, image_size
 from .registry import register
@@ -115,6 +115,15 @@ class ViTCX(Explainer):
         "seed": 0,
         "batch_size": 64,
     }
+    option_specs = {
+        "layer": integer(unit="a block index, negative counts from the end"),
+        "distance_threshold": number(0, 2, low_open=True),
+        "noise_std": number(0),
+        "noise_correction": flag(),
+        "score": choice(*SCORE_KINDS),
+        "seed": seed(),
+        "batch_size": integer(1),
+    }
     fast_options: dict[str, Any] = {"batch_size": 64}
 
     def required(self) -> tuple[str | tuple[str, ...], ...]:
@@ -124,17 +133,6 @@ class ViTCX(Explainer):
     def __init__(self, **options: Any) -> None:
         super().__init__(**options)
         self._n_clusters: list[int] = []
-
-    def check_options(self) -> None:
-        o = self.options
-        check_positive_int(o, "batch_size")
-        check_score(o)
-        if isinstance(o["layer"], bool) or not isinstance(o["layer"], int):
-            raise InputError(f"layer must be a block index (int), got {o['layer']!r}")
-        if not 0.0 < float(o["distance_threshold"]) <= 2.0:
-            raise InputError(f"distance_threshold must be in (0, 2], got {o['distance_threshold']}")
-        if not (math.isfinite(float(o["noise_std"])) and float(o["noise_std"]) >= 0.0):
-            raise InputError(f"noise_std must be >= 0, got {o['noise_std']}")
 
     def explain(self, *args: Any, **kwargs: Any) -> Explanation:
         self._n_clusters = []
