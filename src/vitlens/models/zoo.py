@@ -47,6 +47,7 @@ __all__ = [
     "ConvStem",
     "build_cues_vit_12h",
     "build_planted_vit",
+    "build_shapes_clip",
     "build_shapes_deit",
     "build_shapes_vit",
     "build_shapes_vit_gap_reg",
@@ -107,15 +108,17 @@ def _shapes_cfg(architecture: str, names: tuple[str, ...] = CLASS_NAMES) -> dict
 
 
 def _build_shapes_transformer(kind: str, depth: int = 6, heads: int = 6, names: tuple[str, ...] = CLASS_NAMES,
-                               architecture: str | None = None) -> Any:
-    """``kind``: ``vit`` (CLS readout), ``deit`` (CLS + DIST tokens) or ``gap-reg`` (4 registers, mean-pool readout)."""
+                               architecture: str | None = None, num_classes: int | None = None) -> Any:
+    """``kind``: ``vit`` (CLS readout), ``deit`` (CLS + DIST tokens) or ``gap-reg`` (4 registers, mean-pool readout);
+    ``num_classes``: outputs of the head (default ``len(names)``)."""
     try:
         from timm.models.deit import VisionTransformerDistilled
         from timm.models.vision_transformer import VisionTransformer
     except ImportError as exc:  # pragma: no cover - timm is an optional dependency
         raise ImportError("the bundled shapes models need timm; install it with: pip install 'vitlens[timm]'") from exc
 
-    common: dict[str, Any] = dict(img_size=64, patch_size=8, in_chans=3, num_classes=len(names), embed_dim=192,
+    common: dict[str, Any] = dict(img_size=64, patch_size=8, in_chans=3, num_classes=num_classes or len(names),
+                                  embed_dim=192,
                                   depth=depth, num_heads=heads, mlp_ratio=4.0, dynamic_img_size=True)
     if kind == "vit":
         model = VisionTransformer(**common, class_token=True, global_pool="token")
@@ -128,6 +131,8 @@ def _build_shapes_transformer(kind: str, depth: int = 6, heads: int = 6, names: 
     model.patch_embed.proj = ConvStem(3, model.embed_dim)
     cfg = _shapes_cfg(architecture or {"vit": "vit_shapes_convstem8_64", "deit": "deit_distilled_shapes_convstem8_64",
                                        "gap-reg": "vit_shapes_gap_reg4_convstem8_64"}[kind], names)
+    if num_classes is not None:  # a projection head (shapes-clip's image tower), not class logits
+        cfg.update(num_classes=num_classes, label_names=None)
     setattr(model, "pretrained_cfg", cfg)
     setattr(model, "default_cfg", cfg)  # timm's backwards-compatible alias
     return model
@@ -169,6 +174,22 @@ def build_shapes_vit_gap_reg() -> Any:
     """Build the (untrained) ``shapes-vit-gap-reg`` architecture: as :func:`build_shapes_vit` but without a CLS token,
     with 4 register tokens and a global-average-pool readout over the patch tokens."""
     return _build_shapes_transformer("gap-reg")
+
+
+def build_shapes_clip() -> Any:
+    """Build the (untrained) ``shapes-clip`` architecture (:class:`vitlens.models.shapes_clip.ShapesCLIP`).
+
+    Returns:
+        ``ShapesCLIP`` whose ``vision_model`` is the shapes-vit architecture (timm ``VisionTransformer``, conv stem,
+        8×8 tokens + CLS, dim 192, 6 blocks × 6 heads) with a head projecting to the 128-d joint space, whose
+        ``text_model`` is a 3-block, 4-head, width-128 text transformer and whose ``tokenizer`` is the word-level
+        tokenizer of the training captions. Images normalised with :data:`SHAPES_MEAN`/:data:`SHAPES_STD`.
+    """
+    from vitlens.models.shapes_clip import EMBED_DIM, ShapesCLIP, TextTransformer, WordTokenizer
+
+    vision = _build_shapes_transformer("vit", architecture="vit_shapes_clip_convstem8_64", num_classes=EMBED_DIM)
+    cfg = dict(vision.pretrained_cfg, architecture="shapes_clip", classifier=None)
+    return ShapesCLIP(vision, TextTransformer(), WordTokenizer(), cfg)
 
 
 @dataclass(frozen=True)
@@ -232,6 +253,19 @@ BUNDLED: dict[str, BundledModel] = {
         )
         for name, seed in (("cues-vit-12h", 0), ("cues-vit-12h-s1", 1), ("cues-vit-12h-s2", 2))
     },
+    "shapes-clip": BundledModel(
+        name="shapes-clip",
+        build=build_shapes_clip,  # image tower, text encoder and tokenizer: vitlens/models/shapes_clip.py
+        train_command="python -m vitlens.training.shapes_clip --out runs/shapes-clip "
+                      "(then copy shapes-clip.* into src/vitlens/models/weights)",
+        description=(
+            "CLIP-style vision-language model: timm ViT image tower (as shapes-vit, head = 128-d projection) and a "
+            "3-block text transformer with a word-level tokenizer, trained contrastively on 64x64 multi-object "
+            "scenes with captions naming the objects; prompts 'a <class>'"
+        ),
+        input_size=(3, 64, 64),
+        class_names=CLASS_NAMES,
+    ),
     "digits-vit": BundledModel(
         name="digits-vit",
         build=build_digits_vit,  # architecture and normalisation: vitlens/models/digits_zoo.py
