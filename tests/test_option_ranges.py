@@ -149,7 +149,8 @@ def test_mda_segments_beyond_the_pixels_are_refused(model):
 
 
 @pytest.mark.parametrize("name,opts,msg", [
-    ("gradskip", {"eps": -1}, r"option eps of method 'gradskip' must be a finite number > 0; got -1"),
+    ("gradskip", {"eps": -1}, r"option eps of method 'gradskip' must be a finite number >= 1e-30; got -1"),
+    ("gradskip", {"eps": 1e-300}, r"option eps of method 'gradskip' must be a finite number >= 1e-30; got 1e-300"),
     ("integrated_gradients", {"baseline": 5},
      r"option baseline of method 'integrated_gradients' must be one of 'black', 'zero' or a tensor broadcastable "
      r"to \(C, H, W\); got 5"),
@@ -178,10 +179,15 @@ def test_accepted_values_are_read_as_the_method_reads_them():
 
 
 def test_gradskip_eps_zero_would_divide_zero_by_zero(model):
-    """Why eps > 0 (not >= 0): tokens whose gradient is zero get the gate 0 / (0 + 0 + eps); with eps = 0 that is
-    NaN. The smallest positive eps gives finite maps."""
-    exp = get_method("gradskip", eps=1e-300).explain(model, torch.randn(1, 3, 32, 32))
-    assert torch.isfinite(exp.maps).all()
+    """Why eps >= 1e-30 (not >= 0): tokens whose gradient is zero (the last block's non-readout tokens) get the gate
+    0 / (0 + 0 + eps), in float32; with eps = 0 or 1e-300 (which underflows to 0 there; both set past the check) that
+    is NaN on every pixel. The smallest eps allowed gives finite maps."""
+    x = torch.randn(1, 3, 32, 32)
+    for eps in (0.0, 1e-300):
+        forced = get_method("gradskip", readout_path=False)
+        forced.options["eps"] = eps
+        assert forced.explain(model, x).maps.isnan().all()
+    assert torch.isfinite(get_method("gradskip", readout_path=False, eps=1e-30).explain(model, x).maps).all()
 
 
 def test_grid_cells_spec_alone():

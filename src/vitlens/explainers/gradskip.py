@@ -104,7 +104,9 @@ class GradSkip(Explainer):
                               normalize=_head_subset),
         "skip": choice(*_SKIP_MODES),
         "conservative": flag(),
-        "eps": number(0, low_open=True),  # a stabiliser: 0 gives 0/0 gates on tokens without gradient
+        # a stabiliser: 0 (or a value that underflows to 0 in float32, where the propagation runs) gives 0/0 gates
+        # on tokens without gradient
+        "eps": number(1e-30),
         "readout_path": flag(),
     }
 
