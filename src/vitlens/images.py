@@ -24,8 +24,10 @@ Documented choices:
   composited onto **white**, as HuggingFace's ``convert_to_rgb`` does. Dropping alpha would expose whatever colour
   the encoder stored under transparent pixels (often black), which is not what the picture looks like.
 * **Greyscale** is replicated to three channels.
-* **16-bit images** (PIL modes ``I;16*`` and ``I``) are scaled by ``1/257`` to 8 bits instead of PIL's clipping;
-  PIL float images (mode ``F``) are read as 0-255 values and rounded.
+* **16-bit images** (PIL modes ``I;16*``, e.g. 16-bit PNG) are scaled by ``1/257`` to 8 bits instead of PIL's
+  clipping. **32-bit integer and float images** (modes ``I`` and ``F``, e.g. TIFF) have no fixed range: each is
+  scaled by its own range, its minimum to 0 and its maximum to 255 (a constant image keeps its value; a float one in
+  [0, 1] is multiplied by 255); NaN or infinite pixels are refused.
 * **EXIF orientation** is applied by :func:`load_images` to files and PIL images (as image viewers and HuggingFace's
   ``load_image`` do); :func:`preprocess` itself is the pure transform of the pixels it is given.
 * **Float pixels** (arrays, and tensors that need resizing) are rounded to 8 bits (``round(255 * x)``, an error of at
@@ -183,15 +185,33 @@ def _geometry_uint8(img: Image.Image, cfg: DataConfig) -> np.ndarray:
 # --------------------------------------------------------------------------------------------------------------------
 
 
+def _deep_to_uint8(img: Image.Image) -> np.ndarray:
+    """8-bit grey of a 16-bit, 32-bit integer or float image: ``I;16*`` by ``1/257`` (its format's range); ``I``
+    (32-bit integers, e.g. TIFF) and ``F`` (float, e.g. TIFF) by the image's own range, min to max → 0 to 255 (they
+    have no fixed range: a float image in [0, 1] or a 12-bit one would otherwise be black); a constant image keeps
+    its value, clipped to 0–255 (``F`` in [0, 1] times 255). NaN or infinite values are refused."""
+    arr = np.asarray(img).astype(np.float64)
+    if img.mode.startswith("I;16"):
+        return np.clip(np.rint(arr / 257.0), 0, 255).astype(np.uint8)
+    if not np.isfinite(arr).all():
+        raise ImageLoadError(f"a float (mode {img.mode}) image with NaN or infinite pixels cannot be shown or "
+                             "explained")
+    lo, hi = float(arr.min()), float(arr.max())
+    if hi > lo:
+        arr = (arr - lo) * (255.0 / (hi - lo))
+    elif img.mode == "F" and 0.0 <= lo <= 1.0:
+        arr = arr * 255.0
+    return np.clip(np.rint(arr), 0, 255).astype(np.uint8)
+
+
 def to_rgb(img: Image.Image) -> Image.Image:
     """An RGB PIL image: transparency composited onto white, greyscale replicated, 16-bit scaled to 8-bit."""
     if img.mode == "RGB":
         return img
     if img.mode in ("I", "F") or img.mode.startswith("I;16"):
-        arr = np.asarray(img).astype(np.float64)
-        if img.mode != "F":
-            arr = arr / 257.0  # 16-bit range to 8-bit
-        img = Image.fromarray(np.clip(np.rint(arr), 0, 255).astype(np.uint8))
+        img = Image.fromarray(_deep_to_uint8(img))
+    if img.mode == "La":  # premultiplied alpha: PIL converts it to nothing but LA
+        img = img.convert("LA")
     if "A" in img.getbands() or "a" in img.getbands() or "transparency" in img.info:  # 'a': premultiplied alpha
         rgba = img.convert("RGBA")
         white = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
@@ -267,10 +287,14 @@ def open_image_file(path: Path, label: str) -> Image.Image:
         raise ImageLoadError(f"{label}: image file not found")
     if path.is_dir():
         raise ImageLoadError(f"{label}: is a directory, not an image file")
-    try:
-        with open(path, "rb") as f:  # our handle, not PIL's: the decoded image outlives it without a full copy
+    from .files import open_regular
+
+    try:  # a FIFO, socket or device is refused at once, never waited on
+        with open_regular(path, label, ImageLoadError) as f:  # our handle: the decoded image outlives it
             img = Image.open(f)
             img.load()  # decode now so truncated/corrupt data fails here, not later
+    except ImageLoadError:  # (a ValueError: not the decoder's)
+        raise
     except UnidentifiedImageError:
         raise ImageLoadError(f"{label}: not an image file (Pillow cannot identify its format)") from None
     except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as exc:
@@ -294,8 +318,10 @@ def display_pixels(path: Path, label: str, max_side: int) -> np.ndarray:
     """
     if not path.exists():
         raise ImageLoadError(f"{label}: image file not found")
+    from .files import open_regular
+
     try:
-        with open(path, "rb") as f:
+        with open_regular(path, label, ImageLoadError) as f:
             img: Image.Image = Image.open(f)
             w, h = img.size
             longest = max(w, h)
@@ -304,6 +330,8 @@ def display_pixels(path: Path, label: str, max_side: int) -> np.ndarray:
             if size != (w, h) and img.format == "JPEG":
                 img.draft("RGB", size)  # decode at 1/k scale, still at least `size`
             img.load()
+    except ImageLoadError:  # (a ValueError: not the decoder's)
+        raise
     except UnidentifiedImageError:
         raise ImageLoadError(f"{label}: not an image file (Pillow cannot identify its format)") from None
     except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as exc:

@@ -26,6 +26,11 @@ def guard_run_folder(out: Path, checkpoint: Path, outputs: Sequence[Path], resum
     if out.exists() and not out.is_dir():
         raise InputError(f"--out {out} is a file, not a folder")
     mine = [checkpoint, *outputs]
+    for p in mine:  # a pipe or device in place of a run file would block the reader or be silently replaced
+        if p.exists() and not p.is_file():
+            from .files import check_regular
+
+            check_regular(p, f"{p} (a file of the run in --out)")
     found = [p.name for p in mine if p.exists()]
     if resume and not found:
         raise InputError(f"--resume: {out} has no {checkpoint.name} to continue; drop --resume to start a new run")
@@ -42,20 +47,19 @@ def guard_run_folder(out: Path, checkpoint: Path, outputs: Sequence[Path], resum
 
 
 def load_checkpoint(path: Path, keys: Iterable[str]) -> dict[str, Any]:
-    """``torch.load`` of a checkpoint that must hold ``keys``; a truncated, garbled or foreign file is a one-line
-    :class:`DamagedFileError` naming it."""
-    import torch
+    """A checkpoint that must hold ``keys``, read without unpickling (:func:`vitlens.files.load_torch_plain`:
+    tensors and plain values; the NumPy random state of checkpoints written before it was stored as a tensor). A
+    truncated, garbled or foreign file, or one that asks to build any other object (a planted pickle: nothing of it
+    runs), is a one-line :class:`DamagedFileError` naming it."""
+    from .files import load_torch_plain
 
-    try:
-        ck = torch.load(path, map_location="cpu", weights_only=False)
-        missing = sorted(set(keys) - set(ck)) if isinstance(ck, dict) else ["(not a dict)"]
-        if missing:
-            raise ValueError(f"not a checkpoint of this kind: no {', '.join(missing)}")
-        return ck
-    except (Exception, MemoryError) as e:  # UnpicklingError, EOFError, RuntimeError (zip), MemoryError, ...
-        why = (str(e).splitlines() or ["unreadable"])[0][:120]
-        raise DamagedFileError(f"checkpoint {path} is damaged ({type(e).__name__}: {why}); delete it to restart, "
-                               "or rerun with --overwrite") from None
+    label = f"checkpoint {path}"
+    ck = load_torch_plain(path, label, numpy_arrays=True)
+    missing = sorted(set(keys) - set(ck)) if isinstance(ck, dict) else ["(not a dict)"]
+    if missing:
+        raise DamagedFileError(f"{label} is damaged (not a checkpoint of this kind: no {', '.join(missing)}); "
+                               "delete it to restart, or rerun with --overwrite")
+    return ck
 
 
 def optimizer_at_step(opt: Any, sched: Any, history: Sequence[Any], step: int) -> bool:

@@ -196,8 +196,14 @@ def gini(p: torch.Tensor) -> torch.Tensor:
 
 
 def rng_state() -> dict[str, Any]:
-    """The torch, NumPy and Python (and initialised CUDA) random states, for :func:`set_rng_state` (a checkpoint)."""
-    state = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
+    """The torch, NumPy and Python (and initialised CUDA) random states, for :func:`set_rng_state` (a checkpoint).
+
+    Tensors and plain values only (NumPy's key array as an int64 tensor), so that a checkpoint holding it loads with
+    ``torch.load(weights_only=True)``."""
+    name, keys, pos, has_gauss, cached = np.random.get_state()
+    state = {"torch": torch.get_rng_state(), "python": random.getstate(),
+             "numpy": (str(name), torch.from_numpy(np.asarray(keys, dtype=np.int64)), int(pos), int(has_gauss),
+                       float(cached))}
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state
@@ -206,7 +212,9 @@ def rng_state() -> dict[str, Any]:
 def set_rng_state(state: dict[str, Any]) -> None:
     """Restore the random states :func:`rng_state` returned."""
     torch.set_rng_state(state["torch"])
-    np.random.set_state(state["numpy"])
+    name, keys, *rest = state["numpy"]
+    keys = keys.numpy() if isinstance(keys, torch.Tensor) else np.asarray(keys)  # (an array in older checkpoints)
+    np.random.set_state((name, keys.astype(np.uint32), *rest))
     random.setstate(state["python"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])

@@ -548,11 +548,19 @@ def load_explainer(path: str | Path, target: nn.Module, check_target: bool = Tru
     jpath = path.with_suffix(".json")
     if not path.is_file() or not jpath.is_file():
         raise WeightsUnavailableError(f"AHA explainer {path} (and its {jpath.name} metadata) not found")
-    info = json.loads(jpath.read_text(encoding="utf-8"))
+    from ..files import read_text_file
+
+    try:
+        info = json.loads(read_text_file(jpath, f"AHA explainer metadata {jpath}", error=WeightsUnavailableError))
+        if not isinstance(info, dict) or not isinstance(info.get("arch"), dict):
+            raise ValueError("no 'arch' object")
+    except ValueError as exc:  # (WeightsUnavailableError is no ValueError: passed on as it is)
+        raise WeightsUnavailableError(f"AHA explainer metadata {jpath} is damaged ({' '.join(str(exc).split())[:120]})"
+                                      ) from None
     net = build_explainer(target, **info["arch"])
     try:
         net.load_state_dict(load_file(str(path), device="cpu"), strict=True)
-    except RuntimeError as exc:
+    except Exception as exc:  # a shape that does not fit, or a truncated / foreign file (SafetensorError)
         raise WeightsUnavailableError(f"AHA explainer {path} does not match its metadata: {str(exc)[:200]}") from None
     sha = (info.get("target") or {}).get("sha")
     if check_target and sha and sha != model_digest(target):

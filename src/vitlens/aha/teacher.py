@@ -87,11 +87,8 @@ def teacher_maps(model: nn.Module, dataset: Any, method: str, grid: tuple[int, i
     lead = dist_info.rank == 0
     dev = next((p.device for p in model.parameters()), torch.device("cpu"))
     done = 0
-    if lead and cache is not None and Path(cache).is_file():
-        saved = torch.load(cache, map_location="cpu", weights_only=True)
-        if saved.get("key") == key:
-            done = min(todo, int(saved["done"]))
-            maps[:done] = saved["maps"][:done]
+    if lead and cache is not None and Path(cache).exists():
+        done = _cached_rows(Path(cache), key, maps, todo)
     if dist_info.active:  # what the first process read, for all of them
         done = int(_summed(torch.tensor(float(done) if lead else 0.0), dev, dist_info))
         maps[:done] = _summed(maps[:done] if lead else torch.zeros_like(maps[:done]), dev, dist_info)
@@ -120,6 +117,25 @@ def teacher_maps(model: nn.Module, dataset: Any, method: str, grid: tuple[int, i
         if cache is not None and lead:
             save_torch({"key": key, "done": r1, "maps": maps[:r1].clone()}, cache)
     return maps
+
+
+def _cached_rows(cache: Path, key: dict[str, Any], maps: Tensor, todo: int) -> int:
+    """Fill ``maps`` with the rows ``cache`` holds for ``key``; how many. The cache is read without unpickling
+    (tensors and plain values only); a damaged file, or one that asks for any other object, is one line naming it."""
+    from ..errors import DamagedFileError
+    from ..files import load_torch_plain
+
+    label = f"teacher-map cache {cache}"
+    saved = load_torch_plain(cache, label)
+    if not isinstance(saved, dict) or saved.get("key") != key:
+        return 0  # a cache of other settings: recomputed (and replaced after the first batch)
+    rows, done = saved.get("maps"), saved.get("done")
+    if not isinstance(rows, Tensor) or not isinstance(done, int) or rows.ndim != 2 \
+            or rows.shape[1] != maps.shape[1] or not 0 <= done <= rows.shape[0]:
+        raise DamagedFileError(f"{label} is damaged (its maps do not fit its key); delete it to recompute the maps")
+    done = min(todo, done)
+    maps[:done] = rows[:done].to(maps.dtype)
+    return done
 
 
 def training_teacher(model: nn.Module, train_set: Any, cfg: Any, patch_size: Any, progress: bool,

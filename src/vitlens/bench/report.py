@@ -30,9 +30,9 @@ from .report_html import render_page
 from .report_stats import paired_ties, wilson_interval
 from .report_tables import latex_table, markdown_table
 from ..atomic import atomic_path, write_text
-from .store import read_rows
+from .store import check_store, read_rows
 
-__all__ = ["summarise", "write_report", "ranked", "accuracy", "table_text"]
+__all__ = ["summarise", "write_report", "ranked", "accuracy", "table_text", "run_config", "REPORT_FILES"]
 
 
 def _ci95(values: np.ndarray) -> float:
@@ -48,6 +48,7 @@ def summarise(run_dir: str | Path) -> list[dict[str, Any]]:
     width), ``n``, and the paired test against the column's best (``best``, ``tied_with_best``, ``p_vs_best``; see
     :mod:`vitlens.bench.report_stats`); plus mean passes and median time per image."""
     db = Path(run_dir) / "results.sqlite"
+    check_store(db)  # read-only; an empty, foreign or damaged store is one line, before anything is written
     rows = read_rows(db, "SELECT image, method, metric, output, value, higher_is_better FROM results")
     costs = read_rows(db, "SELECT method, forward_passes, backward_passes, seconds FROM costs")
     methods: list[str] = []
@@ -201,33 +202,71 @@ def _model_facts(model: str | None) -> tuple[str, list[str] | None]:
     return spec.description, list(spec.class_names) or None
 
 
-def write_report(run_dir: str | Path, config: Any = None) -> dict[str, Path]:
+#: the files :func:`write_report` writes into a run folder (derived from ``results.sqlite``, which it only reads)
+REPORT_FILES = ("summary.md", "summary.tex", "summary.csv", "summary.json", "curves.png", "curves-all.png",
+                "examples.png", "report.html")
+
+
+def run_config(run_dir: str | Path) -> dict[str, Any]:
+    """The run's ``config.json`` (``{}`` when there is none); one that is not a regular file, not UTF-8 JSON or not
+    a JSON object is a one-line :class:`~vitlens.errors.DamagedFileError` naming it."""
+    from ..errors import DamagedFileError
+    from ..files import read_text_file
+
+    path = Path(run_dir) / "config.json"
+    if not path.exists() and not path.is_symlink():
+        return {}
+    text = read_text_file(path, f"run configuration {path}", error=DamagedFileError)
+    try:
+        cfg = json.loads(text)
+    except ValueError as e:
+        raise DamagedFileError(f"run configuration {path} is not JSON ({' '.join(str(e).split())[:100]})") from None
+    if not isinstance(cfg, dict):
+        raise DamagedFileError(f"run configuration {path} is not a JSON object (it is a {type(cfg).__name__})")
+    return cfg
+
+
+def write_report(run_dir: str | Path, config: Any = None, out: str | Path | None = None) -> dict[str, Path]:
     """Write ``summary.md``, ``summary.tex``, ``summary.csv``, ``summary.json``, ``curves.png`` (the best methods and
-    the baselines), ``curves-all.png``, ``examples.png`` and ``report.html``."""
+    the baselines), ``curves-all.png``, ``examples.png`` and ``report.html`` into the run folder; with ``out``, only
+    the (self-contained) HTML page, to ``out``, and nothing into the run folder. ``results.sqlite`` is only read
+    (opened read-only), and checked before anything is written: an empty, foreign or damaged store, or a damaged
+    ``config.json``, leaves every file as it was."""
+    import tempfile
+
     run_dir = Path(run_dir)
+    cfg = run_config(run_dir)
     table = summarise(run_dir)
+    if out is not None:
+        with tempfile.TemporaryDirectory(prefix="vitlens-report-") as tmp:
+            write_text(Path(out), _page(run_dir, table, cfg, Path(tmp)))
+        return {"report": Path(out)}
+    page = _page(run_dir, table, cfg, run_dir)
     write_text(run_dir / "summary.md", table_text(table) + "\n")
     write_text(run_dir / "summary.tex", table_text(table, "latex") + "\n")
     _write_csv(table, run_dir / "summary.csv")
     write_text(run_dir / "summary.json", json.dumps(table, indent=2))
+    write_text(run_dir / "report.html", page)
+    return {"summary": run_dir / "summary.md", "report": run_dir / "report.html"}
+
+
+def _page(run_dir: Path, table: list[dict[str, Any]], cfg: dict[str, Any], figures: Path) -> str:
+    """The HTML report of the run (its figures drawn into ``figures`` and inlined)."""
     rows, headline = ranked(table)
     order = [r["method"] for r in rows]
-    cfg = json.loads((run_dir / "config.json").read_text()) if (run_dir / "config.json").exists() else {}
     description, class_names = _model_facts(cfg.get("model"))
     if cfg.get("prompts"):  # a vision-language model over prompts: the prompts are its classes
         class_names = [str(p) for p in cfg["prompts"]]
-    curves = plot_curves(run_dir, order, show=top_methods(order))
-    every = plot_curves(run_dir, order, name="curves-all.png", bands=False) if len(top_methods(order)) < len(order) \
-        else None
-    examples = plot_examples(run_dir, order, class_names, str(cfg.get("target", "predicted")))
+    curves = plot_curves(run_dir, order, show=top_methods(order), dest=figures)
+    every = plot_curves(run_dir, order, name="curves-all.png", bands=False, dest=figures) \
+        if len(top_methods(order)) < len(order) else None
+    examples = plot_examples(run_dir, order, class_names, str(cfg.get("target", "predicted")), dest=figures)
     protocols = read_rows(run_dir / "results.sqlite", "SELECT DISTINCT metric, protocol FROM results")
     cols = columns_of(table)
-    page = render_page(
+    return render_page(
         rows=rows, cols=cols, headline=headline, best=best_values(rows, cols), cost_keys=COST_KEYS, cfg=cfg,
         model_description=description, accuracy=accuracy(run_dir), groups=(GROUP_ORDER, GROUP_QUESTION),
         metric_notes=[(metric_title(m), metric_sentence(column_info(m + "/x", True).metric), protocol_words(p))
                       for m, p in protocols],
         images={"curves": curves, "curves-all": every, "examples": examples},
     )
-    write_text(run_dir / "report.html", page)
-    return {"summary": run_dir / "summary.md", "report": run_dir / "report.html"}

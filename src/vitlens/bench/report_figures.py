@@ -63,11 +63,12 @@ def top_methods(order: list[str], k: int = TOP_K) -> list[str]:
 
 
 def plot_curves(run_dir: Path, order: list[str], show: list[str] | None = None, name: str = "curves.png",
-                bands: bool = True) -> Path | None:
+                bands: bool = True, dest: Path | None = None) -> Path | None:
     """``curves.png``: one panel per curve kind; per method the mean curve over images with its 95% confidence band
     (Student t; cut at the ends of a probability's range), the area under the mean curve in the legend. Methods in
     ``order`` (the table's ranking; colours follow it, so two views of one run agree); ``show``: only these
-    (default all); ``bands=False`` draws the mean curves alone (the view of every method)."""
+    (default all); ``bands=False`` draws the mean curves alone (the view of every method). Written into ``dest``
+    (default ``run_dir``)."""
     rows = read_rows(run_dir / "results.sqlite", "SELECT method, metric, output, x, y FROM curves")
     rows = [r for r in rows if r[2] in _CURVE_TEXT and (show is None or r[0] in show)]
     if not rows:
@@ -108,7 +109,7 @@ def plot_curves(run_dir: Path, order: list[str], show: list[str] | None = None, 
         ax.set_xlim(float(x[0]), float(x[-1]))
         ax.grid(alpha=0.3)
         ax.legend(fontsize=9, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncols=2, frameon=False)
-    path = run_dir / name
+    path = (dest or run_dir) / name
     fig.savefig(path, dpi=100)
     return path
 
@@ -130,26 +131,50 @@ def _caption(pred: tuple | None, target: str, names: list[str] | None) -> str:
     return text
 
 
+def stored_array(path: Path) -> np.ndarray:
+    """A map or picture the run stored under ``examples/``: a regular ``.npy`` file of numbers, read without
+    unpickling; a damaged, object-array or non-regular file is a one-line :class:`DamagedFileError` naming it."""
+    from ..errors import DamagedFileError
+    from ..files import open_regular
+
+    with open_regular(path, f"stored example {path}", DamagedFileError) as f:
+        try:
+            arr = np.load(f, allow_pickle=False)
+        except (ValueError, OSError, EOFError) as e:
+            raise DamagedFileError(f"stored example {path} is damaged ({' '.join(str(e).split())[:120]}); delete "
+                                   "the examples folder and rerun the benchmark to redraw it") from None
+    if not isinstance(arr, np.ndarray):  # (an .npz archive under a .npy name)
+        raise DamagedFileError(f"stored example {path} is not a .npy array; delete the examples folder and rerun")
+    if arr.dtype.kind not in "biuf" or arr.ndim not in (2, 3):
+        raise DamagedFileError(f"stored example {path} is not a map or a picture ({arr.dtype} array of shape "
+                               f"{arr.shape}); delete the examples folder and rerun the benchmark to redraw it")
+    return arr
+
+
 def plot_examples(run_dir: Path, methods: list[str], class_names: list[str] | None, target: str = "predicted",
-                  ) -> Path | None:
-    """``examples.png``: the shown images × methods (in ``methods`` order), captions with the model's answer."""
+                  dest: Path | None = None) -> Path | None:
+    """``examples.png`` (in ``dest``, default ``run_dir``): the shown images × methods (in ``methods`` order),
+    captions with the model's answer."""
     from ..viz import save_grid
     from .specs import safe_label as _safe
 
     ex = run_dir / "examples"
-    images = sorted(ex.glob("image__*.npy"), key=lambda p: int(p.stem.split("__")[1])) if ex.exists() else []
+    import re
+
+    found = [p for p in ex.glob("image__*.npy") if re.fullmatch(r"image__\d+", p.stem)] if ex.is_dir() else []
+    images = sorted(found, key=lambda p: int(p.stem.split("__")[1]))
     if not images:
         return None
     idx = [int(p.stem.split("__")[1]) for p in images]
-    pix = [np.load(p) for p in images]
+    pix = [stored_array(p) for p in images]
     maps: dict[str, Any] = {}
     for m in methods:
         files = [ex / f"{_safe(m)}__{i}.npy" for i in idx]
         if all(f.exists() for f in files):
-            maps[m] = [np.load(f) for f in files]
+            maps[m] = [stored_array(f) for f in files]
     preds = {int(r[0]): r for r in read_rows(run_dir / "results.sqlite", "SELECT * FROM predictions")}
     captions = [_caption(preds.get(i), target, class_names) for i in idx]
-    path = run_dir / "examples.png"
+    path = (dest or run_dir) / "examples.png"
     from ..explainers.registry import method_classes
     from ..viz import default_style
 

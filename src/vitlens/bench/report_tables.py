@@ -15,7 +15,7 @@ from ..explainers.registry import display_label, is_baseline
 from .naming import Column
 from .report_stats import PAIRED_TEST
 
-__all__ = ["cell_text", "mark", "markdown_table", "latex_table", "table_note"]
+__all__ = ["cell_text", "mark", "markdown_table", "latex_table", "table_note", "markdown_escape", "latex_escape"]
 
 
 def cell_text(v: dict[str, Any] | None, latex: bool = False) -> str:
@@ -45,11 +45,14 @@ def _cost(row: dict[str, Any], key: str) -> float:
     return float("nan") if v is None else float(v["mean"] if isinstance(v, dict) else v)
 
 
-def table_note(headline: Column | None, latex: bool = False) -> str:
-    """What the marks and intervals mean (the sentence under the table)."""
+def table_note(headline: Column | None, latex: bool = False, markdown: bool = False) -> str:
+    """What the marks and intervals mean (the sentence under the table); ``markdown``: the headline's name and
+    settings escaped for Markdown (:func:`markdown_escape`)."""
     best, tied = (r"\textbf{bold}", r"\underline{underlined}") if latex else ("**bold**", "*italic*")
     ranked = f"Ranked by {headline.title}" + (f" ({headline.settings})" if headline.settings else "") + "; " \
         if headline else ""
+    if markdown:
+        ranked = markdown_escape(ranked)
     return (f"{ranked}mean ± 95% interval over images (Student t; Wilson score interval [low, high] for "
             f"proportions); {best}: best in its column; {tied}: statistically tied with it ({PAIRED_TEST}); "
             "↑ higher is better, ↓ lower is better; cost: passes through the model and median ms per image "
@@ -59,11 +62,11 @@ def table_note(headline: Column | None, latex: bool = False) -> str:
 def markdown_table(rows: list[dict[str, Any]], cols: list[Column], best: dict[str, float],
                    headline: Column | None) -> str:
     """The ranked table in Markdown, with its note."""
-    head = ["rank", "method"] + [c.title + (f" ({c.settings})" if c.settings else "") for c in cols]
+    head = ["rank", "method"] + [markdown_escape(c.title + (f" ({c.settings})" if c.settings else "")) for c in cols]
     head += ["fwd/bwd passes", "ms per image"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for k, row in enumerate(rows, start=1):
-        cells = [str(k), display_label(str(row["method"])).replace("|", "/")]
+        cells = [str(k), markdown_escape(display_label(str(row["method"])))]
         for c in cols:
             text, how = cell_text(row.get(c.key)), mark(row.get(c.key), best.get(c.key))
             cells.append(f"**{text}**" if how == "best" else f"*{text}*" if how == "tied" else text)
@@ -73,7 +76,21 @@ def markdown_table(rows: list[dict[str, Any]], cols: list[Column], best: dict[st
             ms_text = f"**{ms_text}**"
         cells += [f"{_cost(row, 'forward_passes'):g}/{_cost(row, 'backward_passes'):g}", ms_text]
         lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n\n" + table_note(headline)
+    return "\n".join(lines) + "\n\n" + table_note(headline, markdown=True)
+
+
+#: Markdown's inline syntax characters (emphasis, code, links, table cells, escapes): backslash-escaped
+_MARKDOWN_SPECIAL = set("\\`*_[]|")
+
+
+def markdown_escape(text: str) -> str:
+    """Plain text (a method's or metric's name and settings, which come from the user) as Markdown that shows it
+    literally: ``&``, ``<`` and ``>`` as HTML entities (no raw HTML, no autolinks), the inline syntax characters
+    ``\\ ` * _ [ ] |`` backslash-escaped (no emphasis, code, links or extra table cells), line breaks as spaces."""
+    import html
+
+    out = html.escape(" ".join(str(text).splitlines()), quote=False)
+    return "".join("\\" + ch if ch in _MARKDOWN_SPECIAL else ch for ch in out)
 
 
 _LATEX_SPECIAL = {"\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#", "_": r"\_",

@@ -242,8 +242,11 @@ def _folder_source(opts: dict[str, Any], model: nn.Module, n: int | None) -> "Lo
     if class_map is not None:
         from pathlib import Path
 
-        if not Path(str(class_map)).is_file():
+        if not Path(str(class_map)).exists():
             raise InputError(f"--class-map {class_map}: no such file")
+        from ..files import check_regular
+
+        check_regular(Path(str(class_map)), f"--class-map {class_map}")  # a FIFO would block: refused
         if Path(str(opts["root"])).is_dir() and not ImageFolder(opts["root"]).class_names:
             raise InputError(f"--class-map {class_map} maps class folders, but '{opts['root']}' has none (its images "
                              "are directly in it): drop --class-map, or sort the images into class folders")

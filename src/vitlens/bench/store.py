@@ -27,7 +27,7 @@ from typing import Any, Iterable
 
 from ..errors import DamagedFileError
 
-__all__ = ["ResultStore", "SCHEMA"]
+__all__ = ["ResultStore", "SCHEMA", "TABLES", "read_rows", "check_store", "stored_weights", "WEIGHTS_KEY"]
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS results (
@@ -64,7 +64,15 @@ CREATE TABLE IF NOT EXISTS predictions (
     probability REAL NOT NULL,
     label INTEGER
 );
+CREATE TABLE IF NOT EXISTS meta (
+    key TEXT PRIMARY KEY,
+    value TEXT NOT NULL
+);
 """
+
+#: the tables every results store has (``meta``, which holds the weights' digest, is missing in stores written
+#: before it existed)
+TABLES = ("results", "costs", "curves", "predictions")
 
 
 def _damaged(path: Path, err: Exception) -> DamagedFileError:
@@ -190,7 +198,9 @@ class ResultStore:
                     raise _damaged(shard, e) from None
                 try:
                     with con:
-                        for table in ("results", "costs", "curves", "predictions"):
+                        has_meta = con.execute("SELECT 1 FROM shard.sqlite_master WHERE type = 'table' AND "
+                                               "name = 'meta'").fetchone() is not None
+                        for table in TABLES + (("meta",) if has_meta else ()):
                             con.execute(f"INSERT OR IGNORE INTO {table} SELECT * FROM shard.{table}")
                 except sqlite3.DatabaseError as e:
                     raise (_platform_error(main, e) or _damaged(shard, e)) from None
@@ -200,13 +210,146 @@ class ResultStore:
             con.close()
         return main
 
+    def record_weights(self, digest: str) -> None:
+        """Store the SHA-256 of the model's weights (:func:`vitlens.api.weights_sha256`) in this shard: a later run
+        into the same folder is matched to these results by it (:func:`stored_weights`), not by a model name."""
+        with self.con:
+            self.con.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", (WEIGHTS_KEY, digest))
+
+
+WEIGHTS_KEY = "weights_sha256"
+
+
+def _connect_ro(path: Path) -> sqlite3.Connection:
+    """A read-only connection (nothing is created or changed in ``path``: no schema, no journal)."""
+    from ..files import check_regular
+
+    check_regular(path, str(path), DamagedFileError)
+    try:
+        return sqlite3.connect(f"{Path(path).resolve().as_uri()}?mode=ro", uri=True, timeout=60)
+    except sqlite3.Error as e:
+        raise (_platform_error(path, e) or _damaged(path, e)) from None
+
 
 def read_rows(path: str | Path, query: str, args: tuple = ()) -> list[tuple[Any, ...]]:
-    con = _connect(Path(path))
+    """The rows of ``query`` on the store ``path``, opened read-only."""
+    con = _connect_ro(Path(path))
     try:
         return list(con.execute(query, args))
+    except sqlite3.DatabaseError as e:
+        raise (_platform_error(Path(path), e) or _damaged(Path(path), e)) from None
     finally:
         con.close()
+
+
+def _columns() -> dict[str, list[str]]:
+    """Table → column names of :data:`SCHEMA`."""
+    con = sqlite3.connect(":memory:")
+    try:
+        con.executescript(SCHEMA)
+        return {t: [r[1] for r in con.execute(f"PRAGMA table_info({t})")] for t in TABLES + ("meta",)}
+    finally:
+        con.close()
+
+
+#: (table, column, SQLite storage classes allowed): what :func:`check_store` checks value by value
+_TYPES = (("results", "image", ("integer",)), ("results", "value", ("real", "integer", "null")),
+          ("results", "higher_is_better", ("integer",)), ("results", "method", ("text",)),
+          ("results", "metric", ("text",)), ("results", "output", ("text",)), ("results", "protocol", ("text",)),
+          ("costs", "image", ("integer",)), ("costs", "method", ("text",)),
+          ("costs", "forward_passes", ("real", "integer")), ("costs", "backward_passes", ("real", "integer")),
+          ("costs", "seconds", ("real", "integer")), ("curves", "x", ("text",)), ("curves", "y", ("text",)),
+          ("predictions", "image", ("integer",)), ("predictions", "predicted", ("integer",)),
+          ("predictions", "probability", ("real", "integer")), ("predictions", "label", ("integer", "null")))
+
+
+def check_store(path: str | Path, need_rows: bool = True) -> None:
+    """Refuse, with one line naming ``path``, a results store ``vitlens report`` cannot trust: not a regular file,
+    empty (0 bytes), not SQLite (damaged), foreign (tables or columns of another schema), a value of the wrong kind
+    (text where a number belongs, a protocol or curve that is not JSON), or (``need_rows``) no results at all.
+    The store is opened read-only: nothing in it is created or changed."""
+    import math
+
+    path = Path(path)
+    from ..files import check_regular
+
+    check_regular(path, f"results store {path}", DamagedFileError)
+    if path.stat().st_size == 0:
+        raise DamagedFileError(f"results store {path} is empty (0 bytes): it holds no benchmark results; rerun the "
+                               "vitlens bench command of this folder")
+    con = _connect_ro(path)
+    try:
+        try:
+            have = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        except sqlite3.DatabaseError as e:
+            raise _damaged(path, e) from None
+        for table, cols in _columns().items():
+            if table not in have:
+                if table == "meta":
+                    continue
+                raise DamagedFileError(f"{path} is not a vitlens results store (it has no {table!r} table; tables: "
+                                       f"{', '.join(sorted(have)) or 'none'})")
+            found = [r[1] for r in con.execute(f"PRAGMA table_info({table})")]
+            lacking = [c for c in cols if c not in found]
+            if lacking:
+                raise DamagedFileError(f"{path} is not a vitlens results store (table {table!r} has no column "
+                                       f"{', '.join(lacking)})")
+        for table, col, kinds in _TYPES:
+            allowed = ", ".join(f"'{k}'" for k in kinds)
+            bad = con.execute(f"SELECT quote({col}), typeof({col}) FROM {table} WHERE typeof({col}) NOT IN "
+                              f"({allowed}) LIMIT 1").fetchone()
+            if bad is not None:
+                raise DamagedFileError(f"{path} is damaged: {table}.{col} holds {bad[1]} {bad[0][:60]} where "
+                                       f"{' or '.join(kinds)} belongs; rerun the benchmark into a new --out")
+        for (proto,) in con.execute("SELECT DISTINCT protocol FROM results"):
+            try:
+                ok = isinstance(json.loads(proto), dict)
+            except ValueError:
+                ok = False
+            if not ok:
+                raise DamagedFileError(f"{path} is damaged: results.protocol {proto[:60]!r} is not a JSON object")
+        for x, y in con.execute("SELECT x, y FROM curves"):
+            try:
+                xs, ys = json.loads(x), json.loads(y)
+                ok = all(isinstance(v, list) and all(isinstance(a, (int, float)) and not isinstance(a, bool)
+                                                     and math.isfinite(a) for a in v) for v in (xs, ys)) \
+                    and len(xs) == len(ys)
+            except ValueError:
+                ok = False
+            if not ok:
+                raise DamagedFileError(f"{path} is damaged: a curve is not two lists of finite numbers of one "
+                                       f"length ({x[:40]!r}, {y[:40]!r})")
+        if need_rows:
+            counts = [con.execute(f"SELECT COUNT(*) FROM {t}").fetchone()[0] for t in ("results", "costs")]
+            if not any(counts):
+                raise DamagedFileError(f"results store {path} holds no results (its results and costs tables are "
+                                       "empty): the benchmark finished no unit of work; rerun its vitlens bench "
+                                       "command")
+    except sqlite3.DatabaseError as e:
+        raise (_platform_error(path, e) or _damaged(path, e)) from None
+    finally:
+        con.close()
+
+
+def stored_weights(run_dir: str | Path) -> dict[str, str]:
+    """Database file name → the weights' SHA-256 recorded in it, for every store of ``run_dir`` that holds one
+    (shards and ``results.sqlite``; read-only)."""
+    run_dir = Path(run_dir)
+    found: dict[str, str] = {}
+    paths = sorted((run_dir / "shards").glob("rank-*.sqlite")) + [run_dir / "results.sqlite"]
+    for path in paths:
+        if not path.is_file() or path.stat().st_size == 0:
+            continue
+        con = _connect_ro(path)
+        try:
+            row = con.execute("SELECT value FROM meta WHERE key = ?", (WEIGHTS_KEY,)).fetchone()
+        except sqlite3.DatabaseError:  # no meta table (an older store) or a damaged file (the run reports it)
+            row = None
+        finally:
+            con.close()
+        if row is not None:
+            found[str(path.relative_to(run_dir))] = str(row[0])
+    return found
 
 
 def dumps(obj: Any) -> str:

@@ -88,10 +88,12 @@ def _aliases(names: Sequence[str], wnids: Sequence[str] | None) -> dict[str, set
 def read_class_map(path: str | Path) -> dict[str, str | int]:
     """A class map file: JSON ``{"folder": class}`` or lines ``folder: class`` / ``folder = class`` (``#`` comments).
     A class is a class index or a class name."""
+    from ..files import read_text_file
+
     p = Path(path)
-    if not p.is_file():
+    if not p.exists():
         raise InputError(f"class map file '{p}' not found")
-    text = p.read_text(encoding="utf-8")
+    text = read_text_file(p, f"class map '{p}'", max_bytes=4 << 20)  # a regular UTF-8 text file, or one line
     if p.suffix.lower() == ".json" or text.lstrip().startswith("{"):
         try:
             data = json.loads(text)

@@ -106,8 +106,19 @@ def _hidden(p: Path, folder: Path) -> bool:
 
 
 def _images_under(folder: Path, recursive: bool) -> list[Path]:
+    """The image files under ``folder``; an entry with an image's name that is no regular file (a FIFO, socket or
+    device: reading it would block) is skipped with a warning naming it."""
     it = folder.rglob("*") if recursive else folder.iterdir()
-    return sorted(p for p in it if _is_image(p) and not _hidden(p, folder))
+    found = [p for p in it if p.suffix.lower() in IMAGE_EXTENSIONS and not _hidden(p, folder)]
+    odd = [p for p in found if p.exists() and not p.is_file()]
+    if odd:
+        import warnings
+
+        more = ", …" if len(odd) > 1 else ""
+        warnings.warn(f"skipped {len(odd)} entr{'y' if len(odd) == 1 else 'ies'} of '{folder}' that "
+                      f"{'is' if len(odd) == 1 else 'are'} not a regular file ('{odd[0]}'{more})", RuntimeWarning,
+                      stacklevel=3)
+    return sorted(p for p in found if _is_image(p))
 
 
 def _open_rgb(path: Path, exif: bool = False) -> Image.Image:
@@ -261,7 +272,7 @@ class ImageNetVal(_Loader):
         self._xml: dict[str, Path] = {}
         if boxes_dir is not None:
             self.boxes_dir = _existing_dir(boxes_dir, "bounding-box folder")
-            for p in sorted(self.boxes_dir.rglob("*.xml")):
+            for p in sorted(f for f in self.boxes_dir.rglob("*.xml") if f.is_file()):  # (a FIFO would block)
                 if p.stem in self._xml:
                     raise InputError(
                         f"two bounding-box files for image '{p.stem}': '{self._xml[p.stem]}' and '{p}'"

@@ -352,12 +352,20 @@ def _load_timm(arch: str, pretrained: bool, weights: str | os.PathLike | None, *
         raise UnsupportedModelError(f"timm has no architecture named {arch!r}")
     if weights is not None:
         path = Path(weights)
-        if not path.is_file():
+        if not path.exists():
             raise WeightsUnavailableError(f"weights file {path} does not exist")
+        from ..files import check_regular, code_refusal
+
+        check_regular(path, f"weights file {path}", WeightsUnavailableError)
         model = timm.create_model(arch, pretrained=False, **kwargs)
-        try:
+        try:  # timm reads .pth/.bin with torch.load(weights_only=True): tensors only, no code from the file
             timm.models.load_checkpoint(model, str(path), strict=True)
-        except (RuntimeError, KeyError) as e:
+        except Exception as e:
+            asked = code_refusal(e.__cause__ or e) or ("a non-tensor object" if "weights_only" in str(e) else None)
+            if asked is not None:
+                raise WeightsUnavailableError(
+                    f"weights file {path} was refused: it asks to build {asked}, and vitlens loads only tensors "
+                    "(nothing of it was run)") from None
             raise WeightsUnavailableError(
                 f"weights file {path} does not match timm:{arch} with {kwargs or 'default arguments'}: "
                 f"{str(e).splitlines()[0][:200]}"
@@ -402,18 +410,41 @@ def _cached_timm_weights(arch: str) -> str | None:
 
 
 def _load_hf(ident: str, pretrained: bool, **kwargs: Any) -> nn.Module:
+    """A HuggingFace image classifier from a local folder or the local cache. No code from the folder runs:
+    ``trust_remote_code`` is ``False`` unless the caller passes ``trust_remote_code=True`` (a model option), and a
+    ``pytorch_model.bin`` is read with ``torch.load(weights_only=True)`` (tensors only; a pickle that asks for any
+    other object is refused with one line)."""
     try:
         from transformers import AutoConfig, AutoModelForImageClassification
     except ImportError:
         raise UnsupportedModelError("transformers is not installed: pip install 'vitlens[hf]'") from None
+    from ..files import code_refusal
+
+    trust = kwargs.pop("trust_remote_code", False)
+    if not isinstance(trust, bool):
+        raise InputError(f"trust_remote_code must be True or False; got {trust!r}")
     try:
         if not pretrained:
-            cfg = AutoConfig.from_pretrained(ident, local_files_only=True)
-            return AutoModelForImageClassification.from_config(cfg, **kwargs)
-        return AutoModelForImageClassification.from_pretrained(ident, local_files_only=True, **kwargs)
+            cfg = AutoConfig.from_pretrained(ident, local_files_only=True, trust_remote_code=trust)
+            return AutoModelForImageClassification.from_config(cfg, trust_remote_code=trust, **kwargs)
+        return AutoModelForImageClassification.from_pretrained(ident, local_files_only=True, trust_remote_code=trust,
+                                                               **kwargs)
     except (OSError, ValueError) as e:
+        if "trust_remote_code" in str(e):
+            raise WeightsUnavailableError(
+                f"HuggingFace model {ident!r} needs code from its folder to be built, and vitlens does not run it "
+                "unless asked: pass --model-option trust_remote_code=True only if you trust the folder's code"
+            ) from None
         raise WeightsUnavailableError(
             f"HuggingFace model {ident!r} is not available offline (not a local directory or cached): "
             f"{str(e).splitlines()[0][:160]}"
         ) from None
-
+    except Exception as e:  # a weights file that is not tensors (a planted pickle), truncated, ...
+        asked = code_refusal(e)
+        if asked is not None:
+            raise WeightsUnavailableError(
+                f"HuggingFace model {ident!r}: its weights file was refused: it asks to build {asked}, and vitlens "
+                "loads only tensors (nothing of it was run); use a model.safetensors file") from None
+        why = (str(e).splitlines() or [type(e).__name__])[0][:160]
+        raise WeightsUnavailableError(f"HuggingFace model {ident!r} cannot be loaded ({type(e).__name__}: "
+                                      f"{why})") from None

@@ -147,11 +147,18 @@ def load_efficientnet_lite0(pretrained: bool = True, weights: str | os.PathLike 
     path: Path | None = None
     if pretrained or weights is not None:
         path = weights_file() if weights is None else Path(weights)
-        if not path.is_file():
+        if not path.exists():
             raise WeightsUnavailableError(f"weights file {path} does not exist")
-        try:
+        from ..files import check_regular, code_refusal
+
+        check_regular(path, f"weights file {path}", WeightsUnavailableError)
+        try:  # tensors and plain containers only: nothing in the file runs
             source = torch.load(path, map_location="cpu", weights_only=True)
         except Exception as exc:  # not a torch pickle, truncated, or holds non-tensor objects
+            asked = code_refusal(exc)
+            if asked is not None:
+                raise WeightsUnavailableError(f"weights file {path} was refused: it asks to build {asked}, and "
+                                              "vitlens loads only tensors (nothing of it was run)") from None
             raise WeightsUnavailableError(
                 f"weights file {path} cannot be read as a PyTorch state dict ({type(exc).__name__})"
             ) from None
