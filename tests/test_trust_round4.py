@@ -161,6 +161,15 @@ def hf_folders(tmp_path_factory) -> Path:
                                                      "AutoModelForImageClassification": "custom.Model"})
     (root / "remote" / "config.json").write_text(json.dumps(c))
     (root / "remote" / "custom.py").write_text(f"open({str(root / 'PWNED-remote')!r}, 'w').write('ran')\n")
+    from transformers import CLIPConfig
+
+    clip = CLIPConfig(text_config={"hidden_size": 16, "intermediate_size": 32, "num_hidden_layers": 1,
+                                   "num_attention_heads": 2, "vocab_size": 50},
+                      vision_config={"hidden_size": 16, "intermediate_size": 32, "num_hidden_layers": 1,
+                                     "num_attention_heads": 2, "image_size": 32, "patch_size": 8},
+                      projection_dim=8)
+    clip.save_pretrained(root / "clip")
+    _plant(root / "clip" / "pytorch_model.bin", root / "PWNED-clip", wrap=False)
     return root
 
 
@@ -172,7 +181,9 @@ def test_hf_folders_run_no_code(hf_folders, capsys):
         vitlens.load_model(f"hf:{hf_folders / 'remote'}")
     rc, err = _run(capsys, ["conformance", f"hf:{hf_folders / 'planted'}"])
     assert rc == 1 and "refused" in one_line(err.splitlines()[-1])  # (above it: transformers' own progress bar)
-    assert not (hf_folders / "PWNED").exists() and not (hf_folders / "PWNED-remote").exists()
+    with pytest.raises(WeightsUnavailableError, match=r"weights file was refused: it asks to build .*system"):
+        vitlens.load_model(f"hf:{hf_folders / 'clip'}")  # an image-text folder (vitlens.models.vlm)
+    assert not [p.name for p in hf_folders.iterdir() if p.name.startswith("PWNED")]
 
 
 def test_timm_and_efficientnet_weight_files_run_no_code(tmp_path):

@@ -390,14 +390,23 @@ def load_vlm_folder(ident: str, pretrained: bool = True, **kwargs: Any) -> Visio
 
     from ..errors import WeightsUnavailableError
 
+    from ..files import code_refusal
+
+    kwargs = {**kwargs, "trust_remote_code": False}  # a known model type: no code from the folder is needed
     try:
         if pretrained:
             model = AutoModel.from_pretrained(ident, local_files_only=True, **kwargs)
         else:
-            model = AutoModel.from_config(AutoConfig.from_pretrained(ident, local_files_only=True), **kwargs)
+            model = AutoModel.from_config(AutoConfig.from_pretrained(ident, local_files_only=True,
+                                                                     trust_remote_code=False), **kwargs)
     except (OSError, ValueError) as e:
         raise WeightsUnavailableError(f"HuggingFace model {ident!r} cannot be read offline: "
                                       f"{str(e).splitlines()[0][:160]}") from None
+    except Exception as e:  # a planted pytorch_model.bin (refused by weights_only=True), a truncated file, ...
+        asked = code_refusal(e)
+        what = f"its weights file was refused: it asks to build {asked}, and vitlens loads only tensors (nothing " \
+            "of it was run)" if asked else f"it cannot be loaded ({type(e).__name__})"
+        raise WeightsUnavailableError(f"HuggingFace model {ident!r}: {what}") from None
     return VisionLanguageModel(model.eval(), _folder_tokenizer(ident))
 
 
@@ -406,7 +415,7 @@ def _folder_tokenizer(ident: str) -> Any:
     from transformers import AutoTokenizer
 
     try:
-        return AutoTokenizer.from_pretrained(ident, local_files_only=True)
+        return AutoTokenizer.from_pretrained(ident, local_files_only=True, trust_remote_code=False)
     except (OSError, ValueError, TypeError, KeyError):
         return None
 
