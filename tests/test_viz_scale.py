@@ -85,7 +85,7 @@ def test_explain_writes_both_figures_on_one_recorded_scale(tmp_path: Path) -> No
             "--model-option", "img_size=32", "--model-option", "patch_size=8", "--model-option", "num_classes=6",
             "--methods", "rollout", "--out", str(tmp_path / "out"), "--quiet"]
     assert main(args) == 0
-    info = json.loads(next((tmp_path / "out").glob("*.json")).read_text())
+    info = json.loads(next((tmp_path / "out").glob("*.rollout.json")).read_text())
     scale = info["colour"]["scale"]
-    assert scale["mode"] in ("signed", "minmax", "abs") and scale["vmax"] >= scale["vmin"]
+    assert scale["mode"] == "positive" and scale["vmax"] >= scale["vmin"] == 0.0  # rollout: declared non-negative
     assert info["colour"]["clip"] == 99.5

@@ -98,7 +98,7 @@ def test_explain_records_the_style(tmp_path: Path) -> None:
     assert (pix["style"], pix["scale"]["mode"], pix["smooth_sigma"]) == ("blend", "signed", 1.0)
     assert tok["style"] == "overlay"
     assert main(["explain", str(photo), *tiny, "--style", "abs", "--out", str(tmp_path / "a"), "--quiet"]) == 0
-    assert json.loads(next((tmp_path / "a").glob("*.json")).read_text())["colour"]["scale"]["mode"] == "abs"
+    assert json.loads(next((tmp_path / "a").glob("*.gradskip.json")).read_text())["colour"]["scale"]["mode"] == "abs"
     assert main(["explain", str(photo), *tiny, "--smooth", "-1", "--out", str(tmp_path / "b")]) != 0
 
 

@@ -114,6 +114,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from vitlens.devices import option_device
 
     device = option_device(args.device)
+    _check_bench_before_loading(args, model_kwargs)  # usage mistakes in one line, before the model loads
     torch.manual_seed(args.seed)  # random-weight models (pretrained=False) are the same in every process and rerun
     seeded = {"seed": args.seed} if args.model.startswith(("timm:", "hf:")) and "seed" not in model_kwargs else {}
     model = load_model_with_options(args.model, {**model_kwargs, **seeded})  # the seed is recorded with the model
@@ -136,6 +137,24 @@ def cmd_bench(args: argparse.Namespace) -> int:
         print(summary.read_text())
         print(f"report: {Path(run_dir) / 'report.html'}")
     return 0
+
+
+def _check_bench_before_loading(args: argparse.Namespace, model_kwargs: dict[str, Any]) -> None:
+    """Unknown methods and metrics (with the closest names), bad options, an unusable --out and a run directory of
+    another configuration, refused before the model loads (a vision-language run's configuration holds its prompts
+    and is compared once they are read, after the model)."""
+    from vitlens.bench import BenchConfig, split_specs
+    from vitlens.bench.runner import check_before_loading
+
+    data = _with_class_map(args.data, args.class_map)
+    methods, metrics = split_specs(args.methods), split_specs(args.metrics or _default_metrics(data))
+    config = None
+    if getattr(args, "prompts", None) is None:
+        config = BenchConfig(
+            model=args.model + ("" if not model_kwargs else " " + json.dumps(model_kwargs, sort_keys=True)),
+            data=data, methods=methods, metrics=metrics, n=args.n, batch_size=args.batch, target=args.target,
+            seed=args.seed, show=args.show)
+    check_before_loading(args.out, methods, metrics, config, args.overwrite)
 
 
 def cmd_report(args: argparse.Namespace) -> int:

@@ -42,9 +42,12 @@ def add_explain_parser(sub: Any, formatter: type[argparse.HelpFormatter]) -> arg
                    help="vision-language models (CLIP, SigLIP, shapes-clip): explain the image-text score of this "
                         "prompt instead of a class; repeatable, one figure per prompt (docs/vlm.md)")
     e.add_argument("--device", default="cpu", help="torch device: cpu, cuda, cuda:1, mps, or auto")
-    e.add_argument("--batch", type=positive_int, default=16, help="images per batch (>= 1)")
-    e.add_argument("--normalize", default="auto", choices=["auto", "signed", "abs", "minmax"],
-                   help="colour scaling: auto = signed maps on a diverging scale centred at 0, others min to max")
+    e.add_argument("--batch", type=positive_int, default=16,
+                   help="images per batch (>= 1) on an accelerator; on the CPU each image is explained on its own "
+                        "(progress and cost per image)")
+    e.add_argument("--normalize", default="auto", choices=["auto", "signed", "positive", "abs", "minmax"],
+                   help="colour scaling: auto = by what each method's values mean (signed: diverging, centred at "
+                        "0; non-negative: from 0; probability-like: lowest to highest), the same on every image")
     e.add_argument("--style", default="auto", choices=["auto", "overlay", "blend", "abs"],
                    help="how maps are drawn: overlay = colours over the photo; blend = signed colours over the image in "
                         "grey; abs = |relevance| over the image in grey; auto = blend for pixel-level methods "
@@ -57,7 +60,12 @@ def add_explain_parser(sub: Any, formatter: type[argparse.HelpFormatter]) -> arg
     e.add_argument("--format", default="png", choices=["png", "pdf", "svg"],
                    help="file format of the figures and grids (provenance: PNG text chunks, PDF subject, SVG "
                         "description, and always the JSON)")
-    e.add_argument("--dpi", type=positive_int, default=100, help="resolution of the figures in dots per inch")
+    e.add_argument("--dpi", type=positive_int, default=None,
+                   help="resolution of the figures in dots per inch (default: the least, from 100 up, at which "
+                        "every panel is at least the model's input size)")
+    e.add_argument("--shared-scale", action="store_true",
+                   help="in the comparison grid, one colour scale for all methods of an image (methods whose "
+                        "values compare), with its colour bar in map values")
     e.add_argument("--out", default="vitlens-out", help="output folder")
     e.add_argument("--overwrite", action="store_true",
                    help="replace outputs an earlier run left in --out (default: refuse to replace any file)")
@@ -144,10 +152,22 @@ def _p(prob: float) -> str:
     return f"{prob:.2f}" if prob >= 0.01 else f"{prob:.1e}"
 
 
-def _caption(cls: int, prob: float | None, names: list[str] | None) -> str:
+def _caption(cls: int, prob: float | None, names: list[str] | None, random_weights: bool = False) -> str:
+    """``'tiger cat (class 282), p = 0.93'``; a model with random weights gets no class names (its outputs are
+    no prediction) and says so."""
+    nb = "\u00a0"  # "p = 0.93" is never split over two lines
+    if random_weights:
+        return f"class {cls}{'' if prob is None else f', p{nb}={nb}{_p(prob)}'} — random weights, not a prediction"
     name = names[cls] if names and 0 <= cls < len(names) else None
     text = f"{name} (class {cls})" if name else f"class {cls}"
-    return text + ("" if prob is None else f", p = {_p(prob)}")
+    return text + ("" if prob is None else f", p{nb}={nb}{_p(prob)}")
+
+
+def random_weights(model: Any) -> bool:
+    """Whether a model loaded by :func:`vitlens.load_model` has random weights (``pretrained=False`` and no weights
+    file): its class scores are no prediction."""
+    source = getattr(model, "vitlens_source", None) or {}
+    return source.get("pretrained") is False and not source.get("weights")
 
 
 def cmd_explain(args: argparse.Namespace) -> int:
@@ -159,7 +179,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
 
     if not str(args.out).strip():
         raise InputError("--out is empty; name the output folder (an empty name would write into the current one)")
-    if args.dpi > _MAX_DPI:
+    if args.dpi is not None and args.dpi > _MAX_DPI:
         raise InputError(f"--dpi {args.dpi} is more than {_MAX_DPI}: the figures would be gigapixels (the default "
                          "100 draws the 2048-px original at its own resolution)")
     out = Path(args.out)
@@ -169,6 +189,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
     methods = [(label, vitlens.explainers.get_method(name, **opts)) for label, name, opts in specs]
     paths = _expand(args.images)
     bases = output_bases(paths)
+    _check_before_loading(args, out, paths, bases, [label for label, _ in methods])  # usage mistakes: no model yet
     from vitlens.devices import option_device
 
     device = option_device(args.device)
@@ -178,15 +199,20 @@ def cmd_explain(args: argparse.Namespace) -> int:
     model = load_model_with_options(args.model, model_kwargs).to(device)
     cfg = vimages.data_config(model)
     names = model_class_names(model)
+    untrained = random_weights(model)
     if not 0.0 <= args.smooth < float("inf"):
         raise InputError(f"--smooth must be a number >= 0 (pixels of the model's view), got {args.smooth}")
     if args.smooth > max(cfg.size_hw):
         raise InputError(f"--smooth {args.smooth:g} is more than the model's view ({cfg.size_hw[0]}x{cfg.size_hw[1]} "
                          "px): such a blur flattens the map; give a sigma of a few pixels")
+    kinds = {label: type(method).value_kind_for(method.options) or None for label, method in methods}
     style: dict[str, Any] = {"normalize": args.normalize, "clip": None if args.clip >= 100 else args.clip,
-                             "smooth": args.smooth,
-                             "styles": {label: viz.default_style(method.level) if args.style == "auto" else args.style
-                                        for label, method in methods}}
+                             "smooth": args.smooth, "kinds": kinds, "random_weights": untrained,
+                             "min_panel_px": max(cfg.size_hw),
+                             "styles": {label: viz.default_style(method.level, kinds[label]) if args.style == "auto"
+                                        else args.style for label, method in methods},
+                             "normalize_of": {label: viz.kind_normalize(kinds[label]) if args.normalize == "auto"
+                                              else args.normalize for label, _ in methods}}
     runs = prompt_runs(args, bases)  # [(target, bases)]: once, or once per --text prompt
     _refuse_replacing(out, [f for _, b in runs for f in planned_files(b, [label for label, _ in methods], args.format)],
                       args.overwrite)
@@ -196,9 +222,90 @@ def cmd_explain(args: argparse.Namespace) -> int:
         from vitlens.api import model_provenance
 
         style["model_record"] = model_provenance(model, args.model, model_kwargs)  # once: it hashes the weights
-        for target, run_bases in runs:
-            _explain_all(args, out, paths, run_bases, methods, model, cfg, names, style, device, target)
+        style["model_record"]["random_weights"] = untrained
+        calls: list[dict[str, Any]] = []
+        progress = _Progress(len(paths) * len(runs), methods, args.quiet)
+        try:
+            for target, run_bases in runs:
+                calls += _explain_all(args, out, paths, run_bases, methods, model, cfg, names, style, device, target,
+                                      progress)
+        finally:
+            progress.close()
+        write_text(out / RUN_SUMMARY, json.dumps({"model": args.model, "model_provenance": style["model_record"],
+                                                  "device": str(device), "images": len(paths), "calls": calls,
+                                                  "seconds": sum(c["seconds"] for c in calls)}, indent=2))
     return 0
+
+
+#: the run's own record in --out: every explanation call (method, images, seconds, passes), the batch's cost where
+#: it belongs (each image's JSON holds its share)
+RUN_SUMMARY = "explain-run.json"
+
+
+def _check_before_loading(args: argparse.Namespace, out: Path, paths: list[Path], bases: list[str],
+                          labels: list[str]) -> None:
+    """The usage mistakes found without the model (one line each, before the seconds a model takes to load): a
+    missing image, a bad --smooth, outputs of an earlier run in --out."""
+    from vitlens.errors import InputError
+
+    missing = [p for p in paths if not p.exists()]
+    if missing:
+        more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+        raise InputError(f"image '{missing[0]}' does not exist{more}; check the path")
+    if not 0.0 <= args.smooth < float("inf"):
+        raise InputError(f"--smooth must be a number >= 0 (pixels of the model's view), got {args.smooth}")
+    files = [f for _, b in prompt_runs(args, bases) for f in planned_files(b, labels, args.format)]
+    _refuse_replacing(out, files + [RUN_SUMMARY], args.overwrite)
+
+
+class _Progress:
+    """Progress of an explain run on stderr, per image and method, weighted by each method's declared passes per
+    image (so the ETA holds when one method costs 4,000 passes and another 2): a live bar on a terminal, else one
+    line per image (``[2/5] images explained, 41 s, ETA 27 s``). Nothing when quiet."""
+
+    def __init__(self, images: int, methods: list, quiet: bool) -> None:
+        self.weights = {label: _weight(method) for label, method in methods}
+        self.total = images * sum(self.weights.values())
+        self.images, self.done, self.quiet = images, 0.0, quiet
+        self.began = time.perf_counter()
+        self.bar = None
+        if not quiet and sys.stderr.isatty():
+            from tqdm.auto import tqdm
+
+            self.bar = tqdm(total=round(self.total, 3), unit="pass", desc="explain", file=sys.stderr,
+                            bar_format="{desc}: {percentage:3.0f}%|{bar}| {postfix} [{elapsed}<{remaining}]")
+
+    def map_done(self, label: str, count: int, image: int) -> None:
+        """``count`` images explained by ``label``; ``image``: the last of them (1-based)."""
+        step = self.weights[label] * count
+        self.done += step
+        if self.bar is not None:
+            self.bar.set_postfix_str(f"image {image}/{self.images}, {label}", refresh=False)
+            self.bar.update(round(step, 3))
+
+    def image_done(self, done: int) -> None:
+        if self.quiet or self.bar is not None:
+            return
+        elapsed = time.perf_counter() - self.began
+        left = elapsed / max(self.done, 1e-9) * (self.total - self.done)
+        eta = f", ETA {left:.0f} s" if done < self.images else ", done"
+        print(f"[{done}/{self.images}] images explained, {elapsed:.0f} s{eta}", file=sys.stderr, flush=True)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+def _weight(method: Any) -> float:
+    """A method's declared passes per image (a backward counted as two forwards); 1 when it cannot say yet."""
+    import math
+
+    try:
+        cost = method.declared_cost()
+        w = float(cost.get("forward", 1.0)) + 2.0 * float(cost.get("backward", 0.0))
+    except Exception:  # a method whose cost depends on its first call (MDA) or on weights not loaded yet
+        return 1.0
+    return w if math.isfinite(w) and w > 0 else 1.0
 
 
 def prompt_runs(args: argparse.Namespace, bases: list[str]) -> list[tuple[Any, list[str]]]:
@@ -268,23 +375,41 @@ def _refuse_replacing(out: Path, files: Sequence[str], overwrite: bool) -> None:
 
 def _explain_all(args: argparse.Namespace, out: Path, paths: list[Path], bases: list[str], methods: list,
                  model: Any, cfg: Any, names: list[str] | None, style: dict[str, Any], device: Any,
-                 target: Any = None) -> None:
+                 target: Any = None, progress: "_Progress | None" = None) -> list[dict[str, Any]]:
+    """Explain and write every image; returns one record per explanation call (its images, seconds, passes).
+
+    On the CPU each image is explained on its own call (a batch saves little there, and progress and cost are then
+    per image); on an accelerator a batch is one call per method, and each image's record holds its share."""
     from vitlens import images as vimages
 
-    began = time.perf_counter()
+    progress = progress or _Progress(len(paths), methods, True)
+    calls: list[dict[str, Any]] = []
+    one_by_one = getattr(device, "type", str(device)) == "cpu"
     for start in range(0, len(paths), args.batch):
         chunk = list(range(start, min(start + args.batch, len(paths))))
         x = _load_chunk([paths[i] for i in chunk], cfg, start, len(paths)).to(device)
         probs = _probabilities(model, x)
         pixels = vimages.denormalize(x.cpu(), cfg)
-        results = {}
+        per_image: list[dict[str, tuple[Any, float, int]]] = [{} for _ in chunk]  # label -> (exp, seconds, row)
         for label, method in methods:
-            t0 = time.perf_counter()
-            results[label] = (method.explain(model, x, target=target), time.perf_counter() - t0)
+            parts = [[j] for j in range(len(chunk))] if one_by_one else [list(range(len(chunk)))]
+            for rows in parts:
+                t0 = time.perf_counter()
+                exp = method.explain(model, x[rows[0]:rows[-1] + 1], target=target)
+                seconds = time.perf_counter() - t0
+                calls.append({"method": label, "images": [str(paths[chunk[j]]) for j in rows], "seconds": seconds,
+                              "model_calls": exp.cost.model_calls, "backward_calls": exp.cost.backward_calls,
+                              "forward_passes_per_image": exp.cost.forward_passes,
+                              "backward_passes_per_image": exp.cost.backward_passes})
+                for k, j in enumerate(rows):
+                    per_image[j][label] = (exp, seconds, k)
+                progress.map_done(label, len(rows), chunk[rows[-1]] + 1)
         for j, i in enumerate(chunk):
-            record = _write_image(paths[i], out / bases[i], pixels[j], results, j, probs, names, cfg, style, args)
+            record = _write_image(paths[i], out / bases[i], pixels[j], per_image[j], probs[j:j + 1]
+                                  if probs is not None else None, names, cfg, style, args)
             _report_line(record, args)
-            _progress(i + 1, len(paths), time.perf_counter() - began, args)
+            progress.image_done(i + 1)
+    return calls
 
 
 def _load_chunk(paths: list[Path], cfg: Any, start: int, total: int) -> Any:
@@ -304,17 +429,10 @@ def _load_chunk(paths: list[Path], cfg: Any, start: int, total: int) -> Any:
         raise type(e)(f"image {start + int(m.group(1)) + 1} of {total}{str(e)[m.end():]}") from None
 
 
-def _progress(done: int, total: int, elapsed: float, args: argparse.Namespace) -> None:
-    """``[3/5] images explained, 41 s, ETA 27 s`` on stderr (stdout stays one record per image); nothing when quiet
-    or for a single image."""
-    if args.quiet or total < 2:
-        return
-    eta = f", ETA {elapsed / done * (total - done):.0f} s" if done < total else ", done"
-    print(f"[{done}/{total}] images explained, {elapsed:.0f} s{eta}", file=sys.stderr, flush=True)
-
-
-def _write_image(path: Path, base: Path, view: Any, results: dict[str, Any], j: int, probs: Any,
+def _write_image(path: Path, base: Path, view: Any, results: dict[str, Any], probs: Any,
                  names: list[str] | None, cfg: Any, style: dict[str, Any], args: argparse.Namespace) -> dict:
+    """Figures, maps and provenance of one image; ``results``: label → (explanation, its call's seconds, this
+    image's row in it); ``probs``: this image's class probabilities ``(1, K)`` or ``None``."""
     import numpy as np
 
     from vitlens import viz
@@ -330,19 +448,23 @@ def _write_image(path: Path, base: Path, view: Any, results: dict[str, Any], j: 
     digest = file_sha256(path)
     record: dict[str, Any] = {"image": str(path), "model": args.model, "methods": {}}
     grid_maps: dict[str, Any] = {}
-    for label, (exp, seconds) in results.items():
+    untrained = style["random_weights"]
+    names = None if untrained else names  # a random model's outputs are no prediction: no class names
+    for label, (exp, seconds, j) in results.items():
         cls = int(exp.targets[j])
-        prob = None if probs is None or cls >= probs.shape[1] else float(probs[j, cls])
-        caption = _text_caption(exp, j) or _caption(cls, prob, names)
+        prob = None if probs is None or cls >= probs.shape[1] else float(probs[0, cls])
+        caption = _text_caption(exp, j) or _caption(cls, prob, names, untrained)
         stem = f"{base.name}.{_safe(label)}"
-        meta = {"method": label, "model": args.model, "image": str(path), "target_class": str(cls)}
+        meta = {"method": label, "model": args.model, "image": str(path), "target_class": str(cls),
+                "random_weights": str(untrained)}
         kind = style["styles"][label]
         raw = exp.maps[j].cpu().numpy()
         drawn = viz.smooth_map(abs(raw) if kind == "abs" else raw, style["smooth"])
         on_original = viz.map_to_original(drawn, original.shape[:2], cfg)
         # one colour range, from the model's view, for both figures of this map
-        scale = viz.map_scale(drawn, viz.style_normalize(kind, style["normalize"]), style["clip"])
-        looks = {"scale": scale, "style": kind}
+        # scaled by what the method's values mean (its declared kind), the same on every image
+        scale = viz.map_scale(drawn, viz.style_normalize(kind, style["normalize_of"][label]), style["clip"])
+        looks = {"scale": scale, "style": kind, "method": label, "min_panel_px": style["min_panel_px"]}
         shown = display_label(label)
         ext = args.format
         viz.save_figure(base.parent / f"{stem}.{ext}", original, on_original, title=shown,
@@ -356,31 +478,39 @@ def _write_image(path: Path, base: Path, view: Any, results: dict[str, Any], j: 
         with atomic_path(base.parent / f"{stem}.npz") as tmp:
             np.savez_compressed(tmp, **arrays)
         info = exp.provenance()
+        share = seconds / len(exp)
+        info["cost"] = {"forward_passes": exp.cost.forward_passes, "backward_passes": exp.cost.backward_passes,
+                        "seconds": share, "seconds_are": "this image's share of one call on "
+                        f"{len(exp)} image(s) (the calls: {RUN_SUMMARY})" if len(exp) > 1 else "this image's own call"}
         info.update({"image": str(path), "image_sha256": digest, "model": args.model,
                      "model_provenance": style["model_record"], "target_class": cls,
                      "target_name": _text_caption(exp, j, name_only=True) or (
                          names[cls] if names and cls < len(names) else None), "probability": prob,
                      "score": float(exp.scores[j]), "targets": [cls], "scores": [float(exp.scores[j])],
                      "remainder": None if exp.remainder is None else float(exp.remainder[j]),
-                     "seconds_per_image": seconds / len(exp),
-                     "colour": {"style": kind, "normalize": style["normalize"], "clip": style["clip"],
-                                "smooth_sigma": style["smooth"], "cmap": "inferno" if kind == "abs" else viz.default_cmap(scale.mode),
-                                "scale": {"mode": scale.mode, "vmin": scale.vmin, "vmax": scale.vmax}},
+                     "seconds_per_image": share, "random_weights": untrained,
+                     "colour": {"style": kind, "normalize": style["normalize_of"][label], "clip": style["clip"],
+                                "value_kind": style["kinds"][label],
+                                "smooth_sigma": style["smooth"], "cmap": viz.default_cmap(scale.mode),
+                                "scale": {"mode": scale.mode, "vmin": scale.vmin, "vmax": scale.vmax,
+                                          "data_min": scale.data_min, "data_max": scale.data_max,
+                                          "clipped_low": scale.clipped()[0], "clipped_high": scale.clipped()[1]}},
                      "files": {"figure": f"{stem}.{ext}", "view": f"{stem}.view.{ext}", "maps": f"{stem}.npz"}})
         write_text(base.parent / f"{stem}.json", json.dumps(info, indent=2))
         record["methods"][label] = {"class": cls, "name": info["target_name"], "probability": prob,
                                     "forward_passes": exp.cost.forward_passes,
                                     "backward_passes": exp.cost.backward_passes,
-                                    "seconds": seconds / len(exp), "figure": str(base.parent / f"{stem}.{ext}")}
+                                    "seconds": share, "figure": str(base.parent / f"{stem}.{ext}")}
         grid_maps[label] = [exp.maps[j].cpu()]  # keyed by code label (styles); titled by display name below
     if len(results) > 1:
         first = next(iter(record["methods"].values()))
         grid = base.parent / f"{base.name}.grid.{args.format}"
-        viz.save_grid(grid, [view], grid_maps, captions=[_text_caption(next(iter(results.values()))[0], j)
-                                                         or _caption(first["class"], first["probability"], names)],
+        viz.save_grid(grid, [view], grid_maps,
+                      captions=[_text_caption(next(iter(results.values()))[0], j)
+                                or _caption(first["class"], first["probability"], names, untrained)],
                       row_labels=[path.name], col_size=2.2, metadata={"model": args.model, "image": str(path)},
                       normalize=style["normalize"], clip=style["clip"], styles=style["styles"], smooth=style["smooth"],
-                      dpi=args.dpi)
+                      dpi=args.dpi, shared_scale=args.shared_scale)
         record["grid"] = str(grid)
     return record
 

@@ -518,11 +518,16 @@ def save_explainer(net: AHANet, path: str | Path, meta: dict[str, Any] | None = 
         path = path.with_suffix(".safetensors")
     path.parent.mkdir(parents=True, exist_ok=True)
     state = {k: v.detach().to("cpu", torch.float32).contiguous() for k, v in net.state_dict().items()}
-    from ..atomic import atomic_path, write_text
+    from ..atomic import atomic_path, write_failure, write_text
 
-    with atomic_path(path) as tmp:  # a killed or failed save never leaves truncated weights
-        save_file(state, str(tmp))
-        tmp.chmod(0o644)  # safetensors writes owner-only files; the weights are meant to be shipped
+    try:
+        with atomic_path(path) as tmp:  # a killed or failed save never leaves truncated weights
+            save_file(state, str(tmp))
+            tmp.chmod(0o644)  # safetensors writes owner-only files; the weights are meant to be shipped
+    except Exception as e:  # safetensors reports a full disk as its own SafetensorError ("... os error 28")
+        if isinstance(e, OSError) or "error" not in str(e).lower():
+            raise
+        raise write_failure(path, str(e)) from None
     info = {"format": "vitlens-aha-1", "arch": net.arch, **(meta or {})}
     jpath = path.with_suffix(".json")
     write_text(jpath, json.dumps(info, indent=2, default=str) + "\n")

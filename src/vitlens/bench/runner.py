@@ -230,8 +230,10 @@ def run_benchmark(config: BenchConfig, out: str | Path, model: nn.Module | None 
              if any((label, i) not in done for i in b)]
     from tqdm.auto import tqdm
 
-    bar = tqdm(total=len({i for _, _, b in units for i in b}), desc=f"bench (rank {rank})" if world > 1 else "bench",
-               unit="image", disable=not progress or (rank != 0 and world > 1))
+    # one step per map (a method on an image), advanced after each method on a batch: inside a batch of 25 images
+    # and 7 methods the bar moves 7 times, and its first ETA comes after the first method's unit, not the batch's
+    bar = tqdm(total=sum(len(b) for _, _, b in units), desc=f"bench (rank {rank})" if world > 1 else "bench",
+               unit="map", disable=not progress or (rank != 0 and world > 1))
     written = 0
     stored_before = len(methods) * len(batches) - len(units)
     shared = _BatchShare(source, device, config.share)
@@ -240,8 +242,8 @@ def run_benchmark(config: BenchConfig, out: str | Path, model: nn.Module | None 
             _run_unit(store, shared, net, label, method, metrics, idx, config, run_dir, device,
                       predict=label == methods[0][0])
             written += 1
-            if k + 1 == len(units) or units[k + 1][2] is not idx:  # every method done on this batch
-                bar.update(len(idx))
+            bar.set_postfix_str(f"{label} on images {idx[0] + 1}-{idx[-1] + 1}", refresh=False)
+            bar.update(len(idx))
             pause_point(f"bench.unit.{stored_before + written}")
             if stop_after_units is not None and written >= stop_after_units:
                 return run_dir
@@ -345,3 +347,20 @@ def _predictions(model: nn.Module, x: Tensor, labels: Tensor | None, idx: list[i
     prob, pred = logits.float().softmax(-1).max(-1)
     lab = [None] * len(idx) if labels is None else [int(v) if int(v) >= 0 else None for v in labels.tolist()]
     return [(i, int(p), float(q), lab[j]) for j, (i, p, q) in enumerate(zip(idx, pred.tolist(), prob.tolist()))]
+
+
+def check_before_loading(out: str | Path, methods: Sequence[tuple[str, dict[str, Any]]],
+                         metrics: Sequence[tuple[str, dict[str, Any]]], config: BenchConfig | None = None,
+                         overwrite: bool = False) -> None:
+    """The usage mistakes a benchmark finds without its model, before the seconds a model takes to load: an
+    unknown method or metric (with the closest names), a bad option, an --out that is a file or not writable, and
+    (``config``) a run directory written by another configuration."""
+    for name, opts in methods:
+        get_method(name, **opts)
+    for name, opts in metrics:
+        get_metric(name, **opts)
+    run_dir = Path(out)
+    _check_out_dir(run_dir)
+    if config is not None:
+        config.check()
+        _check_config(run_dir, config, overwrite, write=False)

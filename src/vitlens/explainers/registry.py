@@ -93,7 +93,11 @@ def get_method(name: "str | Method", **options: Any) -> Method:
     try:
         cls = _METHODS[name]
     except KeyError:
-        raise InputError(f"unknown method {name!r}; available: {', '.join(methods())}") from None
+        import difflib
+
+        close = difflib.get_close_matches(str(name).lower(), methods(), n=3, cutoff=0.6)
+        hint = f"; did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
+        raise InputError(f"unknown method {name!r}; available: {', '.join(methods())}{hint}") from None
     return cls(**options)
 
 

@@ -95,7 +95,11 @@ def get_metric(name: str, **settings: Any) -> Metric:
     try:
         cls = _METRICS[name]
     except KeyError:
-        raise InputError(f"unknown metric {name!r}; available: {', '.join(metric_names())}") from None
+        import difflib
+
+        close = difflib.get_close_matches(str(name).lower(), metric_names(), n=3, cutoff=0.6)
+        hint = f"; did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
+        raise InputError(f"unknown metric {name!r}; available: {', '.join(metric_names())}{hint}") from None
     names, open_ended = signature_settings(cls)
     if not open_ended:
         check_known("setting", f"metric '{name}'", settings, names)

@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from ..errors import InputError, UnsupportedModelError, VitlensError, WeightsUnavailableError
-from .base import Adapter, BlockRecord, Recording, int_pair
+from .base import Adapter, BlockRecord, Recording, int_pair, logits_of
 from .capabilities import ATTENTION, CLASS_LOGITS, FEATURE_MAPS, TOKEN_GRID, describe_need
 from .feature_maps import feature_maps_reason
 from .hf_segformer import SegformerAdapter
@@ -128,6 +128,22 @@ class GenericAdapter(Adapter):
             return self.fallback_reason
         return (f"no registered adapter reads {type(self.model).__name__}; supported families: "
                 f"{', '.join(a.family for a in _ADAPTERS)} (to add one, register an Adapter: docs/architecture.md)")
+
+    def _forward(self, x: torch.Tensor) -> torch.Tensor:
+        """The model on the image batch; a model that does not take one (token ids, text, a dict of tensors) is
+        refused in one line that quotes its own first words, never a traceback from deep inside it."""
+        try:
+            return logits_of(self.model(x))
+        except VitlensError:
+            raise
+        except torch.OutOfMemoryError:
+            raise
+        except (RuntimeError, TypeError, ValueError, IndexError, KeyError, AttributeError) as e:
+            why = " ".join((str(e).strip().splitlines() or [""])[0].split())[:140] or type(e).__name__
+            raise UnsupportedModelError(
+                f"{type(self.model).__name__} does not take an image batch: its forward on a {x.dtype} tensor of "
+                f"shape {tuple(x.shape)} failed ({type(e).__name__}: {why}); vitlens explains models that map images "
+                "(B, C, H, W) to logits (B, K)") from None
 
     def grid(self, input_hw: tuple[int, int]) -> tuple[int, int]:
         """The patch grid of a timm ViT-like model (pixel maps are also summed onto it), else the pixels."""
