@@ -158,15 +158,26 @@ def _check_bench_before_loading(args: argparse.Namespace, model_kwargs: dict[str
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    """``vitlens report RUN``: the ranking table of a benchmark run for a paper, or the run's report rewritten."""
+    """``vitlens report RUN``: the ranking table of a benchmark run for a paper, or the run's report rewritten.
+
+    The run's store is only read (opened read-only) and checked first: an empty, foreign or damaged store, or a
+    damaged ``config.json``, is one line and leaves every file as it was. Without ``--out`` the HTML format rewrites
+    the report files the run derives from its store (:data:`~vitlens.bench.report.REPORT_FILES`); ``--out FILE``
+    writes that one file, never a file of the run's own (its store, configuration, shards, examples, provenance),
+    and replaces an existing FILE only with ``--overwrite``."""
     from vitlens.bench.report import summarise, table_text, write_report
     from vitlens.errors import InputError
 
     run = Path(args.run)
-    if not (run / "results.sqlite").is_file():
+    if not (run / "results.sqlite").exists():
         raise InputError(f"{run} is not a benchmark run folder (no results.sqlite in it); give the --out folder of "
                          "a finished vitlens bench or vitlens demo")
+    out = None if args.out is None else _report_out(run, Path(args.out), args.format, args.overwrite)
     if args.format == "html":
+        if out is not None:
+            write_report(run, out=out)
+            print(f"report: {out}")
+            return 0
         from .run_folders import folder_lock
 
         with folder_lock(run, "report"):
@@ -174,14 +185,38 @@ def cmd_report(args: argparse.Namespace) -> int:
         print(f"report: {paths['report']}  (tables: {run / 'summary.md'}, {run / 'summary.tex'})")
         return 0
     text = table_text(summarise(run), args.format) + "\n"
-    if args.out is None:
+    if out is None:
         sys.stdout.write(text)
     else:
         from .atomic import write_text
 
-        write_text(Path(args.out), text)
-        print(f"{args.format} table: {args.out}")
+        write_text(out, text)
+        print(f"{args.format} table: {out}")
     return 0
+
+
+def _report_out(run: Path, out: Path, fmt: str, overwrite: bool) -> Path:
+    """``report --out``'s file, refused (one line) where it would write into the run's own files (inside the run
+    folder only the format's own report file may be named: ``summary.md``, ``summary.tex`` or ``report.html``), or
+    replace an existing file without ``--overwrite``."""
+    from vitlens.errors import InputError
+
+    own = {"markdown": "summary.md", "latex": "summary.tex", "html": "report.html"}[fmt]
+    if not str(out).strip():
+        raise InputError("--out is empty; name the file to write")
+    if out.is_dir():
+        raise InputError(f"--out {out} is a folder; name a file (e.g. {out / 'report.html'})")
+    target = out.resolve()
+    home = run.resolve()
+    inside = target.parent == home or home in target.parents
+    same = out.exists() and any(p.is_file() and os.path.samefile(p, out) for p in run.rglob("*"))
+    if (inside or same) and not (target.parent == home and target.name == own):
+        raise InputError(f"--out {out} is inside the run folder {run} (or a link to a file there) and is not its "
+                         f"{own}; vitlens report never writes the run's own files (results, configuration, shards, "
+                         "stored maps): choose a file outside the run folder")
+    if (out.exists() or out.is_symlink()) and not overwrite:
+        raise InputError(f"--out {out} exists; pass --overwrite to replace it, or choose another file")
+    return out
 
 
 def _default_metrics(data: str) -> str:
@@ -290,14 +325,21 @@ def build_parser() -> argparse.ArgumentParser:
                        description=_DESCRIPTIONS["report"])
     r.add_argument("run", help="run directory of vitlens bench or vitlens demo (the one with results.sqlite)")
     r.add_argument("--format", choices=["html", "markdown", "latex"], default="html",
-                   help="html: rewrite report.html and the tables in RUN; markdown or latex: print the ranking table")
+                   help="html: rewrite report.html and the tables in RUN (or write the page to --out); markdown or "
+                        "latex: print the ranking table")
     r.add_argument("--out", default=None, metavar="FILE",
-                   help="write the markdown or latex table to FILE (default: standard output)")
+                   help="write the table (markdown, latex) or the self-contained HTML page (html) to FILE instead "
+                        "(default: markdown/latex to standard output, html into RUN); never a file of the run's own")
+    r.add_argument("--overwrite", action="store_true", help="replace an existing --out FILE (default: refuse)")
     r.set_defaults(func=cmd_report)
 
     from vitlens.aha.train import add_train_aha_parser
 
     add_train_aha_parser(sub)
+
+    from vitlens.shapley.cli import add_train_shapley_parser
+
+    add_train_shapley_parser(sub)
 
     m = sub.add_parser("methods", help="the registered methods, what they do and what they cost",
                        description=_DESCRIPTIONS["methods"])
@@ -341,10 +383,11 @@ def _use_formatter(parser: argparse.ArgumentParser) -> None:
 
 
 def _resume_command(argv: Sequence[str], command: str) -> str:
-    """The command that continues an interrupted run: the same one (bench, demo), with ``--resume`` for train-aha;
+    """The command that continues an interrupted run: the same one (bench, demo), with ``--resume`` for train-aha and
+    train-shapley;
     never with ``--overwrite`` (that would start over)."""
     args = [a for a in argv if a != "--overwrite"]
-    if command == "train-aha" and "--resume" not in args:
+    if command in ("train-aha", "train-shapley") and "--resume" not in args:
         args.append("--resume")
     prog = "vitlens" if Path(sys.argv[0]).name == "vitlens" else "python -m vitlens.cli"
     return " ".join([prog, *(shlex.quote(a) for a in args)])
@@ -380,7 +423,7 @@ def _interrupted(argv: Sequence[str], args: argparse.Namespace | None, terminate
     """The one line for Ctrl-C / SIGTERM (what is kept and the command that resumes); exit code 130 / 143."""
     command = getattr(args, "command", None) or next((a for a in argv if not a.startswith("-")), "")
     out = getattr(args, "out", None) if args is not None else _out_of(argv)
-    if out and command in ("bench", "demo", "train-aha"):
+    if out and command in ("bench", "demo", "train-aha", "train-shapley"):
         note = f"; finished results are kept in {out}; resume with: {_resume_command(argv, command)}"
     elif out:
         note = f"; the files written so far are in {out}"

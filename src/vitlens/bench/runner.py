@@ -102,8 +102,10 @@ RUN_DIRS = ("shards", "examples")
 
 
 def _read_config(path: Path) -> dict[str, Any]:
+    from ..files import read_text_file
+
     try:
-        have = json.loads(path.read_text())
+        have = json.loads(read_text_file(path, str(path), error=DamagedFileError))
         if not isinstance(have, dict):
             raise ValueError("not a JSON object")
         return have
@@ -156,6 +158,31 @@ def _check_config(run_dir: Path, config: BenchConfig, overwrite: bool = False, w
     if not path.exists():
         run_dir.mkdir(parents=True, exist_ok=True)
         write_text(path, json.dumps(want, indent=2))
+
+
+def _check_weights(run_dir: Path, digest: str, model: str) -> None:
+    """Results already in ``run_dir`` must have been computed with these weights (SHA-256 ``digest``): a run is
+    matched to its model by the weights' digest stored with its results (or, for a store written before that, in its
+    ``provenance.json``), never by the model's name in ``config.json``, which anyone can edit."""
+    from .store import stored_weights
+
+    found = stored_weights(run_dir)
+    if not found and (run_dir / "provenance.json").is_file():  # a store written before the digest was stored in it
+        try:
+            from ..files import read_text_file
+
+            record = json.loads(read_text_file(run_dir / "provenance.json", "provenance.json"))
+            old = record.get("model", {}).get("weights_sha256") if isinstance(record, dict) else None
+        except (ValueError, AttributeError, InputError):
+            old = None
+        if isinstance(old, str):
+            found = {"provenance.json": old}
+    other = {name: d for name, d in found.items() if d != digest}
+    if other:
+        name, theirs = next(iter(sorted(other.items())))
+        raise InputError(f"run directory {run_dir} holds results computed with other weights than {model}'s "
+                         f"(weights SHA-256 {theirs[:16]}… in {name}, {digest[:16]}… now), whatever its config.json "
+                         "says; use a new --out directory, or --overwrite to replace that run")
 
 
 def _check_data_needs(metrics: Sequence[tuple[str, Any]], source: Any, target: str = "predicted") -> None:
@@ -211,6 +238,11 @@ def run_benchmark(config: BenchConfig, out: str | Path, model: nn.Module | None 
     _check_data_needs(metrics, source, config.target)
     for _, method in methods:  # what a method needs beyond the model (AHA: its explainer weights), before writing
         getattr(method, "prepare", lambda model: None)(net)
+    from ..api import weights_sha256
+
+    digest = weights_sha256(net)
+    if not overwrite:
+        _check_weights(run_dir, digest, config.model)
     if rank == 0:  # everything is valid: only now the run directory is written
         _check_config(run_dir, config, overwrite)
         from ..api import run_provenance
@@ -221,6 +253,7 @@ def run_benchmark(config: BenchConfig, out: str | Path, model: nn.Module | None 
         if rank != 0:
             _check_config(run_dir, config)
     store = ResultStore(run_dir, rank)
+    store.record_weights(digest)
     done = store.done_units()
     mine = [i for i in range(len(source)) if i % world == rank]
     batches = [mine[s:s + config.batch_size] for s in range(0, len(mine), config.batch_size)]
