@@ -333,6 +333,11 @@ class Adapter:
             )
         return heads
 
+    def stream_logits(self, tokens: Tensor) -> Tensor:
+        """Logits ``(B, K)`` of the model's final norm, readout and head on ``tokens`` ``(B, T, D)``, the residual stream
+        after any block (:data:`~.capabilities.STREAM_HEAD`; LeGrad). Default: :class:`UnsupportedModelError`."""
+        raise UnsupportedModelError(f"{type(self.model).__name__} ({self.family}) reads no intermediate block's tokens")
+
     def stage_container(self) -> tuple[str, list[nn.Module]] | None:
         """For models without transformer blocks: the model's own stage container as ``(attribute name, stages input
         side first)`` (the ``blocks``/``stages``/``layers``/``features`` child of timm CNNs), or ``None``."""

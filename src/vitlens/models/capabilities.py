@@ -9,7 +9,7 @@ computed from the two in one place, :mod:`vitlens.explainers.support`; no method
 from __future__ import annotations
 
 __all__ = ["ATTENTION", "BLOCK_IO", "TOKEN_SEQUENCE", "WINDOWS", "CLASS_ATTENTION", "STAGES", "LRP_LINEARS",
-           "LRP_VARIANT_LINEARS", "MASK_UNITS", "POOLING_ATTENTION", "PARTITION_ATTENTION",
+           "LRP_VARIANT_LINEARS", "MASK_UNITS", "POOLING_ATTENTION", "PARTITION_ATTENTION", "STREAM_HEAD",
            "LINEAR_HEAD", "TOKENS", "FEATURES", "FEATURE_MAPS", "TOKEN_GRID", "CLASS_LOGITS", "PIXEL_LOGITS",
            "DESCRIPTIONS", "describe_need"]
 
@@ -41,6 +41,9 @@ LRP_LINEARS = "lrp_linears"
 LRP_VARIANT_LINEARS = "lrp_variant_linears"
 #: the classifier heads (``classifier_modules()``) read the final-normed readout tokens (or their mean) directly
 LINEAR_HEAD = "linear_head"
+#: the model's own final norm, readout (token, pooled or attention-pooled) and head can be applied to the residual
+#: stream after any block (``Adapter.stream_logits()``: the logits that block's tokens would give; LeGrad)
+STREAM_HEAD = "stream_head"
 #: running on a subset of patch tokens after the position embeddings (``keep_tokens()``)
 TOKENS = "tokens"
 #: feature layers in token layout ``(B, T, D)`` (``feature_layers()``; Grad-CAM's target layers)
@@ -69,6 +72,7 @@ DESCRIPTIONS = {
     LRP_VARIANT_LINEARS: "declared linear maps of pre-norm blocks, also with q/k norms, scale norms or a gated MLP "
                          "(for the gradient x input LRP rules)",
     LINEAR_HEAD: "a classifier head reading the final readout tokens directly",
+    STREAM_HEAD: "the model's final norm, readout and head applied to the residual stream after any block",
     TOKENS: "running on a subset of the patch tokens",
     FEATURES: "feature layers in token layout",
     FEATURE_MAPS: "multi-depth feature maps",

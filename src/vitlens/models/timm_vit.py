@@ -9,7 +9,7 @@ from torch import Tensor, nn
 
 from ..errors import InputError, UnsupportedModelError
 from .capabilities import (ATTENTION, BLOCK_IO, CLASS_LOGITS, FEATURE_MAPS, FEATURES, LINEAR_HEAD, LRP_LINEARS,
-                           LRP_VARIANT_LINEARS, TOKEN_GRID, TOKEN_SEQUENCE, TOKENS)
+                           LRP_VARIANT_LINEARS, STREAM_HEAD, TOKEN_GRID, TOKEN_SEQUENCE, TOKENS)
 from ._timm_block_variants import block_linears, variant_of
 from ._probabilities_backward import ProbabilitiesInBackward
 from ._readout import readout_only
@@ -50,7 +50,7 @@ class TimmViTAdapter(Adapter):
 
     family = "timm-vit"
     capabilities = frozenset({CLASS_LOGITS, ATTENTION, BLOCK_IO, TOKEN_SEQUENCE, LRP_LINEARS, LRP_VARIANT_LINEARS,
-                              LINEAR_HEAD, TOKENS, FEATURES, FEATURE_MAPS, TOKEN_GRID})
+                              LINEAR_HEAD, STREAM_HEAD, TOKENS, FEATURES, FEATURE_MAPS, TOKEN_GRID})
 
     @staticmethod
     def matches(model: nn.Module) -> bool:
@@ -113,6 +113,11 @@ class TimmViTAdapter(Adapter):
 
     def blocks(self) -> Sequence[nn.Module]:
         return list(self.model.blocks)
+
+    def stream_logits(self, tokens: Tensor) -> Tensor:
+        """``forward_head(norm(tokens))``: the model's final norm, then its own readout (CLS, CLS + DIST averaged,
+        token mean, attention pool) with ``fc_norm`` and head, as ``forward_features`` ends and ``forward`` goes on."""
+        return self.model.forward_head(self.model.norm(tokens))
 
     def layernorms(self) -> list[nn.Module]:
         """The normalisations after the embedding (a hybrid stem's own norms, e.g. channel-first ``LayerNorm2d``,
