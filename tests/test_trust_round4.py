@@ -509,3 +509,15 @@ def test_damaged_aha_explainer_metadata_is_one_line(tmp_path):
     (tmp_path / "e.json").write_text('{"arch": {}}')
     with pytest.raises((WeightsUnavailableError, InputError)):
         load_explainer(tmp_path / "e.safetensors", tiny_vit())
+
+
+def test_a_fifo_in_a_run_folder_is_one_line(run, capsys):
+    shard = run / "shards" / "rank-0.sqlite"
+    shard.unlink()
+    os.mkfifo(shard)
+    rc, err = _within(120, lambda: _run(capsys, [*BENCH, "--out", str(run)]))
+    assert rc == 1 and "rank-0.sqlite is a FIFO (named pipe)" in one_line(err)
+    (run / "results.sqlite").unlink()
+    os.mkfifo(run / "results.sqlite")
+    rc, err = _within(60, lambda: _run(capsys, ["report", str(run)]))
+    assert rc == 1 and "results.sqlite is a FIFO (named pipe)" in one_line(err)

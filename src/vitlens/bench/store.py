@@ -103,6 +103,10 @@ def _platform_error(path: Path, err: sqlite3.Error) -> OSError | None:
 
 
 def _connect(path: Path) -> sqlite3.Connection:
+    if path.exists() and not path.is_file():  # a FIFO or device in the run folder: SQLite would block reading it
+        from ..files import check_regular
+
+        check_regular(path, str(path), DamagedFileError)
     try:
         con = sqlite3.connect(str(path), timeout=60)
     except sqlite3.Error as e:
