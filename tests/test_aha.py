@@ -215,14 +215,16 @@ def test_straight_through_curves_are_the_hard_ones_with_the_sorters_gradient():
 # --------------------------------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("recipe,maps_per_image", [("tracked", 1), ("authors", 2)])
-def test_loss_trains_the_decoder_only(recipe, maps_per_image):
+@pytest.mark.parametrize("recipe,maps_per_image,overrides", [("tracked", 1, {}), ("authors", 1, {}),
+                                                               ("authors", 2, {"classes": "maps"})])
+def test_loss_trains_the_decoder_only(recipe, maps_per_image, overrides):
     model = tiny_target()
     for p in model.parameters():
         p.requires_grad_(True)
     net = AHANet(model, width=8, seed=0)
     x, y, _, _ = tiny_data(4, 1)
-    cfg = AHATrainConfig.preset(recipe, **{k: v for k, v in FAST.items() if k in AHATrainConfig.__dataclass_fields__})
+    cfg = AHATrainConfig.preset(recipe, **{k: v for k, v in FAST.items() if k in AHATrainConfig.__dataclass_fields__},
+                                **overrides)
     with net.target_adapter.session(capture=False):
         loss, parts, plan = training_loss(net, net.decoder, x, y, list(range(4)), 0, cfg, 1.0,
                                           ((0.5,) * 3, (0.25,) * 3), mean_img=x.mean(0))
@@ -234,7 +236,7 @@ def test_loss_trains_the_decoder_only(recipe, maps_per_image):
     assert net.decoder.head3.weight.grad.abs().sum() > 0 and net.decoder.class_embed.weight.grad.abs().sum() > 0
     assert all(p.grad is None for p in model.parameters())
     assert all(p.requires_grad for p in model.parameters())  # restored after the session
-    assert parts["del_auc"].shape == (4 * maps_per_image,)  # 4 images x (1 or 2) classes
+    assert parts["del_auc"].shape == (4 * maps_per_image,)  # 4 images x (1 or 2) maps (authors: 1 map, 2 classes)
 
 
 def test_training_leaves_the_target_unchanged(tmp_path):

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 import vitlens
+from vitlens.aha.config import OPTION_VALUES
 from vitlens.aha.network import AHANet
 from vitlens.aha.train import AHATrainConfig, mean_std, training_loss
 from vitlens.explainers import get_method
@@ -26,6 +27,9 @@ pytestmark = pytest.mark.usefixtures("one_thread_per_module")
 #: (recipe, the reference of each step): every reference with one class per image (mean and black twice: the second
 #: time from the logits kept by the first); the authors' recipe (two classes per image, Gumbel noise)
 CASES = [("tracked", ("mean", "black", "blur", "meanimage", "mean", "black")), ("authors", ("black", "blur"))]
+
+#: the earlier code has vitlens's own definitions only: the authors' recipe runs with them (a map per class)
+VITLENS_OPTIONS = {**{k: v[0] for k, v in OPTION_VALUES.items()}, "grid_offset": True}
 
 #: the losses of the code before issue #26 (computed with it on the same inputs), per case and step
 PINNED = {"tracked": [1.0935892, 0.7422731, 0.6091455, 0.9059185, 0.7315534, 0.8183661], "authors": [1.0710479, 0.9226714]}
@@ -56,7 +60,7 @@ def test_training_steps_equal_the_earlier_code(recipe, refs):
     losses, cache = [], {}
     with net.target_adapter.session(capture=False):
         for step, ref in enumerate(refs):
-            cfg = AHATrainConfig.preset(recipe, m=4, references=(ref,), batch_size=4, width=8)
+            cfg = AHATrainConfig.preset(recipe, m=4, references=(ref,), batch_size=4, width=8, **VITLENS_OPTIONS)
             got = {}
             for fast in (True, False):
                 opt.zero_grad(set_to_none=True)

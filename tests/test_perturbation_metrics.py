@@ -276,7 +276,7 @@ def test_presets_record_their_protocol():
     assert r.protocol["data_mean"] == [0.485, 0.456, 0.406]
     changed = InsertionDeletion(preset="aha", steps=10, batch_size=3).protocol()
     assert changed["preset_overrides"] == ["steps"] and changed["steps"] == 10 and "batch_size" not in changed
-    assert set(InsertionDeletion.presets()) == {"rise", "aha", "mutex"}
+    assert set(InsertionDeletion.presets()) == {"rise", "aha", "aha_authors", "mutex"}
 
 
 def test_registered_and_self_describing():

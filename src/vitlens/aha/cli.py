@@ -14,7 +14,7 @@ from typing import Any, Sequence
 import torch
 
 from ..errors import InputError
-from .config import RECIPES, AHATrainConfig
+from .config import OPTION_VALUES, RECIPES, AHATrainConfig
 from .loop import train_aha
 from .network import OUTPUT_POOLS
 from .soft_metrics import REFERENCES
@@ -51,6 +51,19 @@ def _weights(flag: str, text: str | None) -> tuple[float, ...] | None:
         raise InputError(f"{flag} must be comma-separated numbers, e.g. 2,1,1,2; got {text!r}") from None
 
 
+def _recipe_options(items: Sequence[str]) -> dict[str, str]:
+    """``["pooling=adaptive", ...]`` → ``{"pooling": "adaptive", ...}``, each key and value checked."""
+    out: dict[str, str] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        key, value = key.strip().replace("-", "_"), value.strip()
+        if not sep or key not in OPTION_VALUES or value not in OPTION_VALUES[key]:
+            raise InputError(f"--recipe-option {item!r}: give KEY=VALUE with one of "
+                             + "; ".join(f"{k}={'|'.join(v)}" for k, v in OPTION_VALUES.items()))
+        out[key] = value
+    return out
+
+
 def _add_arguments(p: argparse.ArgumentParser) -> None:
     from ..options import nonnegative_float, nonnegative_int, positive_float, positive_int, seed_int
 
@@ -66,7 +79,8 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--overwrite", action="store_true", help="replace an earlier run in OUT (default: refuse it)")
     p.add_argument("--recipe", choices=sorted(RECIPES), default="tracked",
                    help="training recipe whose values the options below default to: 'tracked' (learns; default) or "
-                        "'authors' (the AHA paper's: tau 1->0.3, Gumbel noise, 2 classes, mixed references, m=16)")
+                        "'authors' (the AHA authors' code: tau 1->0.3, Gumbel noise on raw scores, one map scored on 2 "
+                        "classes, their references and schedule, m=16)")
     p.add_argument("--steps", type=positive_int, default=d.steps, help="optimiser steps")
     p.add_argument("--batch-size", type=positive_int, default=d.batch_size, help="global batch (all processes)")
     p.add_argument("--lr", type=positive_float, default=None, help=f"AdamW learning rate (tracked: {d.lr:g})")
@@ -119,6 +133,10 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
                    help="weight of the soft deletion AUC in the loss")
     p.add_argument("--w-ins", type=nonnegative_float, default=d.w_ins,
                    help="weight of 1 - the soft insertion AUC in the loss")
+    p.add_argument("--recipe-option", action="append", default=[], metavar="KEY=VALUE",
+                   help="one item of the AHA authors' code on its own, repeatable: "
+                        + "; ".join(f"{k}={'|'.join(v)}" for k, v in OPTION_VALUES.items())
+                        + " (default: the recipe's; docs/methods/aha.md §4)")
     p.add_argument("--width", type=positive_int, default=d.width, help="decoder width")
     p.add_argument("--backbone", default=None, help="timm model name (default: the target itself)")
     p.add_argument("--pool", choices=list(OUTPUT_POOLS), default="none",
@@ -166,12 +184,12 @@ def cmd_train_aha(args: argparse.Namespace) -> int:
               "references": _name_list("--references", args.references),
               "val_references": _name_list("--val-references", args.val_references), "select": args.select,
               "reference_weights": _weights("--reference-weights", args.reference_weights),
-              "tau_start": args.tau[0] if args.tau else None, "tau_end": args.tau[1] if args.tau else None}
+              "tau_start": args.tau[0] if args.tau else None, "tau_end": args.tau[1] if args.tau else None,
+              "grid_offset": False if args.no_grid_offset else None, **_recipe_options(args.recipe_option)}
     cfg = AHATrainConfig.preset(
         args.recipe, **{k: v for k, v in chosen.items() if v is not None},
         steps=args.steps, batch_size=args.batch_size, weight_decay=args.weight_decay,
-        grid_range=tuple(args.grid_range) if args.grid_range else None,
-        grid_offset=not args.no_grid_offset, n_iters=args.n_iters, w_peak=args.w_peak,
+        grid_range=tuple(args.grid_range) if args.grid_range else None, n_iters=args.n_iters, w_peak=args.w_peak,
         w_del=args.w_del, w_ins=args.w_ins,
         straight_through=args.straight_through, mask_sigma=args.mask_sigma, teacher=args.teacher, w_teacher=args.w_teacher,
         teacher_frac=args.teacher_frac, teacher_explainer=args.teacher_explainer,
@@ -199,8 +217,13 @@ def cmd_train_aha(args: argparse.Namespace) -> int:
                         overwrite=getattr(args, "overwrite", False))
     if int(os.environ.get("RANK", "0")) == 0 and res.finished:
         v = res.validation or {}
-        measured = (f"validation deletion {v['deletion']:.4f} insertion {v['insertion']:.4f} difference "
-                    f"{v['difference']:.4f}" if v.get("n", 1) and all(k in v for k in ("deletion", "insertion", "difference"))
+        # the numbers the model card shows: those of the output pooling the run chose (and the step it shipped)
+        sfx = "" if v.get("output_pool", cfg.pool) == cfg.pool else f"_{v['output_pool']}"
+        keys = [f"{k}{sfx}" for k in ("deletion", "insertion", "difference")]
+        shipped = f" (step {v['selected_step']}, pooling {v.get('output_pool', cfg.pool)})" \
+            if v.get("selected_step") is not None else ""
+        measured = (f"validation{shipped} deletion {v[keys[0]]:.4f} insertion {v[keys[1]]:.4f} difference "
+                    f"{v[keys[2]]:.4f}" if v.get("n", 1) and all(k in v for k in keys)
                     else "no validation (--n-val 0)")
         print(f"train-aha: {res.step} steps in {res.seconds:.0f} s; {measured}; wrote {res.weights}")
     return 0

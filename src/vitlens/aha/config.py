@@ -14,7 +14,7 @@ from ..errors import InputError
 from .network import OUTPUT_POOLS, AHANet
 from .soft_metrics import REFERENCES
 
-__all__ = ["AHATrainConfig", "RECIPES", "RESUMABLE_CHANGES", "TrainResult"]
+__all__ = ["AHATrainConfig", "AUTHORS_OPTIONS", "OPTION_VALUES", "RECIPES", "RESUMABLE_CHANGES", "TrainResult"]
 
 
 @dataclass
@@ -40,6 +40,17 @@ class AHATrainConfig:
     token grid, fading linearly to 0 at ``teacher_frac · steps`` (:mod:`vitlens.aha.teacher`). ``teacher="aha"``:
     the refined maps of the trained explainer ``teacher_explainer`` (a file; default the one bundled for the model);
     ``teacher_images``: only the first that many training images get a teacher map (default all).
+
+    The AHA authors' code, item by item (each alone, or all with ``recipe="authors"``; :data:`AUTHORS_OPTIONS`
+    lists the values, docs/methods/aha.md §4 the table): ``sorter_input`` ``"minmax"`` (scores scaled per image
+    before the sorter) or ``"raw"``; ``pooling`` ``"partition"`` or ``"adaptive"`` (``F.adaptive_avg_pool2d``,
+    overlapping windows; needs ``grid_offset=False``); ``mask_clamp`` ``"after"`` (the blurred masks) or ``"both"``
+    (the region memberships before the blur too); ``reference_style`` ``"vitlens"`` or ``"authors"`` (ImageNet mean
+    colour, 37-tap σ 37 blur); ``lr_schedule`` ``"warmup_cosine"`` (from ~0 to 0) or ``"authors"`` (from lr/25 up,
+    down to lr/25/10⁴); ``peak_penalty_on`` ``"minmax"`` or ``"raw"``; ``classes`` ``"maps"`` (each of the
+    ``classes_per_image`` classes its own map) or ``"authors"`` (one map, of the prediction, its curves scored on the
+    prediction and the runner-up / label, averaged; needs ``classes_per_image=2``); ``endpoints`` ``"exact"`` (the
+    curves' ends from no-grad passes) or ``"model"`` (every curve point through the soft masks, the authors' code).
     """
 
     steps: int = 1000
@@ -88,6 +99,14 @@ class AHATrainConfig:
     recipe: str = "tracked"
     pool: str = "none"
     choose_pool: bool = True
+    sorter_input: str = "minmax"
+    pooling: str = "partition"
+    mask_clamp: str = "after"
+    reference_style: str = "vitlens"
+    lr_schedule: str = "warmup_cosine"
+    peak_penalty_on: str = "minmax"
+    classes: str = "maps"
+    endpoints: str = "exact"
 
     @classmethod
     def preset(cls, recipe: str = "tracked", **overrides: Any) -> "AHATrainConfig":
@@ -144,6 +163,16 @@ class AHATrainConfig:
             raise InputError(f"unknown AHA recipe {self.recipe!r}; choose one of {', '.join(RECIPES)}")
         if self.amp not in ("auto", "bf16", "off") or self.grad_checkpointing not in ("auto", "on", "off"):
             raise InputError("amp must be auto|bf16|off and grad_checkpointing auto|on|off")
+        for field_name, options in OPTION_VALUES.items():
+            if getattr(self, field_name) not in options:
+                raise InputError(f"{field_name} must be one of {', '.join(options)}; got {getattr(self, field_name)!r}")
+        if self.pooling == "adaptive" and self.grid_offset:
+            raise InputError("pooling 'adaptive' (the authors' grid, aligned to the image corner) needs grid_offset "
+                             "off (--no-grid-offset)")
+        if self.classes == "authors" and self.classes_per_image != 2:
+            raise InputError("classes 'authors' scores one map on two classes: it needs classes_per_image = 2")
+        if self.classes == "authors" and self.straight_through:
+            raise InputError("classes 'authors' is not combined with straight_through")
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
@@ -163,13 +192,36 @@ class AHATrainConfig:
 #: references drawn per step (mean colour, black, blur, per-pixel mean image; trained on the mean colour alone the
 #: explainer won only under that reference) with validation, and the choice of the shipped checkpoint, on all four.
 #: ``tracked-mean`` is the earlier tracked recipe (mean colour only), kept to measure what the references are worth.
-#: ``authors`` is the AHA authors' published recipe, kept for comparison.
+#: ``authors`` is the AHA authors' code's recipe (GitHub dschinagl/AHA), every item of it, kept for comparison.
+#: the values each option of the authors' code may take (the first is vitlens's default)
+OPTION_VALUES: dict[str, tuple[str, ...]] = {
+    "sorter_input": ("minmax", "raw"),
+    "pooling": ("partition", "adaptive"),
+    "mask_clamp": ("after", "both"),
+    "reference_style": ("vitlens", "authors"),
+    "lr_schedule": ("warmup_cosine", "authors"),
+    "peak_penalty_on": ("minmax", "raw"),
+    "classes": ("maps", "authors"),
+    "endpoints": ("exact", "model"),
+}
+
+#: the options of the AHA authors' code (GitHub dschinagl/AHA: src/aha/config.py, scripts/train.py) where they
+#: differ from vitlens's defaults: raw scores into the sorter, adaptive average pooling on a grid aligned to the
+#: corner (their grid shift is off by default), the cell masks clamped before and after the blur, their references
+#: (ImageNet mean colour, 37-tap σ 37 blur), their learning-rate schedule, the peak penalty on the raw map, one map
+#: per image scored on two classes, and every curve point through the soft masks.
+AUTHORS_OPTIONS: dict[str, Any] = {
+    "sorter_input": "raw", "pooling": "adaptive", "grid_offset": False, "mask_clamp": "both",
+    "reference_style": "authors", "lr_schedule": "authors", "peak_penalty_on": "raw", "classes": "authors",
+    "endpoints": "model",
+}
+
 RECIPES: dict[str, dict[str, Any]] = {
     "tracked": {},
     "tracked-mean": {"references": ("mean",), "val_references": ("mean",), "select": "last"},
     "authors": {"lr": 3e-4, "tau_start": 1.0, "tau_end": 0.3, "noise_scale": 1.0, "m": 16, "step_sampling": "fixed",
                 "references": ("black", "mean", "blur"), "val_references": ("mean",), "select": "last",
-                "classes_per_image": 2},
+                "classes_per_image": 2, **AUTHORS_OPTIONS},
 }
 
 

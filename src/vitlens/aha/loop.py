@@ -34,8 +34,8 @@ from .config import RESUMABLE_CHANGES, AHATrainConfig, TrainResult
 from .data import datasets, mean_image, mean_std
 from .evaluation import PROTOCOL
 from .network import OUTPUT_POOLS, AHANet, model_digest, save_explainer
-from .plan import StepPlan, choose_classes, image_noise, lr_factor, plan_step, temperature
-from .soft_metrics import RegionGrid, aha_loss, curve_fractions, default_grid_range, reference, soft_curves
+from .plan import StepPlan, choose_classes, image_noise, plan_step, schedule_factor, temperature
+from .soft_metrics import RegionGrid, curve_fractions, default_grid_range, map_loss, reference, soft_curves
 from .teacher import teacher_grid, teacher_loss, teacher_weight, training_teacher
 from .validation import LabelledImages, all_reduce_sum, best_pool, choose_spread, validate
 
@@ -110,7 +110,9 @@ def target_probs(adapter: Any, images: Tensor, classes: Tensor, chunk: int = 512
     for s in range(0, images.shape[0], chunk):
         with torch.autocast(images.device.type, dtype=torch.bfloat16, enabled=amp):
             logits = adapter.forward(images[s:s + chunk])
-        parts.append(logits.float().softmax(-1).gather(1, classes[s:s + chunk, None])[:, 0])
+        c = classes[s:s + chunk]  # (n,) or (n, K): K classes of each image
+        p = logits.float().softmax(-1).gather(1, c if c.ndim == 2 else c[:, None])
+        parts.append(p if c.ndim == 2 else p[:, 0])
     return torch.cat(parts)
 
 
@@ -161,11 +163,12 @@ def training_loss(net: AHANet, decoder: nn.Module, x: Tensor, labels: Tensor, in
     adapter = net.target_adapter
     hw = (int(x.shape[-2]), int(x.shape[-1]))
     plan = plan_step(cfg, step, hw)
-    grid = RegionGrid(hw, plan.grid, plan.offset, device=x.device)
+    grid = RegionGrid(hw, plan.grid, plan.offset, device=x.device, pooling=cfg.pooling)
     feats, logits = net.features(x)
     classes = choose_classes(logits, labels, cfg.classes_per_image)  # (b, k)
-    k = classes.shape[1]
-    ref = reference(x, plan.reference, mean_std[0], mean_std[1], mean_image=mean_img)
+    shared = cfg.classes == "authors"  # one map (the prediction's), its curves scored on every class of the image
+    k = 1 if shared else classes.shape[1]
+    ref = reference(x, plan.reference, mean_std[0], mean_std[1], mean_image=mean_img, style=cfg.reference_style)
     ref_logits = _cached_reference_logits(adapter, ref, plan.reference, ref_cache, amp)
     p0 = logits.float().softmax(-1).gather(1, classes)  # (b, k): nothing deleted
     p1 = ref_logits.softmax(-1).gather(1, classes)  # everything deleted
@@ -173,16 +176,14 @@ def training_loss(net: AHANet, decoder: nn.Module, x: Tensor, labels: Tensor, in
     def rep(t: Tensor) -> Tensor:  # image-major (b·k, ...)
         return t if k == 1 else t.repeat_interleave(k, dim=0)
 
-    cls = classes.reshape(-1)
+    cls = classes[:, 0] if shared else classes.reshape(-1)
     maps = net.finish(decoder([rep(f) for f in feats], cls, hw), cfg.pool)
     noise = None
     if cfg.noise_scale:
         noise = torch.cat([image_noise(cfg, step, i, k, grid.d) for i in indices]).to(x.device)
-    curves = soft_curves(lambda im, c: target_probs(adapter, im, c, cfg.chunk, amp), rep(x), rep(ref), maps, cls,
-                         grid, plan.fractions, tau, cfg.n_iters, noise=noise,
-                         endpoints=(p0.reshape(-1), p1.reshape(-1)), mask_sigma=cfg.mask_sigma,
-                         straight_through=cfg.straight_through)
-    loss_items, parts = aha_loss(curves, maps, cfg.w_del, cfg.w_ins, cfg.w_peak, cfg.peak_kernel)
+    ends = (p0.mean(1), p1.mean(1)) if shared else (p0.reshape(-1), p1.reshape(-1))
+    loss_items, parts = map_loss(lambda im, c: target_probs(adapter, im, c, cfg.chunk, amp), rep(x), rep(ref), maps,
+                                 classes if shared else cls, grid, plan.fractions, tau, cfg, noise, ends)
     if teacher is not None and teacher[2] > 0:
         parts["teacher"] = teacher_loss(maps, rep(teacher[0]), teacher[1])
         loss_items = loss_items + teacher[2] * parts["teacher"]
@@ -229,6 +230,7 @@ class _Run:
     ref_logits: dict[str, tuple[Tensor, Tensor]] = field(default_factory=dict)  # see training_loss(ref_cache=)
     teacher: Tensor | None = None  # the teacher's maps of the training images (cfg.teacher), on teacher_grid
     teacher_file: dict[str, str] | None = None  # the aha teacher's explainer: its path and SHA-256
+    show_progress: bool = False  # progress bars (rank 0, unless --no-progress): the validations get their own
 
     def seconds(self) -> float:
         """Training wall time so far, including the runs this one resumes."""
@@ -302,7 +304,7 @@ def _setup(model: nn.Module, data: Any, out_dir: str | os.PathLike | None, cfg: 
         raise InputError("the 'meanimage' reference needs training images of one size; drop it from references / "
                          "val_references for this data")
     opt = torch.optim.AdamW(net.decoder.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, cfg.steps, cfg.warmup_frac))
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: schedule_factor(s, cfg))
     out = Path(out_dir) if out_dir is not None else None
     with torch.no_grad():  # which target: its class, size and a checksum of its weights (resume refuses another)
         params = [p.detach().double() for p in model.parameters()]
@@ -392,7 +394,7 @@ def _run_validation(run: _Run) -> dict[str, Any]:
     """Hard validation (and the soft objective on the same images); appended to the learning curve."""
     cfg = run.cfg
     v = {"step": run.step, "pool": cfg.pool, **validate(run.net, run.val_set, run.dist_info, pools=run.pools,
-                                                        **_val_kw(run))}
+                                                        progress=run.show_progress, **_val_kw(run))}
     if run.dist_info.rank == 0 and cfg.val_every:
         v["soft_difference"] = soft_validate(run.net, run.val_set, cfg, temperature(max(0, run.step - 1), cfg))
     v["images_seen"] = run.step * cfg.batch_size
@@ -477,6 +479,8 @@ def _steps(run: _Run, decoder: nn.Module, sampler: torch.utils.data.DistributedS
             _save_checkpoint(run, run.seconds())
             pause_point(f"train.step.{run.step}")
     finished = run.step >= cfg.steps
+    if pbar is not None:  # closed here: its time per step is the steps', not the final validation's
+        pbar.close()
     if finished and len(run.val_set):
         run.validation = _run_validation(run)
         run.net.output_pool = best_pool(run.validation, run.pools)
@@ -565,6 +569,7 @@ def train_aha(model: nn.Module, data: Any = "scenes", out_dir: str | os.PathLike
         from tqdm.auto import tqdm
 
         pbar = tqdm(total=cfg.steps, initial=run.step, desc=f"train-aha {name}", unit="step", dynamic_ncols=True)
+        run.show_progress = True
     run.t_start = time.perf_counter()
     finished = False
     run.pools = [cfg.pool] + ([p for p in OUTPUT_POOLS if p != cfg.pool]

@@ -4,7 +4,8 @@ Every random draw comes from a generator keyed by a hash of ``(seed, "step", ste
 image index)``, never from a global RNG, so a run is reproducible, resumable and equal under any number of
 processes: :func:`plan_step` (grid size, grid offset, reference, curve fractions), :func:`image_noise` (Gumbel noise
 per image). Deterministic: :func:`choose_classes` (the classes each image is explained for), :func:`lr_factor`
-(linear warm-up, then cosine decay) and :func:`temperature` (the sorter's linear annealing).
+(linear warm-up, then cosine decay; :func:`authors_lr_factor` the AHA authors' variant, :func:`schedule_factor`
+the one a config names) and :func:`temperature` (the sorter's linear annealing).
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ from .config import AHATrainConfig
 from .soft_metrics import curve_fractions, default_grid_range
 from .sorter import gumbel_noise
 
-__all__ = ["StepPlan", "choose_classes", "image_noise", "lr_factor", "plan_step", "temperature"]
+__all__ = ["StepPlan", "authors_lr_factor", "choose_classes", "image_noise", "lr_factor", "plan_step",
+           "schedule_factor", "temperature"]
 
 
 
@@ -93,6 +95,32 @@ def lr_factor(step: int, steps: int, warmup_frac: float) -> float:
         return 1.0
     t = (step - warm) / (steps - warm)
     return 0.5 * (1.0 + math.cos(math.pi * min(1.0, t)))
+
+
+#: the AHA authors' schedule (their SchedulerConfig): it starts at ``lr / AUTHORS_DIV`` and ends at
+#: ``lr / AUTHORS_DIV / AUTHORS_FINAL_DIV``
+AUTHORS_DIV, AUTHORS_FINAL_DIV = 25.0, 1e4
+
+
+def authors_lr_factor(step: int, steps: int, warmup_frac: float) -> float:
+    """The AHA authors' learning-rate schedule as a factor of the peak ``lr``: with ``p = step / (steps − 1)``
+    (capped at 1), linear from ``1/25`` to 1 while ``p ≤ warmup_frac``, then a half cosine from 1 down to
+    ``1/25/10⁴`` at ``p = 1`` (the last step)."""
+    start = 1.0 / AUTHORS_DIV
+    end = start / AUTHORS_FINAL_DIV
+    p = min(step / max(steps - 1, 1), 1.0)
+    if warmup_frac > 0 and p <= warmup_frac:
+        return start + (1.0 - start) * p / warmup_frac
+    t = (p - warmup_frac) / (1.0 - warmup_frac) if warmup_frac < 1 else 1.0
+    return end + (1.0 - end) * 0.5 * (math.cos(math.pi * t) + 1.0)
+
+
+def schedule_factor(step: int, cfg: AHATrainConfig) -> float:
+    """The learning-rate factor of ``step`` under ``cfg.lr_schedule`` (:func:`lr_factor` or
+    :func:`authors_lr_factor`)."""
+    if cfg.lr_schedule == "authors":
+        return authors_lr_factor(step, cfg.steps, cfg.warmup_frac)
+    return lr_factor(step, cfg.steps, cfg.warmup_frac)
 
 
 def temperature(step: int, cfg: AHATrainConfig) -> float:

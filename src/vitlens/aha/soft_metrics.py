@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -33,7 +33,12 @@ from torch import Tensor
 from .sorter import hard_sort, scale_scores, soft_sort
 
 __all__ = [
+    "AUTHORS_BLUR",
+    "AUTHORS_MEAN_COLOR",
+    "PEAK_INPUTS",
+    "POOLINGS",
     "REFERENCES",
+    "REFERENCE_STYLES",
     "RegionGrid",
     "CurveResult",
     "aha_loss",
@@ -41,6 +46,7 @@ __all__ = [
     "curve_fractions",
     "default_grid_range",
     "gaussian_blur",
+    "map_loss",
     "peak_penalty",
     "reference",
     "soft_curves",
@@ -51,6 +57,19 @@ __all__ = [
 #: the references a deleted pixel is replaced with: black, the dataset-mean colour, the blurred image, and the
 #: per-pixel dataset-mean image (``meanimage``: the mean of the training images, pixel by pixel).
 REFERENCES: tuple[str, ...] = ("black", "mean", "blur", "meanimage")
+
+#: how the references are defined: ``vitlens`` (the mean colour of the model's data config, a blur of σ = H/16) or
+#: ``authors`` (the AHA authors' code: the ImageNet mean colour, a 37-tap Gaussian of σ = 37 px, reflect padding).
+REFERENCE_STYLES: tuple[str, ...] = ("vitlens", "authors")
+#: the constant "mean" colour of the AHA authors' code (RGB pixel values in [0, 1]: the ImageNet mean)
+AUTHORS_MEAN_COLOR: tuple[float, float, float] = (0.485, 0.456, 0.406)
+#: the blur reference of the AHA authors' code: (kernel taps, σ in pixels), reflect padding
+AUTHORS_BLUR: tuple[int, float] = (37, 37.0)
+#: how a map is pooled into region scores (:class:`RegionGrid`): ``partition`` (each pixel in one cell) or
+#: ``adaptive`` (``F.adaptive_avg_pool2d``'s windows, as the AHA authors' code pools)
+POOLINGS: tuple[str, ...] = ("partition", "adaptive")
+#: what the peak penalty sees (:func:`peak_penalty`): the per-image ``minmax`` scaled map, or the ``raw`` map
+PEAK_INPUTS: tuple[str, ...] = ("minmax", "raw")
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -74,14 +93,22 @@ class RegionGrid:
     """
 
     def __init__(self, hw: tuple[int, int], g: int | tuple[int, int], offset: tuple[int, int] = (0, 0),
-                 device: torch.device | str | None = None) -> None:
+                 device: torch.device | str | None = None, pooling: str = "partition") -> None:
         h, w = int(hw[0]), int(hw[1])
         gy, gx = (int(g), int(g)) if isinstance(g, int) else (int(g[0]), int(g[1]))
         if not (1 <= gy <= h and 1 <= gx <= w):
             raise ValueError(f"grid size must be in [1, {h}] x [1, {w}] for a {h}x{w} image, got {g}")
+        if pooling not in POOLINGS:
+            raise ValueError(f"pooling must be one of {', '.join(POOLINGS)}, got {pooling!r}")
         oy, ox = int(offset[0]), int(offset[1])
-        iy = torch.div((torch.arange(h) + oy) * gy, h, rounding_mode="floor")
-        ix = torch.div((torch.arange(w) + ox) * gx, w, rounding_mode="floor")
+        if pooling == "adaptive":
+            if (oy, ox) != (0, 0):
+                raise ValueError("adaptive pooling has no grid offset (the authors' grid is aligned to the corner)")
+            iy, ix = _nearest_index(h, gy), _nearest_index(w, gx)
+        else:
+            iy = torch.div((torch.arange(h) + oy) * gy, h, rounding_mode="floor")
+            ix = torch.div((torch.arange(w) + ox) * gx, w, rounding_mode="floor")
+        self.pooling = pooling
         rows, cols = int(iy.max()) + 1, int(ix.max()) + 1
         cell = (iy[:, None] * cols + ix[None, :]).reshape(-1)
         self.hw = (h, w)
@@ -97,15 +124,21 @@ class RegionGrid:
         self._blurs: dict[tuple[float, torch.dtype, torch.device], tuple[Tensor, Tensor]] = {}
 
     def pool(self, maps: Tensor) -> Tensor:
-        """Average of ``maps`` ``(B, H, W)`` over every cell → region scores ``(B, d)``."""
+        """Region scores ``(B, d)`` of ``maps`` ``(B, H, W)``: the average over every cell (``partition``), or over
+        ``F.adaptive_avg_pool2d``'s windows (``adaptive``: rows ``⌊i·H/g⌋ … ⌈(i+1)·H/g⌉ − 1``, which overlap when
+        ``g`` does not divide ``H``; the masks still map cell ``i`` to its nearest-upsampling pixels)."""
         b = maps.shape[0]
+        if self.pooling == "adaptive":
+            return F.adaptive_avg_pool2d(maps[:, None], self.g).reshape(b, -1)
         flat = maps.reshape(b, -1)
         out = torch.zeros(b, self.d, device=maps.device, dtype=maps.dtype)
         out = out.index_add(1, self.cell.to(maps.device), flat)
         return out / self.counts.to(maps.device, maps.dtype)
 
-    def to_pixels(self, regions: Tensor, blur_sigma: float = 1.0) -> Tensor:
-        """Region values ``(..., d)`` → pixel masks ``(..., H, W)``: nearest upsampling, Gaussian blur, clamp [0, 1].
+    def to_pixels(self, regions: Tensor, blur_sigma: float = 1.0, clamp_before: bool = False) -> Tensor:
+        """Region values ``(..., d)`` → pixel masks ``(..., H, W)``: nearest upsampling, Gaussian blur, clamp [0, 1]
+        (``clamp_before``: the region values are clamped to [0, 1] before the blur as well, as the authors' code
+        does; the soft memberships can exceed 1 by the sorter's column-sum error).
 
         The cells are rectangles and the blur is separable, so both steps together are ``A_y·R·A_xᵀ`` for the
         ``rows × cols`` region values ``R``, with ``A_y`` ``(H, rows)`` the blurred (reflect-padded, as
@@ -115,6 +148,8 @@ class RegionGrid:
         lead = regions.shape[:-1]
         ay, ax = self._axis_maps(blur_sigma, regions.dtype, regions.device)
         r = regions.reshape(-1, *self.shape)
+        if clamp_before:
+            r = r.clamp(0.0, 1.0)
         px = torch.matmul(torch.matmul(ay, r), ax.t())
         return px.clamp(0.0, 1.0).reshape(*lead, *self.hw)
 
@@ -133,6 +168,13 @@ class RegionGrid:
                     maps.append(onehot)
             self._blurs[key] = (maps[0].to(device, dtype), maps[1].to(device, dtype))
         return self._blurs[key]
+
+
+def _nearest_index(n: int, g: int) -> Tensor:
+    """The source index of every output line when ``F.interpolate(mode="nearest")`` upsamples ``g`` lines to ``n``
+    (computed by that call, so it is torch's own float rounding of ``⌊y·g/n⌋``)."""
+    src = torch.arange(g, dtype=torch.float64).view(1, 1, g)
+    return F.interpolate(src, size=n, mode="nearest").view(n).round().long()
 
 
 def _blur_matrix(n: int, radius: int, sigma: float) -> Tensor:
@@ -202,10 +244,10 @@ def trapezoid_auc(values: Tensor, fractions: Tensor) -> Tensor:
     return torch.trapezoid(values, fractions.to(values.device, values.dtype), dim=-1)
 
 
-def gaussian_blur(x: Tensor, sigma: float) -> Tensor:
+def gaussian_blur(x: Tensor, sigma: float, radius: int | None = None) -> Tensor:
     """Separable Gaussian blur of ``x`` ``(N, C, H, W)`` with reflect padding (weights sum to one everywhere).
 
-    Kernel radius ``⌈3σ⌉``, capped so the reflect padding fits the image.
+    Kernel radius ``radius`` (default ``⌈3σ⌉``), capped so the reflect padding fits the image.
     """
     if sigma <= 0:
         return x
@@ -213,7 +255,7 @@ def gaussian_blur(x: Tensor, sigma: float) -> Tensor:
     if dtype in (torch.float16, torch.bfloat16):  # half-precision depthwise convolution is minutes on a CPU, and
         x = x.float()  # rounds the kernel's small weights: blur in float32, return the input's dtype
     h, w = x.shape[-2:]
-    radius = max(1, min(int(math.ceil(3 * sigma)), h - 1, w - 1))
+    radius = max(1, min(int(math.ceil(3 * sigma)) if radius is None else int(radius), h - 1, w - 1))
     k = torch.arange(-radius, radius + 1, device=x.device, dtype=x.dtype)
     k = torch.exp(-0.5 * (k / sigma) ** 2)
     k = k / k.sum()
@@ -225,14 +267,28 @@ def gaussian_blur(x: Tensor, sigma: float) -> Tensor:
 
 
 def reference(x: Tensor, kind: str, mean: Sequence[float], std: Sequence[float],
-              blur_sigma: float | None = None, mean_image: Tensor | None = None) -> Tensor:
+              blur_sigma: float | None = None, mean_image: Tensor | None = None, style: str = "vitlens") -> Tensor:
     """The reference image ``r`` (normalised like ``x`` ``(B, 3, H, W)``) for ``kind`` in :data:`REFERENCES`.
 
     ``black``: pixel value 0; ``mean``: the data config's mean colour (0 after normalisation); ``blur``: ``x`` blurred
     with a Gaussian of ``σ = blur_sigma`` pixels (default ``max(H, W) / 16``: 4 px at 64 px, 14 px at 224 px),
     which commutes with the per-channel affine normalisation; ``meanimage``: ``mean_image`` ``(C, H, W)`` (normalised),
     the per-pixel mean of the training images (:func:`vitlens.aha.data.mean_image`).
+
+    ``style="authors"`` (:data:`REFERENCE_STYLES`): the AHA authors' definitions — ``mean`` is the constant ImageNet
+    mean colour :data:`AUTHORS_MEAN_COLOR` whatever the model's normalisation, ``blur`` a 37-tap Gaussian of σ = 37 px
+    with reflect padding (:data:`AUTHORS_BLUR`; the radius of 18 px is capped at ``H − 1`` for smaller images).
     """
+    if style not in REFERENCE_STYLES:
+        raise ValueError(f"reference style must be one of {', '.join(REFERENCE_STYLES)}, got {style!r}")
+    if style == "authors" and kind == "mean":
+        c = torch.tensor(AUTHORS_MEAN_COLOR, device=x.device, dtype=x.dtype).view(1, -1, 1, 1)
+        m = torch.tensor(mean, device=x.device, dtype=x.dtype).view(1, -1, 1, 1)
+        s = torch.tensor(std, device=x.device, dtype=x.dtype).view(1, -1, 1, 1)
+        return ((c - m) / s).expand_as(x).contiguous()
+    if style == "authors" and kind == "blur":
+        taps, sigma = AUTHORS_BLUR
+        return gaussian_blur(x, sigma, radius=taps // 2)
     if kind == "meanimage":
         if mean_image is None:
             raise ValueError("the 'meanimage' reference needs the dataset's mean image (mean_image=)")
@@ -258,16 +314,25 @@ def blend(x: Tensor, masks: Tensor, ref: Tensor) -> Tensor:
     return x[:, None] + m * (ref - x)[:, None]
 
 
-def peak_penalty(maps: Tensor, kernel: int = 15) -> Tensor:
-    """``mean(ReLU(S' − avgpool_k(S'))²)`` per image ``(B,)`` on the per-image min–max scaled map ``S'``.
+def peak_penalty(maps: Tensor, kernel: int = 15, on: str = "minmax") -> Tensor:
+    """``mean(ReLU(S' − avgpool_k(S'))²)`` per image ``(B,)``.
 
-    The pooling is stride 1 with zero padding excluded from the average (``count_include_pad=False``). Scaling first
-    makes the penalty independent of the map's (arbitrary) scale, like the sorter.
+    ``on="minmax"``: ``S'`` is the per-image min–max scaled map (independent of the map's arbitrary scale, like the
+    sorter), the pooling stride 1 with zero padding excluded from the average (``count_include_pad=False``).
+    ``on="raw"`` (the AHA authors' code): ``S' = S`` as the network gives it, the pooling over a reflect-padded map.
+    The kernel is shrunk to the largest odd size that fits a smaller map.
     """
+    if on not in PEAK_INPUTS:
+        raise ValueError(f"peak penalty input must be one of {', '.join(PEAK_INPUTS)}, got {on!r}")
     b, h, w = maps.shape
-    s = scale_scores(maps.reshape(b, -1)).reshape(b, 1, h, w)
     k = min(kernel, 2 * (min(h, w) // 2) - 1) if min(h, w) < kernel else kernel
     k = max(k, 1)
+    if on == "raw":
+        s = maps.reshape(b, 1, h, w)
+        pad = k // 2
+        pooled = F.avg_pool2d(F.pad(s, (pad, pad, pad, pad), mode="reflect") if pad else s, k, stride=1)
+        return F.relu(s - pooled).pow(2).mean(dim=(1, 2, 3))
+    s = scale_scores(maps.reshape(b, -1)).reshape(b, 1, h, w)
     pooled = F.avg_pool2d(s, k, stride=1, padding=k // 2, count_include_pad=False)
     return F.relu(s - pooled).pow(2).mean(dim=(1, 2, 3))
 
@@ -308,12 +373,16 @@ def soft_curves(
     hard: bool = False,
     mask_sigma: float = 1.0,
     straight_through: bool = False,
+    scale: bool = True,
+    clamp_before: bool = False,
 ) -> CurveResult:
     """Soft deletion and insertion curves of ``maps`` ``(B, H, W)`` for ``classes`` ``(B,)``.
 
     Args:
         prob_fn: ``prob_fn(images (N, C, H, W), classes (N,)) → (N,)`` probability of each image's class under the
-            target model (differentiable w.r.t. the images).
+            target model (differentiable w.r.t. the images); with ``classes`` ``(B, K)`` (several classes scored on
+            one map, the AHA authors' second class) ``prob_fn(images, classes (N, K)) → (N, K)``, and the curves are
+            the mean over the ``K`` classes (so their AUCs are the mean of the classes' AUCs).
         x, ref: images and references ``(B, C, H, W)``, normalised as the model expects.
         grid: the region partition; ``fractions`` ``(n,)`` sorted, in ``[0, 1]``.
         tau, n_iters: sorter temperature and Sinkhorn iterations.
@@ -328,6 +397,8 @@ def soft_curves(
             (``P = P_hard + P_soft − stop_grad(P_soft)``): the curve values are those of the hard ranking at the
             grid's resolution, so the target is queried on images with whole regions deleted (as the metric does),
             and the gradient is the relaxation's. Ignored with ``hard``.
+        scale: min–max scale the region scores before the sorter (``False``: the raw scores, the authors' code).
+        clamp_before: clamp the region memberships to [0, 1] before the masks' blur too (:meth:`RegionGrid.to_pixels`).
     """
     b = maps.shape[0]
     scores = grid.pool(maps)
@@ -336,8 +407,8 @@ def soft_curves(
     else:
         nd = None if noise is None else noise[:, 0]
         na = None if noise is None else noise[:, 1]
-        p_desc = soft_sort(scores, tau, n_iters, noise=nd, descending=True)
-        p_asc = soft_sort(scores, tau, n_iters, noise=na, descending=False)
+        p_desc = soft_sort(scores, tau, n_iters, noise=nd, descending=True, scale=scale)
+        p_asc = soft_sort(scores, tau, n_iters, noise=na, descending=False, scale=scale)
         if straight_through:
             p_desc = hard_sort(scores.detach(), True) + (p_desc - p_desc.detach())
             p_asc = hard_sort(scores.detach(), False) + (p_asc - p_asc.detach())
@@ -351,10 +422,15 @@ def soft_curves(
     n = inner.shape[0]
     if n:
         memb = torch.cat([soft_membership(p_desc, inner), soft_membership(p_asc, inner)], dim=1)  # (B, 2n, d)
-        masks = grid.to_pixels(memb, mask_sigma)  # (B, 2n, H, W)
+        masks = grid.to_pixels(memb, mask_sigma, clamp_before)  # (B, 2n, H, W)
         xs = blend(x, masks, ref)  # (B, 2n, C, H, W)
-        cls = classes[:, None].expand(b, 2 * n).reshape(-1)
-        probs = prob_fn(xs.reshape(b * 2 * n, *x.shape[1:]), cls).reshape(b, 2, n)
+        if classes.ndim == 2:  # several classes scored on each map: the mean of their curves
+            kc = classes.shape[1]
+            cls = classes[:, None].expand(b, 2 * n, kc).reshape(-1, kc)
+            probs = prob_fn(xs.reshape(b * 2 * n, *x.shape[1:]), cls).reshape(b, 2, n, kc).mean(-1)
+        else:
+            cls = classes[:, None].expand(b, 2 * n).reshape(-1)
+            probs = prob_fn(xs.reshape(b * 2 * n, *x.shape[1:]), cls).reshape(b, 2, n)
         dele, ins = probs[:, 0], probs[:, 1]
     else:
         dele = ins = maps.new_zeros(b, 0)
@@ -368,8 +444,24 @@ def soft_curves(
 
 
 def aha_loss(curves: CurveResult, maps: Tensor, w_del: float = 1.0, w_ins: float = 1.0, w_peak: float = 0.0025,
-             peak_kernel: int = 15) -> tuple[Tensor, dict[str, Tensor]]:
-    """Per-map loss ``w_del·AUC_desc + w_ins·(1 − AUC_asc) + w_peak·P_peak``, ``(B,)``, and its parts."""
-    peak = peak_penalty(maps, peak_kernel) if w_peak else maps.new_zeros(maps.shape[0])
+             peak_kernel: int = 15, peak_on: str = "minmax") -> tuple[Tensor, dict[str, Tensor]]:
+    """Per-map loss ``w_del·AUC_desc + w_ins·(1 − AUC_asc) + w_peak·P_peak``, ``(B,)``, and its parts
+    (``peak_on``: what the peak penalty sees, :func:`peak_penalty`)."""
+    peak = peak_penalty(maps, peak_kernel, peak_on) if w_peak else maps.new_zeros(maps.shape[0])
     loss = w_del * curves.del_auc + w_ins * (1.0 - curves.ins_auc) + w_peak * peak
     return loss, {"del_auc": curves.del_auc, "ins_auc": curves.ins_auc, "peak": peak}
+
+
+def map_loss(prob_fn: Callable[[Tensor, Tensor], Tensor], x: Tensor, ref: Tensor, maps: Tensor, classes: Tensor,
+             grid: RegionGrid, fractions: Tensor, tau: float, cfg: Any, noise: Tensor | None = None,
+             endpoints: tuple[Tensor, Tensor] | None = None) -> tuple[Tensor, dict[str, Tensor]]:
+    """The training loss per map ``(B,)`` and its parts (:func:`aha_loss` of :func:`soft_curves`) under the options of
+    ``cfg`` (an :class:`~vitlens.aha.config.AHATrainConfig`): its sorter input, mask clamp, endpoints, mask blur,
+    straight-through sorting, loss weights and peak penalty. ``classes`` ``(B,)``, or ``(B, K)`` for one map scored on
+    ``K`` classes (``cfg.classes == "authors"``); ``grid`` is built with ``cfg.pooling``; ``endpoints`` (the exact
+    probabilities with nothing / everything deleted) are used only with ``cfg.endpoints == "exact"``."""
+    curves = soft_curves(prob_fn, x, ref, maps, classes, grid, fractions, tau, cfg.n_iters, noise=noise,
+                         endpoints=endpoints if cfg.endpoints == "exact" else None, mask_sigma=cfg.mask_sigma,
+                         straight_through=cfg.straight_through, scale=cfg.sorter_input == "minmax",
+                         clamp_before=cfg.mask_clamp == "both")
+    return aha_loss(curves, maps, cfg.w_del, cfg.w_ins, cfg.w_peak, cfg.peak_kernel, cfg.peak_penalty_on)

@@ -32,24 +32,33 @@ class TargetRangeError(TargetError, InputError):
 # --------------------------------------------------------------------------------------------------------------------
 
 
-def gaussian_blur(images: Tensor, kernel: int, sigma: float) -> Tensor:
+#: how the ``blur`` baseline extends the image past its border: ``replicate`` (the default) or ``reflect`` (the AHA
+#: authors' evaluation code)
+BLUR_PADDINGS = ("replicate", "reflect")
+
+
+def gaussian_blur(images: Tensor, kernel: int, sigma: float, padding: str = "replicate") -> Tensor:
     """Separable Gaussian blur of ``(B, C, H, W)`` images: ``kernel`` taps (odd), ``sigma`` in pixels.
 
     Tap weights ``exp(-d² / 2σ²)`` for ``d = -(kernel//2) .. kernel//2``, normalised to sum 1; borders are extended
-    by replicating the edge pixels. Same shape, dtype and device out.
+    by replicating the edge pixels (``padding="reflect"``: by reflecting them, the kernel then cropped to ``2·H − 1``
+    taps on an image smaller than it, as reflection needs). Same shape, dtype and device out.
     """
     r = kernel // 2
+    if padding == "reflect":
+        r = min(r, images.shape[-2] - 1, images.shape[-1] - 1)
     d = torch.arange(-r, r + 1, dtype=torch.float64)
     w = torch.exp(-(d**2) / (2.0 * float(sigma) ** 2))
     w = (w / w.sum()).to(device=images.device, dtype=images.dtype)
     c = images.shape[1]
-    out = F.pad(images, (r, r, r, r), mode="replicate")
+    out = F.pad(images, (r, r, r, r), mode=padding)
     out = F.conv2d(out, w.view(1, 1, 1, -1).expand(c, 1, 1, -1), groups=c)
     return F.conv2d(out, w.view(1, 1, -1, 1).expand(c, 1, -1, 1), groups=c)
 
 
 def make_baseline(kind: str, x: Tensor, cfg: DataConfig, *, mean_color: Sequence[float] | None = None,
-                  blur_kernel: int = 11, blur_sigma: float = 5.0, noise_seed: int = 0) -> Tensor:
+                  blur_kernel: int = 11, blur_sigma: float = 5.0, noise_seed: int = 0,
+                  blur_padding: str = "replicate") -> Tensor:
     """The baseline ``(B, 3, H, W)`` for the normalised batch ``x``, in the model's input space.
 
     ``kind`` is one of :data:`BASELINES` (see the module doc for each). ``cfg`` gives the ``mean``/``std`` used to go
@@ -63,7 +72,7 @@ def make_baseline(kind: str, x: Tensor, cfg: DataConfig, *, mean_color: Sequence
         colour = cfg.mean if mean_color is None else tuple(mean_color)
         pixels = torch.tensor(colour, dtype=x.dtype, device=x.device).view(1, 3, 1, 1).expand_as(x)
     elif kind == "blur":
-        pixels = gaussian_blur(x * std + mean, blur_kernel, blur_sigma)
+        pixels = gaussian_blur(x * std + mean, blur_kernel, blur_sigma, blur_padding)
     elif kind == "noise":
         gen = torch.Generator().manual_seed(int(noise_seed))
         pixels = torch.rand((1, *x.shape[1:]), generator=gen, dtype=torch.float32).to(device=x.device, dtype=x.dtype)
@@ -353,7 +362,7 @@ class MetricInputs:
     def sources(self, kinds: Sequence[str], settings: Mapping[str, Any]) -> Tensor:
         """The perturbation sources: the images, then one baseline batch per entry of ``kinds`` (``(B·(1 + len(kinds)),
         C, H, W)``; source ``i + k·B`` is image ``i``'s ``k``-th baseline)."""
-        names = ("mean_color", "blur_kernel", "blur_sigma", "noise_seed")
+        names = ("mean_color", "blur_kernel", "blur_sigma", "noise_seed", "blur_padding")
         self.source_keys = [("image",)] + [("baseline", kind, tuple(self.cfg.mean), tuple(self.cfg.std),
                                             *(repr(settings.get(n)) for n in names)) for kind in kinds]
         return torch.cat([self.x] + [self.baseline(kind, settings) for kind in kinds])
@@ -361,7 +370,8 @@ class MetricInputs:
     def baseline(self, kind: str, settings: Mapping[str, Any]) -> Tensor:
         return make_baseline(kind, self.x, self.cfg, mean_color=settings.get("mean_color"),
                              blur_kernel=settings.get("blur_kernel", 11), blur_sigma=settings.get("blur_sigma", 5.0),
-                             noise_seed=settings.get("noise_seed", 0))
+                             noise_seed=settings.get("noise_seed", 0),
+                             blur_padding=settings.get("blur_padding", "replicate"))
 
     def jobs_with_originals(self) -> tuple[Jobs, slice, Tensor]:
         """A :class:`Jobs` whose first ``B`` rows score each image unperturbed (source ``i`` = image ``i``), those

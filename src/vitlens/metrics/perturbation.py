@@ -1,6 +1,7 @@
 """Perturbation metrics: change the input where the map points and measure what the model does.
 
-* :class:`InsertionDeletion` — Petsiuk et al., RISE (BMVC 2018); presets ``rise``, ``aha``, ``mutex``.
+* :class:`InsertionDeletion` — Petsiuk et al., RISE (BMVC 2018); presets ``rise``, ``aha``, ``aha_authors``,
+  ``mutex``.
 * :class:`PositiveNegativePerturbation` — Chefer et al. (CVPR 2021).
 * :class:`FaithfulnessViolation` — Liu et al. (ICML 2022), with the top-k variant.
 
@@ -39,6 +40,7 @@ from ..images import DataConfig
 from ..targets import TargetSpec
 from ._perturbation_engine import (
     BASELINES,
+    BLUR_PADDINGS,
     MetricInputs,
     PerturbationMetric,
     SharedScores,
@@ -78,7 +80,16 @@ _SCORES_PN = ("accuracy", "probability")
 _ID_DEFAULTS: dict[str, Any] = {
     "steps": 224, "granularity": "pixel", "deletion_baseline": "black", "insertion_baseline": "blur",
     "score": "probability", "blur_kernel": 11, "blur_sigma": 5.0, "mean_color": None, "noise_seed": 0,
+    "blur_padding": "replicate", "insertion": "restore", "abscissa": "perturbed",
 }
+
+#: how :class:`InsertionDeletion` builds its insertion curve: ``restore`` (the top-ranked features put back onto the
+#: insertion baseline) or ``least_first`` (the AHA authors' "ascending" deletion: the *least* important features
+#: replaced by the deletion baseline first, ranked by a stable ascending sort)
+INSERTIONS = ("restore", "least_first")
+#: the abscissa of the curves: the ``perturbed`` fraction ``k_i / N`` or the ``nominal`` one ``i / steps`` (the AHA
+#: authors' trapezoid; the two differ by the rounding of ``k_i``, below ``1 / (2N)``)
+ABSCISSAS = ("perturbed", "nominal")
 
 #: presets of :class:`InsertionDeletion` (settings not listed take the defaults above).
 ID_PRESETS: dict[str, dict[str, Any]] = {
@@ -88,6 +99,13 @@ ID_PRESETS: dict[str, dict[str, Any]] = {
     # AHA: 21 points (20 steps of 5 %), pixel level, the dataset-mean colour as reference for both curves.
     "aha": {"steps": 20, "granularity": "pixel", "deletion_baseline": "mean", "insertion_baseline": "mean",
             "score": "probability"},
+    # The AHA authors' evaluation code (GitHub dschinagl/AHA, scripts/eval.py with PixelAUCMetric): 21 points, pixel
+    # ranking, their constant ImageNet mean colour (black and their 37-tap σ 37 reflect-padded blur by
+    # deletion_baseline=), deletion most-important-first ("auc_desc") and least-important-first ("auc_asc").
+    "aha_authors": {"steps": 20, "granularity": "pixel", "deletion_baseline": "mean", "insertion_baseline": "mean",
+                    "score": "probability", "mean_color": (0.485, 0.456, 0.406), "blur_kernel": 37,
+                    "blur_sigma": 37.0, "blur_padding": "reflect", "insertion": "least_first",
+                    "abscissa": "nominal"},
     # MUTEX-style harnesses: 0 % then 10 %, 20 %, …, 100 % of the model's patches, black for both curves.
     "mutex": {"steps": 10, "granularity": "patch", "deletion_baseline": "black", "insertion_baseline": "black",
               "score": "probability"},
@@ -111,6 +129,13 @@ class InsertionDeletion(PerturbationMetric):
     Cost: ``2·steps + 1`` forward passes per image (``2·steps`` when both curves use the same baseline, whose
     all-baseline input is then shared), at most ``batch_size`` images per forward.
 
+    ``insertion="least_first"`` (the ``aha_authors`` preset): the insertion curve is the deletion of the *least*
+    important features first (a stable ascending sort; ties by raster index), towards ``deletion_baseline`` — the
+    AHA authors' ``auc_asc``, higher is better. ``insertion`` is its area, ``curves["least_first"]`` its curve
+    (from the image to the baseline) and ``curves["insertion"]`` the same read backwards. Without ties in the map
+    it equals ``restore`` with the same baseline; with ties the two order the tied features differently.
+    ``deletion`` is then their ``auc_desc``.
+
     Args:
         preset: ``"rise"``, ``"aha"`` or ``"mutex"`` (see :data:`ID_PRESETS`); explicit arguments override it, and
             the overridden keys are listed in the protocol under ``preset_overrides``.
@@ -118,8 +143,11 @@ class InsertionDeletion(PerturbationMetric):
         granularity: ``"pixel"``, ``"patch"`` (the model's patch size) or a patch size in pixels.
         deletion_baseline, insertion_baseline: one of :data:`BASELINES`.
         score: ``"probability"`` or ``"logit"``.
-        blur_kernel, blur_sigma: the ``blur`` baseline's Gaussian. mean_color: RGB pixel values of the ``mean``
-            baseline (default: the data config's mean). noise_seed: seed of the ``noise`` baseline.
+        blur_kernel, blur_sigma: the ``blur`` baseline's Gaussian; blur_padding: ``"replicate"`` or ``"reflect"``
+            edges. mean_color: RGB pixel values of the ``mean`` baseline (default: the data config's mean).
+            noise_seed: seed of the ``noise`` baseline. insertion: ``"restore"`` or ``"least_first"`` (above).
+            abscissa: ``"perturbed"`` (``k_i / N``) or ``"nominal"`` (``i / steps``). ``blur_padding``,
+            ``insertion`` and ``abscissa`` appear in the protocol only when not the default.
         data_config: the pixel mean/std to use (default: derived from the model).
         batch_size: most images per forward (cost knob; results do not depend on it).
     """
@@ -132,10 +160,12 @@ class InsertionDeletion(PerturbationMetric):
                  insertion_baseline: str | None = None, score: str | None = None, blur_kernel: int | None = None,
                  blur_sigma: float | None = None, mean_color: Sequence[float] | None = None,
                  noise_seed: int | None = None, data_config: DataConfig | Mapping[str, Any] | None = None,
-                 batch_size: int = 64) -> None:
+                 batch_size: int = 64, blur_padding: str | None = None, insertion: str | None = None,
+                 abscissa: str | None = None) -> None:
         given = {"steps": steps, "granularity": granularity, "deletion_baseline": deletion_baseline,
                  "insertion_baseline": insertion_baseline, "score": score, "blur_kernel": blur_kernel,
-                 "blur_sigma": blur_sigma, "mean_color": mean_color, "noise_seed": noise_seed}
+                 "blur_sigma": blur_sigma, "mean_color": mean_color, "noise_seed": noise_seed,
+                 "blur_padding": blur_padding, "insertion": insertion, "abscissa": abscissa}
         given = {k: v for k, v in given.items() if v is not None}
         base = dict(_ID_DEFAULTS)
         overrides: list[str] = []
@@ -143,7 +173,8 @@ class InsertionDeletion(PerturbationMetric):
             if not isinstance(preset, str) or preset not in ID_PRESETS:
                 raise InputError(f"unknown preset {preset!r}; available: {', '.join(sorted(ID_PRESETS))}")
             base.update(ID_PRESETS[preset])
-            overrides = sorted(k for k, v in given.items() if base.get(k) != v)
+            plain = lambda v: list(v) if isinstance(v, tuple) else v  # noqa: E731 (a colour as tuple or list)
+            overrides = sorted(k for k, v in given.items() if plain(base.get(k)) != plain(v))
         base.update(given)
         settings: dict[str, Any] = {"preset": preset}
         if preset is not None:
@@ -153,6 +184,9 @@ class InsertionDeletion(PerturbationMetric):
         settings["deletion_baseline"] = choice("deletion_baseline", base["deletion_baseline"], BASELINES)
         settings["insertion_baseline"] = choice("insertion_baseline", base["insertion_baseline"], BASELINES)
         settings["score"] = choice("score", base["score"], _SCORES_ID)
+        for key, options in (("blur_padding", BLUR_PADDINGS), ("insertion", INSERTIONS), ("abscissa", ABSCISSAS)):
+            if choice(key, base[key], options) != _ID_DEFAULTS[key]:  # earlier protocols stay as they were
+                settings[key] = base[key]
         super().__init__(batch_size, settings, (base["mean_color"], base["blur_kernel"], base["blur_sigma"],
                                                 base["noise_seed"]), data_config)
 
@@ -170,6 +204,8 @@ class InsertionDeletion(PerturbationMetric):
         ranks = pixel_ranks(feature_ranks(scores), grid, size, hw)
         steps = s["steps"]
         ks = (2 * torch.arange(steps + 1, device=inp.device) * n + steps) // (2 * steps)  # round half up
+        if s.get("insertion") == "least_first":
+            return self._least_first(inp, scores, grid, size, hw, ranks, ks)
         same = s["deletion_baseline"] == s["insertion_baseline"]
         kinds = [s["deletion_baseline"]] + ([] if same else [s["insertion_baseline"]])
         src = inp.sources(kinds, s)
@@ -193,12 +229,42 @@ class InsertionDeletion(PerturbationMetric):
         if same:
             ins_pts = torch.cat([deletion[:, -1:], ins_pts], dim=1)
         insertion = torch.cat([ins_pts, orig[:, None]], dim=1)
-        xs = ks.double() / n
+        xs = self._abscissa(ks, n)
         ins_auc, del_auc = trapezoid(insertion, xs), trapezoid(deletion, xs)
         resolved = self._resolved(inp, size, n)
         return self._result({"insertion": ins_auc, "deletion": del_auc, "ins_minus_del": ins_auc - del_auc},
                             resolved, curves={"insertion": insertion, "deletion": deletion},
                             curve_x=xs.float())
+
+
+    def _abscissa(self, ks: Tensor, n: int) -> Tensor:
+        """The curves' abscissa ``(steps + 1,)`` float64: ``k_i / N``, or ``i / steps`` when ``nominal``."""
+        if self.settings.get("abscissa") == "nominal":
+            return torch.arange(ks.numel(), device=ks.device, dtype=torch.float64) / (ks.numel() - 1)
+        return ks.double() / n
+
+    def _least_first(self, inp: MetricInputs, scores: Tensor, grid: tuple[int, int], size: tuple[int, int],
+                     hw: tuple[int, int], desc: Tensor, ks: Tensor) -> MetricResult:
+        """Deletion most-important-first and least-important-first, both towards ``deletion_baseline``."""
+        s, b = self.settings, inp.batch
+        n = grid[0] * grid[1]
+        steps = s["steps"]
+        ranks = torch.cat([desc, pixel_ranks(feature_ranks(scores, descending=False), grid, size, hw)])
+        src = inp.sources([s["deletion_baseline"]], s)
+        zero = torch.zeros(1, device=inp.device)
+        jobs, j_orig, img = inp.jobs_with_originals()
+        per, kk, tg = img.repeat_interleave(steps), ks[1:].repeat(b), inp.targets.repeat_interleave(steps)
+        j_del = jobs.add(row=per, lo=zero, hi=kk, top=per + b, rest=per, target=tg)
+        j_asc = jobs.add(row=per + b, lo=zero, hi=kk, top=per + b, rest=per, target=tg)
+        out = inp.score(src, ranks, jobs, s["score"], self.batch_size)
+        orig = out[j_orig][:, None]
+        deletion = torch.cat([orig, out[j_del].view(b, steps)], dim=1)
+        least = torch.cat([orig, out[j_asc].view(b, steps)], dim=1)
+        xs = self._abscissa(ks, n)
+        del_auc, asc_auc = trapezoid(deletion, xs), trapezoid(least, xs)
+        return self._result({"insertion": asc_auc, "deletion": del_auc, "ins_minus_del": asc_auc - del_auc},
+                            self._resolved(inp, size, n), curves={"insertion": least.flip(1), "deletion": deletion,
+                                                                   "least_first": least}, curve_x=xs.float())
 
 
 # --------------------------------------------------------------------------------------------------------------------
