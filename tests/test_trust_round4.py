@@ -258,6 +258,7 @@ def test_markdown_escapes_user_strings(tmp_path, capsys):
         assert "<b>x</b>" not in text and "&lt;b&gt;x&lt;/b&gt;" in text
     page = (run / "report.html").read_text()
     assert "<b>x</b>" not in page and "&lt;b&gt;x&lt;/b&gt;" in page
+    assert "\\textless{}b\\textgreater{}x\\textless{}/b\\textgreater{}" in (run / "summary.tex").read_text()
 
 
 def test_markdown_escape():

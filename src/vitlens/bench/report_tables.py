@@ -94,7 +94,8 @@ def markdown_escape(text: str) -> str:
 
 
 _LATEX_SPECIAL = {"\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#", "_": r"\_",
-                  "{": r"\{", "}": r"\}", "~": r"\textasciitilde{}", "^": r"\textasciicircum{}"}
+                  "{": r"\{", "}": r"\}", "~": r"\textasciitilde{}", "^": r"\textasciicircum{}",
+                  "<": r"\textless{}", ">": r"\textgreater{}", "|": r"\textbar{}"}
 _LATEX_UNICODE = {"×": r"$\times$", "−": "$-$", "±": r"$\pm$", "↑": r"$\uparrow$", "↓": r"$\downarrow$",
                   "≈": r"$\approx$", "α": r"$\alpha$", "β": r"$\beta$", "γ": r"$\gamma$", "ε": r"$\varepsilon$",
                   "σ": r"$\sigma$", "τ": r"$\tau$", "λ": r"$\lambda$", "²": r"$^2$", "—": "---", "–": "--"}
