@@ -34,6 +34,7 @@ _OUTPUTS: dict[tuple[str, str], tuple[str, str, int]] = {
     ("pos_neg_perturbation", "neg_auc"): ("negative perturbation", "Faithfulness", 4),
     ("pos_neg_perturbation", "neg_minus_pos"): ("negative − positive", "Faithfulness", 5),
     ("faithfulness_violation", "violation"): ("violation", "Faithfulness", 6),
+    ("saco", "saco"): ("SaCo", "Faithfulness", 7),
     ("pointing_game", "pointing_game"): ("pointing game", "Localisation", 0),
     ("pointing_game", "energy_inside"): ("relevance in object", "Localisation", 1),
     ("evidence", "evidence_share"): ("relevance on evidence", "Evidence", 0),
@@ -67,6 +68,11 @@ _SENTENCES = {
     ),
     "faithfulness_violation": (
         "Share of perturbation steps where removing relevance moved the score the wrong way (lower is better)."
+    ),
+    "saco": (
+        "SaCo: the map's pixels cut into ten groups by salience, each group replaced alone; every pair of groups "
+        "counts, weighted by their salience difference, +1 when the more salient group moved the score at least as "
+        "much, -1 otherwise (1 = every group in order, -1 = reversed, 0 = no better than chance)."
     ),
     "pointing_game": (
         "Pointing game: a hit when the map's maximum lies on the object; relevance in object: the share of the "
@@ -116,6 +122,7 @@ _TITLES = {
     "insertion_deletion": "Deletion and insertion",
     "pos_neg_perturbation": "Positive and negative perturbation",
     "faithfulness_violation": "Faithfulness violation",
+    "saco": "Salience-guided faithfulness coefficient (SaCo)",
     "pointing_game": "Pointing game and relevance in object",
     "segmentation": "Attribution as segmentation",
 }
