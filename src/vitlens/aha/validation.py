@@ -38,7 +38,7 @@ class LabelledImages(Protocol):
 def validate(net: AHANet, data: LabelledImages, dist_info: DistributedRun, batch: int = 50,
              chunk: int = 512, pools: Sequence[str] | None = None, references: Sequence[str] | None = None,
              mean_std: tuple[Sequence[float], Sequence[float]] | None = None,
-             mean_img: Tensor | None = None) -> dict[str, float]:
+             mean_img: Tensor | None = None, progress: bool = False) -> dict[str, float]:
     """Hard deletion/insertion (:func:`~vitlens.aha.evaluation.deletion_insertion`) of the explainer's maps for the
     predicted class on ``data`` (sharded over processes), averaged over images.
 
@@ -48,6 +48,7 @@ def validate(net: AHANet, data: LabelledImages, dist_info: DistributedRun, batch
     with several, each headline number is the mean over the references and ``difference@R`` (``difference_P@R``)
     is reference ``R`` alone: a validation *matrix*, so that the explainer is not chosen on one protocol.
     ``mean_std``: the target's normalisation (for ``black``); ``mean_img``: the dataset's mean image (``meanimage``).
+    ``progress``: a progress bar over this process's validation images (its own line, removed when done).
     """
     pools = list(pools or [net.output_pool])
     refs = list(references or ["mean"])
@@ -55,6 +56,10 @@ def validate(net: AHANet, data: LabelledImages, dist_info: DistributedRun, batch
     idx = list(range(dist_info.rank, len(data), dist_info.world))
     device = next(net.decoder.parameters()).device
     sums = torch.zeros(len(pools), len(refs), 4, dtype=torch.float64)
+    from tqdm.auto import tqdm
+
+    bar = tqdm(total=len(idx), desc="validation", unit="image", leave=False, disable=not progress,
+               dynamic_ncols=True)
     for s in range(0, len(idx), batch):
         items = [data[i] for i in idx[s:s + batch]]
         x = torch.stack([it[0] for it in items]).to(device)
@@ -68,6 +73,8 @@ def validate(net: AHANet, data: LabelledImages, dist_info: DistributedRun, batch
                 r = deletion_insertion(net.target, x, net.finish(raw, pool), cls, chunk=chunk, ref=ref)
                 sums[k, j] += torch.tensor([float(r["deletion"].sum()), float(r["insertion"].sum()),
                                             float(r["difference"].sum()), len(items)], dtype=torch.float64)
+        bar.update(len(items))
+    bar.close()
     sums = all_reduce_sum(sums.to(device), dist_info).cpu()
     out: dict[str, Any] = {}
     for k, pool in enumerate(pools):
