@@ -116,8 +116,10 @@ def test_markdown_table_is_one_table_with_intervals_and_marks(tmp_path: Path) ->
 def test_latex_table_is_a_valid_tabular(tmp_path: Path) -> None:
     text = table_text(summarise(_fake_run(tmp_path / "run")), "latex")
     lines = [line for line in text.splitlines() if not line.startswith("%")]
-    assert lines[0].startswith("\\begin{tabular}{") and lines[-1] == "\\end{tabular}"
-    spec = re.match(r"\\begin\{tabular\}\{([lcr]+)\}", lines[0]).group(1)
+    assert lines[0] == "\\begin{table}[t]" and lines[-1] == "\\end{table}"  # a float with its legend under it
+    start = next(i for i, line in enumerate(lines) if line.startswith("\\sbox0{\\begin{tabular}{"))
+    lines = lines[start:lines.index("\\end{tabular}}%") + 1]
+    spec = re.match(r"\\sbox0\{\\begin\{tabular\}\{([lcr]+)\}", lines[0]).group(1)
     assert lines[1] == "\\toprule" and lines[3] == "\\midrule" and lines[-2] == "\\bottomrule"
     rows = [lines[2]] + lines[4:-2]
     assert len(rows) == 1 + 3

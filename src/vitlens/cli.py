@@ -184,7 +184,7 @@ def cmd_report(args: argparse.Namespace) -> int:
             paths = write_report(run)
         print(f"report: {paths['report']}  (tables: {run / 'summary.md'}, {run / 'summary.tex'})")
         return 0
-    text = table_text(summarise(run), args.format) + "\n"
+    text = table_text(summarise(run), args.format, wide=getattr(args, "wide", False)) + "\n"
     if out is None:
         sys.stdout.write(text)
     else:
@@ -331,6 +331,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="write the table (markdown, latex) or the self-contained HTML page (html) to FILE instead "
                         "(default: markdown/latex to standard output, html into RUN); never a file of the run's own")
     r.add_argument("--overwrite", action="store_true", help="replace an existing --out FILE (default: refuse)")
+    r.add_argument("--wide", action="store_true",
+                   help="latex: a table* across both columns with full column heads (default: a table that fits "
+                        "one column, short heads spelled out in a legend under it)")
     r.set_defaults(func=cmd_report)
 
     from vitlens.aha.train import add_train_aha_parser

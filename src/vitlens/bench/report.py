@@ -161,14 +161,16 @@ def accuracy(run_dir: str | Path) -> dict[str, Any]:
     return out
 
 
-def table_text(table: list[dict[str, Any]], fmt: str = "markdown") -> str:
-    """The ranked table of a summary for a paper: ``fmt`` ``'markdown'`` or ``'latex'`` (a ``tabular``), with the
-    mean ± 95% interval, the best per column and the methods statistically tied with it marked."""
+def table_text(table: list[dict[str, Any]], fmt: str = "markdown", wide: bool = False) -> str:
+    """The ranked table of a summary for a paper: ``fmt`` ``'markdown'`` or ``'latex'`` (a ``table`` float that fits
+    one column's ``\\linewidth``, short heads and a legend under it; ``wide``: a ``table*`` across both columns with
+    full heads), with the mean ± 95% interval, the best per column and the methods statistically tied with it
+    marked."""
     rows, headline = ranked(table)
     cols = columns_of(table)
     best = best_values(rows, cols)
     if fmt == "latex":
-        return latex_table(rows, cols, best, headline)
+        return latex_table(rows, cols, best, headline, wide=wide)
     if fmt == "markdown":
         return markdown_table(rows, cols, best, headline)
     raise ValueError(f"unknown table format {fmt!r}; formats: markdown, latex")

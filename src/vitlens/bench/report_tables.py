@@ -106,28 +106,122 @@ def latex_escape(text: str) -> str:
     return "".join(_LATEX_SPECIAL.get(ch) or _LATEX_UNICODE.get(ch) or ch for ch in str(text))
 
 
+#: short column heads of the single-column LaTeX table (the legend under it spells them out)
+_SHORT = {"deletion": "Del.", "insertion": "Ins.", "insertion − deletion": "I−D", "positive perturbation": "Pos.",
+          "negative perturbation": "Neg.", "negative − positive": "N−P", "violation": "Viol.",
+          "pointing game": "PG", "relevance in object": "Obj.", "relevance on evidence": "On ev.",
+          "pointing at evidence": "Ev. PG", "evidence rank AUC": "Ev. AUC", "pixel accuracy": "PA",
+          "IoU object": "IoU obj.", "IoU background": "IoU bg.", "mIoU": "mIoU", "average precision": "AP"}
+
+
+def _short(c: Column) -> str:
+    return _SHORT.get(c.name, c.name if len(c.name) <= 8 else c.name[:7] + ".")
+
+
+def _stack(*lines: str) -> str:
+    """Lines stacked in one cell (a nested ``tabular``), centred."""
+    return "\\begin{tabular}[c]{@{}c@{}}" + "\\\\[-1pt]".join(lines) + "\\end{tabular}"
+
+
+def _narrow_cell(v: dict[str, Any] | None, how: str) -> str:
+    """The mean (bold when best, underlined when tied) over its interval in small type, leading zeros dropped:
+    ``0.444`` / ``±.137``; ``0.83`` / ``[.44,.97]`` for a proportion."""
+    if not isinstance(v, dict) or math.isnan(float(v["mean"])):
+        return "--"
+
+    def short(x: float, digits: int) -> str:
+        text = f"{x:.{digits}f}"
+        if float(text) == 1.0:
+            return "1"
+        return text[1:] if text.startswith("0.") else text.replace("-0.", "$-$.").replace("-", "$-$")
+
+    mean = float(v["mean"])
+    wilson = v.get("interval") == "wilson"
+    top = f"{mean:.2f}" if wilson else f"{mean:.3f}".replace("-", "$-$")
+    top = f"\\textbf{{{top}}}" if how == "best" else f"\\underline{{{top}}}" if how == "tied" else top
+    if wilson:
+        return _stack(top, f"{{\\scriptsize[{short(float(v['low']), 2)},{short(float(v['high']), 2)}]}}")
+    ci = float(v["ci95"])
+    return top if math.isnan(ci) else _stack(top, f"{{\\scriptsize$\\pm${short(ci, 3)}}}")
+
+
+def _method_cell(label: str, wide: bool) -> str:
+    """A method label's display name; in the one-column table a long one over two lines, its settings under its
+    name (``AHA`` / ``(T = 0)``, ``Input ×`` / ``Gradient``)."""
+    import textwrap
+
+    from ..explainers.registry import display_parts
+
+    name, settings = display_parts(label)
+    if wide or len(display_label(label)) <= 10:
+        lines = [display_label(label)]
+    elif settings:
+        lines = [name, f"({settings})"]
+    else:
+        lines = textwrap.wrap(name, max(10, (len(name) + 1) // 2))
+    cells = [latex_escape(line) for line in lines]
+    return cells[0] if len(cells) == 1 else "\\begin{tabular}[c]{@{}l@{}}" + "\\\\[-1pt]".join(cells) + \
+        "\\end{tabular}"
+
+
+def _head(c: Column, wide: bool) -> str:
+    """A column head: short (``I−D ↑``) in the one-column table, the plain name over two lines in the wide one."""
+    arrow = "↑" if c.higher_is_better else "↓"
+    if not wide:
+        return latex_escape(f"{_short(c)} {arrow}")
+    import textwrap
+
+    return _stack(*(latex_escape(line) for line in textwrap.wrap(f"{c.name} {arrow}", 12)))
+
+
 def latex_table(rows: list[dict[str, Any]], cols: list[Column], best: dict[str, float],
-                headline: Column | None) -> str:
-    """The ranked table as a LaTeX ``tabular`` (``booktabs`` rules), with its note as a comment above it."""
-    head = ["Method"] + [latex_escape(c.title) + (f" ({latex_escape(c.settings)})" if c.settings else "")
-                         for c in cols] + ["Fwd/bwd", "ms / image"]
+                headline: Column | None, wide: bool = False) -> str:
+    """The ranked table as a LaTeX ``table`` float (``booktabs`` rules; ``graphicx``), with a legend under it.
+
+    By default it fits ``\\linewidth`` of one column of a two-column paper: ``\\footnotesize``, short column heads
+    (``I−D ↑``) spelled out with their settings in the legend, intervals in small type; should a long method name
+    still make it wider, it is scaled down to the line width (never up). ``wide``: a ``table*`` across both
+    columns with full heads, fitted to the text width the same way."""
+    heads = [_head(c, wide) for c in cols]
+    head = ["Method"] + heads + ([_stack("Fwd/bwd", "passes"), _stack("ms /", "image")] if wide else ["F/B", "ms"])
+    spec = "l" + "c" * len(cols) + "rr"
+    env = "table*" if wide else "table"
     lines = ["% " + line for line in _wrap(table_note(headline, latex=True))]
-    lines += ["% needs \\usepackage{booktabs}", "\\begin{tabular}{l" + "c" * len(cols) + "rr}", "\\toprule",
-              " & ".join(head) + r" \\", "\\midrule"]
+    lines += ["% needs \\usepackage{booktabs} and \\usepackage{graphicx}; add \\caption{...} and \\label{...} "
+              "inside the float", f"% {'wide: both columns (table*)' if wide else 'one column; the wide variant: vitlens report RUN --format latex --wide'}",
+              f"\\begin{{{env}}}[t]", "\\centering", "\\small" if wide else "\\footnotesize",
+              "\\setlength{\\tabcolsep}{" + ("4pt" if wide else "2pt") + "}",
+              "\\sbox0{\\begin{tabular}{" + spec + "}", "\\toprule", " & ".join(head) + r" \\", "\\midrule"]
     for row in rows:
-        cells = [latex_escape(display_label(str(row["method"])))]
+        cells = [_method_cell(str(row["method"]), wide)]
         for c in cols:
-            text, how = cell_text(row.get(c.key), latex=True), mark(row.get(c.key), best.get(c.key))
-            cells.append(f"\\textbf{{{text}}}" if how == "best" else f"\\underline{{{text}}}" if how == "tied"
-                         else text)
+            v = row.get(c.key)
+            how = mark(v, best.get(c.key))
+            cells.append(_narrow_cell(v, how))
         ms = _cost(row, "ms_per_image")
-        ms_text = "--" if math.isnan(ms) else f"{ms:.1f}"
+        ms_text = "--" if math.isnan(ms) else f"{ms:.1f}" if wide or ms < 100 else f"{ms:.0f}"
         if not is_baseline(str(row["method"])) and best.get("ms_per_image") == ms:
             ms_text = f"\\textbf{{{ms_text}}}"
         cells += [f"{_cost(row, 'forward_passes'):g}/{_cost(row, 'backward_passes'):g}", ms_text]
         lines.append(" & ".join(cells) + r" \\")
-    lines += ["\\bottomrule", "\\end{tabular}"]
+    lines += ["\\bottomrule", "\\end{tabular}}%",
+              "\\ifdim\\wd0>\\linewidth\\resizebox{\\linewidth}{!}{\\usebox0}\\else\\usebox0\\fi",
+              "\\par\\smallskip", "\\begin{minipage}{\\linewidth}\\scriptsize", *_wrap(_legend(cols, headline, wide), 110),
+              "\\end{minipage}", f"\\end{{{env}}}"]
     return "\n".join(lines)
+
+
+def _legend(cols: list[Column], headline: Column | None, wide: bool) -> str:
+    """The legend under the LaTeX table: the short heads spelled out with their settings, then the note."""
+    parts = []
+    for c in cols:
+        settings = f" ({c.settings})" if c.settings else ""
+        parts.append(f"{c.name}{settings}" if wide else f"{_short(c)}: {c.name}{settings}")
+    if not wide:
+        parts.append("F/B: forward/backward passes per image; ms: median milliseconds per image")
+    note = latex_escape(table_note(headline)).replace("**bold**", "\\textbf{bold}") \
+        .replace("*italic*", "\\underline{underlined}")
+    return latex_escape("; ".join(parts) + (". " if parts else "")) + note
 
 
 def _wrap(text: str, width: int = 110) -> list[str]:

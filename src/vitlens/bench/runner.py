@@ -270,13 +270,16 @@ def run_benchmark(config: BenchConfig, out: str | Path, model: nn.Module | None 
     written = 0
     stored_before = len(methods) * len(batches) - len(units)
     shared = _BatchShare(source, device, config.share)
+    if units:
+        bar.set_postfix_str(_unit_words(units[0]))
     try:
         for k, (label, method, idx) in enumerate(units):
             _run_unit(store, shared, net, label, method, metrics, idx, config, run_dir, device,
                       predict=label == methods[0][0])
             written += 1
-            bar.set_postfix_str(f"{label} on images {idx[0] + 1}-{idx[-1] + 1}", refresh=False)
             bar.update(len(idx))
+            if k + 1 < len(units):  # what runs now, shown while it runs
+                bar.set_postfix_str(_unit_words(units[k + 1]))
             pause_point(f"bench.unit.{stored_before + written}")
             if stop_after_units is not None and written >= stop_after_units:
                 return run_dir
@@ -397,3 +400,9 @@ def check_before_loading(out: str | Path, methods: Sequence[tuple[str, dict[str,
     if config is not None:
         config.check()
         _check_config(run_dir, config, overwrite, write=False)
+
+
+def _unit_words(unit: tuple[str, Any, list[int]]) -> str:
+    """``'gradskip on images 26-50'``: a unit of work as the progress bar shows it while it runs."""
+    label, _, idx = unit
+    return f"{label} on image{'s' if len(idx) > 1 else ''} {idx[0] + 1}" + (f"-{idx[-1] + 1}" if len(idx) > 1 else "")
