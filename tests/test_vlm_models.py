@@ -45,6 +45,22 @@ def test_score_is_the_models_own_logit(kind):
     torch.testing.assert_close(e.scores, own, rtol=1e-5, atol=1e-5)
 
 
+def test_clip_readout_path_same_maps():
+    m, x, t = vlm("clip"), images(3), vitlens.TextPrompt(PROMPTS + ["a ring"])
+    adapter = vitlens.get_adapter(m)
+    assert adapter.recomputes_attention()  # SDPA: GradSkip keeps the fused attention
+    with adapter.readout_only() as active:
+        assert active
+        with torch.no_grad():
+            torch.testing.assert_close(m(x), vlm("clip")(x), rtol=1e-5, atol=1e-6)
+    assert "forward" not in vars(adapter.blocks()[-1])  # restored
+    fast = vitlens.explain(m, x, "gradskip", target=t)
+    full = vitlens.explain(m, x, "gradskip", target=t, readout_path=False)
+    torch.testing.assert_close(fast.maps, full.maps, rtol=1e-4, atol=1e-6)
+    torch.testing.assert_close(fast.scores, full.scores, rtol=1e-5, atol=1e-6)
+    assert complete(fast) < 1e-4
+
+
 @pytest.mark.parametrize("kind", ["clip", "siglip", "siglip2"])
 def test_gradskip_complete_for_the_similarity_score(kind):
     e = vitlens.explain(vlm(kind), images(3), "gradskip", target=vitlens.TextPrompt("a photo of a cat"))
@@ -63,7 +79,8 @@ def test_methods_run_with_text_targets(kind, method, options):
     assert e.targets.tolist() == [0, 1]
 
 
-@pytest.mark.parametrize("method,needs", [("transformer_attribution", "linear_head"), ("rise", "class_logits")])
+@pytest.mark.parametrize("method,needs", [("transformer_attribution", "linear_head"), ("rise", "class_logits"),
+                                          ("finercam", "class_logits"), ("aha", "class_logits")])
 def test_methods_refuse_in_one_line_naming_why(method, needs):
     with pytest.raises(UnsupportedModelError) as err:
         vitlens.explain(vlm("clip"), images(), method, target=vitlens.TextPrompt("a photo of a cat"))

@@ -15,7 +15,7 @@ from torch import Tensor
 
 from ..errors import TargetError
 from ..models import Adapter
-from ..models.capabilities import FEATURES
+from ..models.capabilities import CLASS_LOGITS, FEATURES, PIXEL_LOGITS
 from ..targets import Target
 from ._cam import OneLayerCAM, features_at, token_gradcam
 from ..options import choice, integer, number
@@ -138,7 +138,7 @@ class FinerCAM(OneLayerCAM):
     name = "finercam"
     value_kind = "nonnegative"
     description = "Grad-CAM of the target class against its closest competitor"
-    needs = (FEATURES,)
+    needs = (FEATURES, (CLASS_LOGITS, PIXEL_LOGITS))  # its reference classes are other classes' logits
     display_name = "Finer-CAM"
     defaults: dict[str, Any] = {"references": 3, "gamma": 1.0, "weighting": "mean", "layer": -1}
     option_specs = {**OneLayerCAM.option_specs, "references": integer(1, unit="capped at K - 1"),
