@@ -116,6 +116,20 @@ class LibraGradMethod(Explainer):
 
     base_method: ClassVar[str] = ""
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """The base method's declared option ranges (``option_specs``) are this method's: the package imports its
+        method modules in name order, so the base (``gradcam``, ``inputxgradient``, ``integrated_gradients``) is
+        registered before a ``libragrad_*`` module runs; otherwise its module is imported here by name."""
+        super().__init_subclass__(**kwargs)
+        base = method_classes().get(cls.base_method)
+        if base is None and cls.base_method:
+            import importlib
+
+            importlib.import_module(f"{__package__}.{cls.base_method}")
+            base = method_classes().get(cls.base_method)
+        if base is not None:
+            cls.option_specs = dict(getattr(base, "option_specs", {}))  # type: ignore[attr-defined]
+
     def _base(self) -> Explainer:
         cls = method_classes()[self.base_method]
         return cls(**self.options)  # type: ignore[return-value]

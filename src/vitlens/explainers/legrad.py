@@ -26,6 +26,7 @@ from ..errors import InputError
 from ..models import Adapter
 from ..models.base import recorded
 from ..models.capabilities import ATTENTION, BLOCK_IO, STREAM_HEAD, TOKEN_SEQUENCE
+from ..options import integer
 from ..targets import Target
 from .base import Attribution, Explainer, image_size
 from .registry import register
@@ -58,11 +59,7 @@ class LeGrad(Explainer):
     needs = (ATTENTION, BLOCK_IO, TOKEN_SEQUENCE, STREAM_HEAD)
     level = "token"
     defaults: dict[str, Any] = {"start_layer": 0}
-
-    def check_options(self) -> None:
-        s = self.options["start_layer"]
-        if isinstance(s, bool) or not isinstance(s, int):
-            raise InputError(f"start_layer must be an int block index (negative counts from the end), got {s!r}")
+    option_specs = {"start_layer": integer(unit="a block index, negative counts from the end")}
 
     def _first(self, n: int) -> int:
         s = self.options["start_layer"]
