@@ -5,7 +5,12 @@
 ``grid.png``: the bundled shapes ViT on four fresh scenes × six methods, captions with the model's answer.
 ``overlay.png``: Grad-CAM of the real ImageNet classifier EfficientNet-Lite0 on a bundled photo (scikit-image's
 Chelsea), on the original image at its own resolution (the centre crop's edges left uncoloured).
-``report.png``: ``RUN_DIR/report.html`` rendered by headless Chromium at 1280 px (e.g. a ``vitlens demo`` run).
+``report.png`` / ``report-1920.png``: ``RUN_DIR/report.html`` rendered by headless Chromium at 1280 and 1920 px
+(e.g. a ``vitlens demo`` run).
+
+Every map is drawn as ``vitlens explain`` draws it: by what its method's values mean (signed on a diverging scale,
+non-negative from 0), pixel-level methods on a grey copy of the image, at the default resolution (every panel at
+least the model's input size).
 """
 
 from __future__ import annotations
@@ -38,10 +43,8 @@ def grid() -> Path:
         prob, pred = model(x).softmax(-1).max(-1)
     captions = [f"predicted {names[int(c)]}, p = {float(p):.2f}; true {names[int(t)]}"
                 for c, p, t in zip(pred, prob, scenes.labels)]
-    classes = vitlens.explainers.registry.method_classes()
-    styles = {m: viz.default_style(classes[m].level) for m in METHODS}  # as vitlens explain draws them
     return viz.save_grid(OUT / "grid.png", denormalize(x, model), maps, captions=captions,
-                         row_labels=[f"scene {i}" for i in range(4)], col_size=1.8, styles=styles,
+                         row_labels=[f"scene {i}" for i in range(4)], col_size=1.8,
                          metadata={"command": "python scripts/docs_pictures.py", "model": "shapes-vit"})
 
 
@@ -60,20 +63,21 @@ def overlay() -> Path:
     label = model_class_names(model)[int(exp.targets[0])]
     placed = viz.map_to_original(exp.maps[0].numpy(), original.shape[:2], cfg)
     return viz.save_figure(OUT / "overlay.png", original, placed, title="Grad-CAM (EfficientNet-Lite0)",
+                           method="gradcam", min_panel_px=max(cfg.size_hw),
                            caption=f"{label} (class {int(exp.targets[0])}), p = {prob:.2f}; on the original "
                                    f"{original.shape[1]}×{original.shape[0]} photo (uncoloured: cropped away)",
                            metadata={"command": "python scripts/docs_pictures.py", "photo": name})
 
 
-def report(run_dir: Path) -> Path:
+def report(run_dir: Path, width: int = 1280) -> Path:
     browser = shutil.which("chromium") or shutil.which("chromium-browser")
     if browser is None:
         raise SystemExit("chromium not found (apt-get install chromium)")
-    out = OUT / "report.png"
+    out = OUT / ("report.png" if width == 1280 else f"report-{width}.png")
     with tempfile.TemporaryDirectory() as profile:
         subprocess.run([browser, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
                         "--disable-component-update", "--disable-sync", "--no-first-run", "--hide-scrollbars",
-                        f"--user-data-dir={profile}", "--window-size=1280,2400", f"--screenshot={out}",
+                        f"--user-data-dir={profile}", f"--window-size={width},2400", f"--screenshot={out}",
                         (run_dir / "report.html").resolve().as_uri()],
                        check=True, capture_output=True, timeout=180)
     return out
@@ -92,6 +96,7 @@ def main() -> None:
         print(overlay())
     if args.report is not None and args.only in (None, "report"):
         print(report(args.report))
+        print(report(args.report, 1920))
 
 
 if __name__ == "__main__":

@@ -38,7 +38,7 @@ def colorbar_label(mode: str, units: str = "relevance", value_kind: str | None =
     if mode == "signed":
         return f"{units}: blue against the class, red for it, white = 0"
     if mode == "positive":
-        return f"{units} (≥ 0): from 0 to highest"
+        return f"{units} (≥ 0): 0 to highest"
     if mode == "abs":
         return f"|{units}|, sign ignored"
     if mode == "minmax":
@@ -87,9 +87,10 @@ def clip_note(scale: Scale, units: str = "relevance", relative: bool = False, be
     if (low or high) and scale.clip is not None:
         what = f"|{units}|" if scale.mode in ("signed", "abs") else units
         if relative:
-            notes.append(f"each map's scale ends at its {scale.clip:g}th percentile of {what}, beyond: arrows")
+            notes.append(f"ends at its {scale.clip:g}th percentile (arrows: beyond)")
         else:
-            rng = f"{_num(scale.data_min)} to {_num(scale.data_max)}"
+            (lo, hi), factor = tick_labels([scale.data_min, scale.data_max])
+            rng = f"{lo} to {hi}" + (f" {factor}" if factor else "")
             notes.append(f"scale ends at the {scale.clip:g}th percentile of {what} (values {rng}; beyond: arrows)")
     if scale.mode == "positive" and (below_zero or scale.data_min < 0):
         notes.append("values below 0 drawn as 0" + ("" if relative else f" (min {_num(scale.data_min)})"))
@@ -170,7 +171,7 @@ def add_colorbar(fig: Figure, axes: Any, cmap: Colormap, scale: Scale, units: st
     shown = _kind_units(units, value_kind)
     label = colorbar_label(scale.mode, units, value_kind) + (f" ({factor})" if factor else "")
     if relative:
-        label += "; each map scaled on its own"
+        label += "; each map on its own scale"
     note = clip_note(scale, shown, relative, below_zero, (low, high))
     if note and with_note:
         label += "; " + note
