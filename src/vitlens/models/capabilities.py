@@ -10,8 +10,8 @@ from __future__ import annotations
 
 __all__ = ["ATTENTION", "BLOCK_IO", "TOKEN_SEQUENCE", "WINDOWS", "CLASS_ATTENTION", "STAGES", "LRP_LINEARS",
            "LRP_VARIANT_LINEARS", "MASK_UNITS", "POOLING_ATTENTION", "PARTITION_ATTENTION", "STREAM_HEAD",
-           "LINEAR_HEAD", "TOKENS", "FEATURES", "FEATURE_MAPS", "TOKEN_GRID", "CLASS_LOGITS", "PIXEL_LOGITS",
-           "DESCRIPTIONS", "describe_need"]
+           "LINEAR_HEAD", "TOKENS", "ATTENTION_MASK", "FEATURES", "FEATURE_MAPS", "TOKEN_GRID", "CLASS_LOGITS",
+           "PIXEL_LOGITS", "DESCRIPTIONS", "describe_need"]
 
 #: per-block attention probabilities, part of the autograd graph (explicit attention; ``Recording.blocks[i].attn``)
 ATTENTION = "attention"
@@ -46,6 +46,9 @@ LINEAR_HEAD = "linear_head"
 STREAM_HEAD = "stream_head"
 #: running on a subset of patch tokens after the position embeddings (``keep_tokens()``)
 TOKENS = "tokens"
+#: an additive attention mask accepted by every block (timm ``forward_features(x, attn_mask=...)``) and a class-token
+#: or mean-pooled readout, so patches can be held out of the whole forward (ViT-Shapley's surrogate)
+ATTENTION_MASK = "attention_mask"
 #: feature layers in token layout ``(B, T, D)`` (``feature_layers()``; Grad-CAM's target layers)
 FEATURES = "features"
 #: multi-depth features readable as ``(B, C, h, w)`` maps or token blocks (the AHA decoder's input)
@@ -74,6 +77,7 @@ DESCRIPTIONS = {
     LINEAR_HEAD: "a classifier head reading the final readout tokens directly",
     STREAM_HEAD: "the model's final norm, readout and head applied to the residual stream after any block",
     TOKENS: "running on a subset of the patch tokens",
+    ATTENTION_MASK: "an attention mask through every block and a class-token or mean-pooled readout",
     FEATURES: "feature layers in token layout",
     FEATURE_MAPS: "multi-depth feature maps",
     TOKEN_GRID: "a patch-token grid",

@@ -8,8 +8,8 @@ from typing import Any, Iterator, Sequence
 from torch import Tensor, nn
 
 from ..errors import InputError, UnsupportedModelError
-from .capabilities import (ATTENTION, BLOCK_IO, CLASS_LOGITS, FEATURE_MAPS, FEATURES, LINEAR_HEAD, LRP_LINEARS,
-                           LRP_VARIANT_LINEARS, STREAM_HEAD, TOKEN_GRID, TOKEN_SEQUENCE, TOKENS)
+from .capabilities import (ATTENTION, ATTENTION_MASK, BLOCK_IO, CLASS_LOGITS, FEATURE_MAPS, FEATURES, LINEAR_HEAD,
+                           LRP_LINEARS, LRP_VARIANT_LINEARS, STREAM_HEAD, TOKEN_GRID, TOKEN_SEQUENCE, TOKENS)
 from ._timm_block_variants import block_linears, variant_of
 from ._probabilities_backward import ProbabilitiesInBackward
 from ._readout import readout_only
@@ -50,7 +50,7 @@ class TimmViTAdapter(Adapter):
 
     family = "timm-vit"
     capabilities = frozenset({CLASS_LOGITS, ATTENTION, BLOCK_IO, TOKEN_SEQUENCE, LRP_LINEARS, LRP_VARIANT_LINEARS,
-                              LINEAR_HEAD, STREAM_HEAD, TOKENS, FEATURES, FEATURE_MAPS, TOKEN_GRID})
+                              LINEAR_HEAD, STREAM_HEAD, TOKENS, ATTENTION_MASK, FEATURES, FEATURE_MAPS, TOKEN_GRID})
 
     @staticmethod
     def matches(model: nn.Module) -> bool:
@@ -78,6 +78,11 @@ class TimmViTAdapter(Adapter):
             self.patch_size = (self.default_size[0] // int(grid[0]), self.default_size[1] // int(grid[1]))
         self.any_size = self.dynamic or self.default_size is None
         self._declare_lrp()
+        pool = getattr(model, "global_pool", "token")
+        if pool not in ("token", "avg") or isinstance(getattr(model, "attn_pool", None), nn.Module):
+            self.capabilities = self.capabilities - {ATTENTION_MASK}
+            self.capability_notes = {**self.capability_notes, ATTENTION_MASK: f"the readout global_pool={pool!r} is "
+                                     "not restricted to the visible tokens here (only 'token' and 'avg' are)"}
 
     def _check_blocks(self) -> None:
         """Raise :class:`UnsupportedModelError` unless every block is one this adapter reads."""
