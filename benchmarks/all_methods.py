@@ -34,6 +34,7 @@ REDUCED = {
     "rise": {"n_masks": 500},
     "tis": {"n_masks": 256},
     "integrated_gradients": {"n_steps": 16},
+    "libragrad_ig": {"n_steps": 16},
     "smoothgrad": {"n": 16},
     "mda": {"n_regions": 16},
 }
@@ -43,14 +44,16 @@ ID = ("insertion_deletion", {"preset": "aha"})
 POINTING = ("pointing_game", {"tolerance": 4})
 POSNEG = ("pos_neg_perturbation", {})
 VIOLATION = ("faithfulness_violation", {})
+SACO = ("saco", {})  # Wu et al., CVPR 2024: groups perturbed one at a time (docs/metrics.md)
 
 #: model → (data spec, metrics, description of the data)
 SETUPS = {
-    "shapes-vit": ("scenes:seed=2026", [ID, POINTING, POSNEG, VIOLATION], "fresh synthetic scenes (seed 2026)"),
-    "shapes-deit": ("scenes:seed=2026", [ID, POINTING, POSNEG, VIOLATION], "fresh synthetic scenes (seed 2026)"),
-    "shapes-vit-gap-reg": ("scenes:seed=2026", [ID, POINTING, POSNEG, VIOLATION],
+    "shapes-vit": ("scenes:seed=2026", [ID, POINTING, POSNEG, VIOLATION, SACO], "fresh synthetic scenes (seed 2026)"),
+    "shapes-deit": ("scenes:seed=2026", [ID, POINTING, POSNEG, VIOLATION, SACO],
+                    "fresh synthetic scenes (seed 2026)"),
+    "shapes-vit-gap-reg": ("scenes:seed=2026", [ID, POINTING, POSNEG, VIOLATION, SACO],
                            "fresh synthetic scenes (seed 2026)"),
-    "digits-vit": ("mnist5k:split=test", [ID, POSNEG, VIOLATION], "the held-out MNIST-5k test split"),
+    "digits-vit": ("mnist5k:split=test", [ID, POSNEG, VIOLATION, SACO], "the held-out MNIST-5k test split"),
     # a CNN has no patches: the violation metric perturbs 32-px cells, the network's total stride (7×7 at 224 px)
     "efficientnet_lite0": ("photos", [ID, ("faithfulness_violation", {"patch_size": 32})],
                            "the real photographs bundled in wheels"),
@@ -101,6 +104,7 @@ def main(argv: list[str] | None = None) -> int:
         "pointing_game": "pointing game (4 px) and energy inside the object mask",
         "pos_neg_perturbation": "positive/negative perturbation (Chefer)",
         "faithfulness_violation": "faithfulness violation (top-1 patch)",
+        "saco": "SaCo (10 pixel groups by salience, each replaced alone by the image's channel mean, probability)",
     }
     for m, settings in metrics:
         if m == "faithfulness_violation" and "patch_size" in settings:

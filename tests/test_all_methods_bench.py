@@ -24,7 +24,7 @@ def test_vit_table(script, tmp_path: Path) -> None:
     text = doc.read_text()
     assert text.startswith("# All methods on `shapes-vit`")
     # the table names methods as a paper would (display names); code names stay in files and JSON
-    for needle in ("| GradSkip |", "| Random |", "pointing game", "violation ↓", "Command: `python"):
+    for needle in ("| GradSkip |", "| Random |", "pointing game", "violation ↓", "SaCo ↑", "Command: `python"):
         assert needle in text, needle
 
 
