@@ -1,8 +1,14 @@
 """Golden outputs: every registered method and every metric on fixed tiny inputs, pinned to stored values.
 
 The fixture ``tests/golden/outputs.pt`` was generated from the code before the structural refactor of issue #11
-(behaviour must stay identical). Regenerate it only for an intended change of results:
-``VITLENS_WRITE_GOLDEN=1 python -m pytest tests/test_golden.py`` (then say why in the commit message).
+(behaviour must stay identical). Write into it only for an intended change of results (then say why in the commit
+message):
+
+- a new method, or an intended change of one: ``VITLENS_WRITE_GOLDEN=mymethod python -m pytest tests/test_golden.py``
+  adds or refreshes the cases of the named methods only (comma-separated names; a method's cases are
+  ``<setting>/<method>``: ``vit/mymethod`` and any setting the file adds for it); every other stored value is kept as
+  it was, so nothing else is re-pinned;
+- ``VITLENS_WRITE_GOLDEN=1`` rewrites the whole fixture (an intended change of everything, e.g. a new torch rounding).
 """
 
 from __future__ import annotations
@@ -33,7 +39,9 @@ from vitlens.targets import ClassProbability, Contrast, SegmentationTarget
 from conftest import assert_close_at_scale, tiny_vit
 
 GOLDEN = Path(__file__).parent / "golden" / "outputs.pt"
-WRITE = os.environ.get("VITLENS_WRITE_GOLDEN") == "1"
+WRITE = os.environ.get("VITLENS_WRITE_GOLDEN", "")
+#: the methods whose cases VITLENS_WRITE_GOLDEN=name[,name] adds or refreshes (empty: none, or all with "1")
+WRITE_ONLY = frozenset(n.strip() for n in WRITE.split(",") if n.strip()) - {"1"}
 #: values that are a difference of larger terms, and where those terms' scale is (conftest's assert_close_at_scale:
 #: rounding follows the terms, not the small difference): the remainder is the score minus what the map holds; the
 #: faithfulness violation's deltas are differences of the tiny ViT's logits, whose scale the scores of the same
@@ -94,7 +102,7 @@ def _methods_on_tiny_vit() -> dict[str, dict[str, torch.Tensor]]:
     out["vit-prob/gradient"] = _fields(_method("gradient", model, x, target=ClassProbability(0)))
     # prefix-token variants of a few methods
     for label, m in {"gap+reg": tiny_vit(class_token=False, global_pool="avg", reg_tokens=2)}.items():
-        for name in ("gradskip", "attnlrp", "rollout", "gae"):
+        for name in ("gradskip", "attnlrp", "rollout", "gae", "transformer_attribution"):
             out[f"{label}/{name}"] = _fields(_method(name, m, x))
     return out
 
@@ -165,14 +173,30 @@ def _metrics() -> dict[str, dict[str, torch.Tensor]]:
     return {k: {n: v.detach().cpu().clone() for n, v in d.items()} for k, d in out.items()}
 
 
+#: the cases that are one method's outputs (``<setting>/<method>``), filled by :func:`_compute`
+METHOD_CASES: set[str] = set()
+
+
 def _compute() -> dict[str, dict[str, torch.Tensor]]:
     torch.manual_seed(0)
     out = {}
     out.update(_methods_on_tiny_vit())
     out.update(_methods_on_segformer())
     out.update(_methods_on_shapes_vit())
+    METHOD_CASES.update(out)
     out.update(_metrics())
     return out
+
+
+def merged(stored: dict[str, dict[str, torch.Tensor]], computed: dict[str, dict[str, torch.Tensor]],
+           methods: frozenset[str]) -> dict[str, dict[str, torch.Tensor]]:
+    """``stored`` with the cases of ``methods`` (``<setting>/<method>`` among :data:`METHOD_CASES`) added or
+    replaced by their ``computed`` values; every other case is kept as stored."""
+    unknown = sorted(methods - set(vitlens.methods()))
+    if unknown:
+        raise SystemExit(f"VITLENS_WRITE_GOLDEN: no registered method {', '.join(unknown)}")
+    mine = {case for case in computed if case in METHOD_CASES and case.rpartition("/")[2] in methods}
+    return {**stored, **{case: computed[case] for case in mine}}
 
 
 @pytest.fixture(scope="module")
@@ -189,9 +213,12 @@ def computed() -> dict[str, dict[str, torch.Tensor]]:
 
 @pytest.fixture(scope="module")
 def golden(computed) -> dict[str, dict[str, torch.Tensor]]:
-    if WRITE:
+    if WRITE == "1":
         GOLDEN.parent.mkdir(exist_ok=True)
         torch.save(computed, GOLDEN)
+    elif WRITE_ONLY:
+        stored = torch.load(GOLDEN, weights_only=True) if GOLDEN.exists() else {}
+        torch.save(merged(stored, computed, WRITE_ONLY), GOLDEN)
     return torch.load(GOLDEN, weights_only=True)
 
 
@@ -246,3 +273,19 @@ def test_architecture_doc_shows_the_real_method_file():
     doc = (root / "docs" / "architecture.md").read_text(encoding="utf-8")
     source = (root / "src" / "vitlens" / "explainers" / "gae.py").read_text(encoding="utf-8")
     assert f"```python\n{source}```" in doc
+
+
+def test_writing_one_method_keeps_every_other_stored_value(computed, golden):
+    """``VITLENS_WRITE_GOLDEN=gae`` replaces the cases of GAE (``vit/gae``, ``gap+reg/gae``) and nothing else: a
+    newcomer's method is added without re-pinning any other method's fields (not even the metric case named after a
+    method, ``insertion_deletion/aha``)."""
+    shifted = {case: {f: (v + 1 if v.is_floating_point() else v) for f, v in fields.items()}
+               for case, fields in computed.items()}
+    out = merged(golden, shifted, frozenset({"gae", "aha"}))
+    assert sorted(out) == sorted(golden)
+    changed = {case for case in out if out[case] is not golden[case]}
+    assert changed == {"vit/gae", "gap+reg/gae", "vit/aha"}
+    new = {case: fields for case, fields in computed.items() if case != "vit/random"}
+    assert "vit/random" in merged({}, computed, frozenset({"random"})) and not merged({}, new, frozenset({"random"}))
+    with pytest.raises(SystemExit, match="no registered method nosuch"):
+        merged(golden, computed, frozenset({"nosuch"}))

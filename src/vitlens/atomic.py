@@ -15,7 +15,7 @@ from typing import Any, Iterator
 
 from .pause import pause_point
 
-__all__ = ["atomic_path", "write_text", "write_bytes", "save_torch", "temp_name"]
+__all__ = ["atomic_path", "write_text", "write_bytes", "save_torch", "temp_name", "write_failure"]
 
 
 def temp_name(path: str | os.PathLike) -> Path:
@@ -70,9 +70,30 @@ def save_torch(obj: Any, path: str | os.PathLike) -> Path:
     try:
         with atomic_path(path) as tmp:
             torch.save(obj, tmp)
-    except RuntimeError as e:  # torch's writer reports a full disk as "PytorchStreamWriter failed writing file ..."
-        if "PytorchStreamWriter" not in str(e) and "write" not in str(e):
+    except RuntimeError as e:
+        # torch's zip writer reports a full disk as "PytorchStreamWriter failed writing file ..." or, when the write
+        # comes up short, "[enforce fail at inline_container.cc:…] . unexpected pos 576 vs 534"
+        text = str(e)
+        if not any(s in text for s in ("PytorchStreamWriter", "inline_container", "unexpected pos", "write")):
             raise
-        why = (str(e).splitlines() or ["write failed"])[0][:120]
-        raise OSError(errno.EIO, f"write failed, is the disk full? ({why})", str(path)) from None
+        raise write_failure(path, text) from None
     return Path(path)
+
+
+def write_failure(path: str | os.PathLike, detail: str) -> OSError:
+    """The :class:`OSError` for a write of ``path`` that a library reported in its own words (``detail``): it names
+    the file and the disk, and says when that disk is (nearly) full (``ENOSPC``), else ``EIO``."""
+    import errno
+    import shutil
+
+    folder = Path(path).parent
+    try:
+        free = shutil.disk_usage(folder).free
+    except OSError:
+        free = None
+    why = " ".join((detail.splitlines() or ["write failed"])[0].split())[:120]
+    if free is not None and free < 1 << 20:
+        return OSError(errno.ENOSPC, f"disk full: {free:,} bytes free on the disk holding {folder}; free space or "
+                                     f"choose another folder ({why})", str(path))
+    room = "" if free is None else f", {free:,} bytes free now"
+    return OSError(errno.EIO, f"write failed (disk full? the disk holding {folder}{room}) ({why})", str(path))

@@ -51,6 +51,9 @@ def _as_class_tensor(classes: ClassSpec, logits: Tensor, what: str) -> Tensor:
                               f"(valid: 0..{k - 1})")
         idx = torch.full((b,), classes, dtype=torch.long, device=logits.device)
     else:
+        if isinstance(classes, Tensor) and classes.device.type == "meta":
+            raise TargetError(f"{what}: the class indices are a tensor on the 'meta' device (a shape, no values); "
+                              "pass them on the CPU or the model's device")
         try:
             idx = torch.as_tensor(classes, device=logits.device)
         except (TypeError, ValueError) as e:
@@ -390,6 +393,9 @@ def make_target(spec: TargetSpec) -> Target:
             ) from None
     if isinstance(spec, float):
         raise TargetError(f"a class index must be an int, got the float {spec}")
+    if isinstance(spec, Tensor) and spec.device.type == "meta":
+        raise TargetError("the target is a tensor on the 'meta' device (a shape, no values): pass the class indices "
+                          "on the CPU or the model's device")
     return ClassLogit(spec)
 
 

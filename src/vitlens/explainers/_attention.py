@@ -14,7 +14,7 @@ from ..errors import InputError, UnsupportedModelError
 from ..models import Adapter
 from .base import Explainer, image_size
 
-__all__ = ["readout_row", "relevance_rollout", "token_map", "fuse_heads", "discard_lowest", "FUSIONS", "DISCARD_PER"]
+__all__ = ["readout_row", "rollout_row", "relevance_rollout", "token_map", "fuse_heads", "discard_lowest", "FUSIONS", "DISCARD_PER"]
 
 
 def readout_row(joint: Tensor, readout: tuple[int, ...] | None, num_prefix: int) -> Tensor:
@@ -26,6 +26,22 @@ def readout_row(joint: Tensor, readout: tuple[int, ...] | None, num_prefix: int)
     if readout is None:
         return joint[:, num_prefix:].mean(dim=1)
     return joint[:, list(readout)].mean(dim=1)
+
+
+def rollout_row(maps: Sequence[Tensor], readout: tuple[int, ...] | None, num_prefix: int) -> Tensor:
+    """The readout row ``(B, T)`` of the rollout ``R = (I + M_L) ⋯ (I + M_1)`` (:func:`relevance_rollout`; GAE and
+    transformer attribution).
+
+    On a pooled readout the identity's share is left out (the row of ``R − I``): it is ``1/N`` on every patch token
+    whatever the image and the class — each token's own path through the skip connections, which the average pool
+    weighs equally — and it dwarfs the attention terms (``~1e-7`` on a tiny ViT), so the map would be a constant
+    ``1/N``. On a readout token that share lands on the readout token itself, outside the map, and the map is the
+    row of ``R − I`` there too.
+    """
+    joint = relevance_rollout(maps)
+    if readout is None:
+        joint = joint - torch.eye(joint.shape[-1], device=joint.device, dtype=joint.dtype)
+    return readout_row(joint, readout, num_prefix)
 
 
 def token_map(adapter: Adapter, row: Tensor, x: Tensor) -> tuple[Tensor, Tensor]:

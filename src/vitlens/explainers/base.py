@@ -382,6 +382,7 @@ class Explainer(Method):
                 return self.explain(model, x, target, batch_size)
         adapter = get_adapter(model)
         check(adapter, self)  # the one refusal path: what the method needs and the adapter lacks
+        _refuse_meta_parameters(adapter.model)
         _refuse_inference_parameters(adapter.model)
         x = validate_batch(x)
         self.check_input_options(tuple(x.shape))
@@ -439,6 +440,16 @@ class Explainer(Method):
         )
 
     __call__ = explain
+
+
+def _refuse_meta_parameters(model: nn.Module) -> None:
+    """One line for a model built on the 'meta' device (shapes only: ``torch.device('meta')``, ``init_empty_weights``,
+    ``timm.create_model(..., device='meta')``): it has no weights to run, so nothing can be explained."""
+    for name, t in [*model.named_parameters(), *model.named_buffers()]:
+        if t.device.type == "meta":
+            raise InputError(f"the model's {'parameter' if isinstance(t, nn.Parameter) else 'buffer'} {name} is on the "
+                             "'meta' device (a shape, no values): the model has no weights to run; load them first "
+                             "(e.g. model.to_empty(device='cpu') then load_state_dict(...))")
 
 
 def _refuse_inference_parameters(model: nn.Module) -> None:

@@ -14,7 +14,7 @@ from ..models import Adapter
 from ..models.base import recorded
 from ..models.capabilities import ATTENTION, CLASS_ATTENTION, TOKEN_SEQUENCE, WINDOWS
 from ..targets import Target
-from ._attention import readout_row, relevance_rollout, token_map
+from ._attention import relevance_rollout, rollout_row, token_map
 from .base import Attribution, Explainer, image_size
 from .registry import register
 
@@ -57,6 +57,6 @@ class GAE(Explainer):
             patches, _ = class_attention_row(start, [m.float()[:, 0] for m in maps[n_sa:]],
                                              [m.float() for m in maps[:n_sa]], add=True)
             return Attribution(values=self.on_grid(adapter, patches, image_size(x))), logits.detach(), tgt
-        row = readout_row(relevance_rollout(maps), adapter.readout_tokens, adapter.num_prefix_tokens)
+        row = rollout_row(maps, adapter.readout_tokens, adapter.num_prefix_tokens)
         values, _ = token_map(adapter, row, x)
         return Attribution(values=values), logits.detach(), tgt

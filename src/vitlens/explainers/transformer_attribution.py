@@ -20,7 +20,7 @@ from ..models import Adapter
 from ..models.base import Recording, recorded
 from ..models.capabilities import ATTENTION, BLOCK_IO, LINEAR_HEAD, LRP_LINEARS, LRP_VARIANT_LINEARS, TOKEN_SEQUENCE
 from ..targets import Target
-from ._attention import readout_row, relevance_rollout, token_map
+from ._attention import rollout_row, token_map
 from ._lrp import BlockLinears, LinearTaps
 from ._lrp_variants import VariantRules, gate_value_weights, normed
 from ..options import number
@@ -180,7 +180,7 @@ class TransformerAttribution(Explainer):
             grads = self.gradients(tgt(logits), [recorded(blk.attn, "attention") for blk in rec.blocks] + [logits])
         with torch.no_grad():
             cams, totals = self._sweep(adapter, rec, taps, logits.detach(), grads[-1], grads[:-1], alpha)
-            row = readout_row(relevance_rollout(cams), adapter.readout_tokens, adapter.num_prefix_tokens)
+            row = rollout_row(cams, adapter.readout_tokens, adapter.num_prefix_tokens)
         values, _ = token_map(adapter, row, x)
         extras = {"lrp_totals": totals}
         return Attribution(values=values, extras=extras), logits.detach(), tgt

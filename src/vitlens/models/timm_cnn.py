@@ -28,6 +28,18 @@ def _pool_module(model: nn.Module) -> nn.Module | None:
     return pool if isinstance(pool, nn.Module) else None
 
 
+def _attention_inside(model: nn.Module) -> str | None:
+    """The class name of the first token-mixing attention module inside a convolutional model (MobileViT's,
+    Visformer's and FastViT's ``Attention``, DaViT's ``WindowAttention``, GC ViT's ``WindowAttentionGlobal``, Next-ViT's
+    ``EfficientAttention``), or ``None`` for a plain CNN (channel gates such as squeeze-and-excitation do not count)."""
+    for m in model.modules():
+        name = type(m).__name__
+        if isinstance(m, nn.MultiheadAttention) or "Attention" in name or isinstance(getattr(m, "qkv", None),
+                                                                                   (nn.Linear, nn.Conv2d)):
+            return name
+    return None
+
+
 class TimmCNNAdapter(Adapter):
     """timm CNN classifiers with a global-pool head (features: the pooled feature map)."""
 
@@ -62,9 +74,19 @@ class TimmCNNAdapter(Adapter):
         self.pool = pool
         self.in_chans = None
         first = getattr(model, "pretrained_cfg", {}).get("first_conv") if hasattr(model, "pretrained_cfg") else None
-        if first:
-            mod = self.model.get_submodule(first) if hasattr(model, "get_submodule") else None
+        if isinstance(first, (tuple, list)):  # FastViT names its stem's parallel branches
+            first = first[0] if first else None
+        if isinstance(first, str) and first:
+            try:
+                mod = self.model.get_submodule(first)
+            except AttributeError:  # a config that names no module of this model: the channels stay unknown
+                mod = None
             self.in_chans = getattr(mod, "in_channels", None)
+        attention = _attention_inside(model)
+        if attention is not None:  # a hybrid: attention in its stages, which no adapter of vitlens reads
+            why = (f"vitlens has no adapter that reads {type(model).__name__}'s attention ({attention} in its "
+                   "stages): it is read like a CNN, through its last feature map only")
+            self.capability_notes = {**self.capability_notes, **{c: why for c in self.capability_notes}}
 
     def feature_layers(self) -> list[nn.Module]:
         """One feature layer: the final feature map (the input of the global pool). ``blocks()`` is not defined:

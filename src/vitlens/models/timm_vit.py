@@ -83,6 +83,20 @@ class TimmViTAdapter(Adapter):
             self.capabilities = self.capabilities - {ATTENTION_MASK}
             self.capability_notes = {**self.capability_notes, ATTENTION_MASK: f"the readout global_pool={pool!r} is "
                                      "not restricted to the visible tokens here (only 'token' and 'avg' are)"}
+        if isinstance(getattr(model, "attn_pool", None), nn.Module):  # global_pool='map' (SigLIP, so150m)
+            self._declare_attention_pool()
+
+    def _declare_attention_pool(self) -> None:
+        """An attention-pool head (``global_pool='map'``: a learned query attends over the tokens, then an MLP) is
+        read by the model's forward like any other layer, but it is no linear map on the final readout tokens, and no
+        LRP rule here goes through its attention and MLP: the LRP capabilities and the linear head are not claimed
+        (what the gradient methods and the attention of the blocks give still holds)."""
+        why = ("the attention-pool head (global_pool='map') reads the tokens through its own attention and MLP, which "
+               "no LRP rule here propagates through")
+        self.capabilities = self.capabilities - {LRP_LINEARS, LRP_VARIANT_LINEARS, LINEAR_HEAD}
+        self.capability_notes = {**self.capability_notes, LRP_LINEARS: why, LRP_VARIANT_LINEARS: why,
+                                 LINEAR_HEAD: "the classifier reads an attention pool's output (global_pool='map'), "
+                                              "not the final readout tokens"}
 
     def _check_blocks(self) -> None:
         """Raise :class:`UnsupportedModelError` unless every block is one this adapter reads."""
