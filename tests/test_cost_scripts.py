@@ -36,6 +36,17 @@ def test_method_cost_table_lists_declared_and_counted_passes(tmp_path):
     assert "fast: n_masks=24" in md
 
 
+def test_method_cost_floor_and_memory_columns(tmp_path):
+    """--floor times the forward + backward floor in every repeat, --memory runs each row in a fresh subprocess."""
+    script = load_benchmark("method_cost")
+    res = script.main(["--models", TINY, "--methods", "legrad,libragrad_inputxgradient", "--batch", "2",
+                       "--repeats", "1", "--floor", "--memory", "--out", str(tmp_path / "cost.md")])
+    for r in res["rows"]:
+        assert math.isfinite(r["x_floor"]) and r["x_floor"] > 0 and r["floor_ms"] > 0
+        assert r["peak_mib"] >= 0 and r["floor_peak_mib"] > 0
+    assert "× floor | peak MiB | mem × floor |" in res["markdown"] and "forward + backward floor" in res["markdown"]
+
+
 LXT = os.environ.get("VITLENS_LXT_PYTHON") or (
     str(BENCH.parent / ".venv-lxt" / "bin" / "python") if (BENCH.parent / ".venv-lxt").exists() else None)
 
