@@ -103,3 +103,14 @@ def test_train_aha_validation_has_its_own_progress(tmp_path: Path, capsys) -> No
     res = train_aha(tiny_target(), tiny_data(), tmp_path, steps=2, progress=True, **FAST)
     err = capsys.readouterr().err
     assert "validation" in err and res.validation is not None
+
+
+def test_report_captions_of_a_random_model_are_no_prediction(tmp_path: Path) -> None:
+    from vitlens.bench.report_figures import _caption, random_weights
+
+    (tmp_path / "provenance.json").write_text(json.dumps({"model": {"pretrained": False, "weights_file": None}}))
+    assert random_weights(tmp_path)
+    text = _caption((0, 3, 0.0029, None), "predicted", None, random_weights=True)
+    assert "random weights" in text and "not a prediction" in text and "predicted:" not in text
+    (tmp_path / "provenance.json").write_text(json.dumps({"model": {"pretrained": None, "weights_file": "w.pt"}}))
+    assert not random_weights(tmp_path)

@@ -114,10 +114,13 @@ def plot_curves(run_dir: Path, order: list[str], show: list[str] | None = None, 
     return path
 
 
-def _caption(pred: tuple | None, target: str, names: list[str] | None) -> str:
+def _caption(pred: tuple | None, target: str, names: list[str] | None, random_weights: bool = False) -> str:
+    """The model's answer for an image; a model with random weights gives no prediction, and is said to."""
     if pred is None:
         return ""
     _, predicted, prob, label = pred
+    if random_weights:
+        return f"random weights: highest score class {int(predicted)}, p\u00a0=\u00a0{float(prob):.2f} (not a prediction)"
 
     def name(c: int) -> str:
         return names[c] if names and 0 <= c < len(names) else f"class {c}"
@@ -173,17 +176,25 @@ def plot_examples(run_dir: Path, methods: list[str], class_names: list[str] | No
         if all(f.exists() for f in files):
             maps[m] = [stored_array(f) for f in files]
     preds = {int(r[0]): r for r in read_rows(run_dir / "results.sqlite", "SELECT * FROM predictions")}
-    captions = [_caption(preds.get(i), target, class_names) for i in idx]
+    untrained = random_weights(run_dir)
+    captions = [_caption(preds.get(i), target, None if untrained else class_names, untrained) for i in idx]
     path = (dest or run_dir) / "examples.png"
-    from ..explainers.registry import method_classes
-    from ..viz import default_style
-
-    classes = method_classes()
-    styles = {m: default_style(classes[m.partition("[")[0]].level) for m in maps if m.partition("[")[0] in classes}
+    # each method drawn by its declared value kind and default style, as vitlens explain draws it
     save_grid(str(path), pix, maps, row_labels=[f"image {i}" for i in idx],
-              captions=captions if any(captions) else None, col_size=_COL_INCHES, styles=styles,
-              text_size=grid_text_size(1 + len(maps)))
+              captions=captions if any(captions) else None, col_size=_COL_INCHES,
+              text_size=grid_text_size(1 + len(maps)), dpi=100)
     return path
+
+
+def random_weights(run_dir: Path) -> bool:
+    """Whether the run's model had random weights (``pretrained=False`` and no weights file, from its
+    ``provenance.json``): its class scores are then no prediction."""
+    try:
+        record = json.loads((Path(run_dir) / "provenance.json").read_text())
+        model = record.get("model", {}) if isinstance(record, dict) else {}
+        return model.get("pretrained") is False and not model.get("weights_file")
+    except (OSError, ValueError, AttributeError):
+        return False
 
 
 _COL_INCHES = 1.9  # edge of one cell of the examples grid
