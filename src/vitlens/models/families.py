@@ -135,6 +135,11 @@ def _sharpen(model: nn.Module, gain: float = 3.0) -> nn.Module:
 FAMILIES: list[Family] = [
     Family("timm ViT", "timm VisionTransformer (ViT, DeiT, DeiT3, DINOv2, CLIP, SigLIP, registers)",
            _timm("vit_tiny_patch16_224")),
+    Family("timm ViT pooled", "timm VisionTransformer(global_pool='avg'), no CLS token (vit_*_gap_*: token-mean "
+                              "readout)", _timm("vit_medium_patch16_gap_256")),
+    Family("timm ViT attention pool", "timm VisionTransformer(global_pool='map'): a learned query attends over the "
+                                      "tokens, then an MLP (SigLIP vit_*_siglip_*, so150m)",
+           _timm("vit_base_patch16_siglip_224")),
     Family("timm DeiT distilled", "timm VisionTransformerDistilled", _timm("deit_tiny_distilled_patch16_224")),
     Family("timm ViT + qk_norm", "timm VisionTransformer(qk_norm=True): LayerNorm on queries and keys",
            _timm("vit_tiny_patch16_224", qk_norm=True)),
