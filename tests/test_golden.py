@@ -28,6 +28,7 @@ from vitlens.metrics import (
     Evidence,
     PointingGame,
     PositiveNegativePerturbation,
+    SaCo,
     Segmentation,
     metric_names,
     randomisation_check,
@@ -154,6 +155,8 @@ def _metrics() -> dict[str, dict[str, torch.Tensor]]:
         "faithfulness_violation/k1": FaithfulnessViolation(data_config=dc),
         "faithfulness_violation/k5-pixel": FaithfulnessViolation(5, patch_size=1, score="logit", baseline="blur",
                                                                  data_config=dc),
+        "saco/default": SaCo(data_config=dc),
+        "saco/patch-logit-black": SaCo(4, granularity="patch", score="logit", baseline="black", data_config=dc),
     }
     for key, metric in metrics.items():
         r = metric(maps, model=model, x=x, targets=targets)
