@@ -21,7 +21,7 @@ from .capabilities import LRP_LINEARS, TOKENS
 from ._fused_calls import install
 from .base import Adapter, Recording, int_pair
 
-__all__ = ["TimmEvaAdapter", "TimmBeitAdapter", "TimmRelPosAdapter", "REFUSED"]
+__all__ = ["TimmEvaAdapter", "TimmBeitAdapter", "TimmRelPosAdapter", "REFUSED", "patch_embedding"]
 
 #: timm / HF class name → why relevance propagation is not offered (model-agnostic methods still work).
 REFUSED = {
@@ -41,9 +41,25 @@ def _timm_class(module_name: str, class_name: str) -> type | None:
     return getattr(mod, class_name, None)
 
 
+def patch_embedding(model: nn.Module) -> nn.Module:
+    """The patch embedding of a single-sequence model: the module timm names ``patch_embed`` where it is there, else
+    the one submodule laid out like one (a ``patch_size`` and a convolution ``proj``: timm's ``PatchEmbed`` under
+    another name, as a new family may call it); :class:`UnsupportedModelError` if there is none or several."""
+    named = getattr(model, "patch_embed", None)
+    if isinstance(named, nn.Module):
+        return named
+    found = [(n, m) for n, m in model.named_modules() if m is not model and hasattr(m, "patch_size")
+             and isinstance(getattr(m, "proj", None), nn.Conv2d)]
+    if len(found) != 1:
+        what = "no module" if not found else f"{len(found)} modules ({', '.join(n for n, _ in found[:4])})"
+        raise UnsupportedModelError(f"{type(model).__name__}: found {what} laid out as a patch embedding (a "
+                                    "patch_size and a convolution 'proj'); a sequence family needs exactly one")
+    return found[0][1]
+
+
 class _TimmSequenceAdapter(SequenceAdapter):
-    """Common layout of the timm families here: ``patch_embed``, ``blocks`` (pre-norm, ``norm1/attn/norm2``),
-    ``num_prefix_tokens``, ``global_pool``."""
+    """Common layout of the timm families here: a patch embedding (:func:`patch_embedding`: ``patch_embed`` or the one
+    module laid out as one), ``blocks`` (pre-norm, ``norm1/attn/norm2``), ``num_prefix_tokens``, ``global_pool``."""
 
     block_types: tuple[str, ...] = ()
     #: ``(module under timm.models, class name)`` of the family's model class (what :meth:`matches` recognises)
@@ -73,7 +89,7 @@ class _TimmSequenceAdapter(SequenceAdapter):
         self.num_classes = int(self.model.num_classes)
         pool = getattr(model, "global_pool", "token")
         self.readout_tokens = (0,) if pool == "token" and getattr(model, "cls_token", None) is not None else None
-        pe = self.model.patch_embed
+        pe = self.patch_embed = patch_embedding(model)
         self.patch_size = int_pair(pe.patch_size)
         self.in_chans = int(pe.proj.in_channels)
         self.any_size = not self.fixed_size and (bool(getattr(model, "dynamic_img_size", False)) or pe.img_size is None)
@@ -86,13 +102,13 @@ class _TimmSequenceAdapter(SequenceAdapter):
         return self._parts
 
     def grid(self, input_hw: tuple[int, int]) -> tuple[int, int]:
-        pe = self.model.patch_embed
+        pe = self.patch_embed
         if self.any_size and hasattr(pe, "dynamic_feat_size"):  # dynamic size (padding included)
             return int_pair(pe.dynamic_feat_size(tuple(input_hw)))
         return super().grid(input_hw)
 
     def check_input(self, x: Tensor) -> None:
-        if self.any_size and getattr(self.model.patch_embed, "dynamic_img_pad", False):
+        if self.any_size and getattr(self.patch_embed, "dynamic_img_pad", False):
             Adapter.check_input(self, x)  # channels only: any size is padded to the patch grid
             return
         super().check_input(x)
