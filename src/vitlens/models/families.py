@@ -156,6 +156,10 @@ FAMILIES: list[Family] = [
            "attentions, then two MLPs, in parallel)", _timm("vit_small_patch16_18x2_224"), note="no attention"),
     Family("timm ViT DiffAttention", "timm VisionTransformer(attn_layer='diff') (vit_dwee_*, vit_dpwee_*: "
            "differential attention)", _timm("vit_dwee_patch16_reg1_gap_256"), note="no attention"),
+    Family("timm NaFlexVit", "timm NaFlexVit (SigLIP2 image towers naflexvit_*_siglip: linear patch embedding, "
+                             "position embeddings resized to any grid, attention-pool head)",
+           _timm("naflexvit_base_patch16_siglip", plain=False, patch_size=8, embed_dim=48, depth=2, num_heads=4,
+                 num_classes=5)),
     Family("timm EVA02", "timm Eva (EVA02: RoPE, SwiGLU, sub-LN)",
            _timm("eva02_tiny_patch14_224", patch_size=8, mlp_ratio=2.0)),
     Family("timm DINOv3", "timm Eva (DINOv3: RoPE, layer scale, 4 registers)",

@@ -34,6 +34,7 @@ from ._hf import eager_attention
 from ._sequence import BlockParts, SequenceAdapter
 from .base import BlockRecord, LRPLinears, Recording, int_pair, linears_at
 from .capabilities import LRP_LINEARS, TOKENS
+from .timm_naflexvit import ATTENTION_POOL, LRP_THROUGH_HEAD
 
 __all__ = ["HFVisionTowerAdapter"]
 
@@ -76,8 +77,12 @@ class HFVisionTowerAdapter(SequenceAdapter):
             self.any_size = False
         self.in_chans = int(getattr(cfg, "num_channels", 3))
         self.num_classes = int(getattr(cfg, "projection_dim", 0) or cfg.hidden_size)
-        self.capabilities = self.capabilities | {LRP_LINEARS} | (frozenset() if self.siglip2 else {TOKENS})
+        pooled_head = not clip and getattr(model, "head", None) is not None  # SigLIP's attention-pool head
+        self.capabilities = self.capabilities | (frozenset() if pooled_head else {LRP_LINEARS}) | \
+            (frozenset() if self.siglip2 else {TOKENS})
         self.capability_notes = dict(self.capability_notes)
+        if pooled_head:
+            self.capability_notes[LRP_LINEARS] = ATTENTION_POOL + LRP_THROUGH_HEAD
         if self.siglip2:
             self.capability_notes[TOKENS] = "SigLIP2's attention mask and position embeddings are built for the full " \
                                             "patch set"

@@ -16,10 +16,16 @@ from torch import Tensor, nn
 
 from ..errors import InputError
 from .base import Adapter, int_pair, normalisation_layers
-from .capabilities import TOKENS
+from .capabilities import (ATTENTION, BLOCK_IO, CLASS_LOGITS, FEATURE_MAPS, FEATURES, LINEAR_HEAD, LRP_LINEARS,
+                           LRP_VARIANT_LINEARS, TOKEN_GRID, TOKEN_SEQUENCE, TOKENS)
 from .timm_vit import TimmViTAdapter
 
-__all__ = ["TimmNaFlexVitAdapter"]
+__all__ = ["TimmNaFlexVitAdapter", "ATTENTION_POOL", "LRP_THROUGH_HEAD"]
+
+#: why a tower with SigLIP's attention-pool head has no linear head (and no LRP linears: see below)
+ATTENTION_POOL = "the attention-pool head (a latent query's softmax attention over the tokens, then an MLP) reads " \
+                 "the tokens after the blocks, not a linear head"
+LRP_THROUGH_HEAD = "; the LRP rules conserve relevance from the score to the tokens only through a linear head"
 
 
 def _is_naflexvit(model: nn.Module) -> bool:
@@ -35,7 +41,8 @@ class TimmNaFlexVitAdapter(TimmViTAdapter):
 
     model: Any
     family = "timm-naflexvit"
-    capabilities = TimmViTAdapter.capabilities - {TOKENS}
+    capabilities = frozenset({CLASS_LOGITS, ATTENTION, BLOCK_IO, TOKEN_SEQUENCE, LRP_LINEARS, LRP_VARIANT_LINEARS,
+                              LINEAR_HEAD, FEATURES, FEATURE_MAPS, TOKEN_GRID})
     capability_notes = {TOKENS: "NaFlexVit's embedding returns (tokens, grid) and builds the attention mask for the "
                                 "full patch set; vitlens does not drop tokens there"}
 
@@ -60,6 +67,11 @@ class TimmNaFlexVitAdapter(TimmViTAdapter):
         self.in_chans = int(getattr(model, "in_chans", 3))
         self.any_size = True
         self._declare_lrp()
+        if getattr(model, "attn_pool", None) is not None:  # SigLIP's attention-pool (MAP) head after the blocks
+            self.capabilities = self.capabilities - {LINEAR_HEAD, LRP_LINEARS, LRP_VARIANT_LINEARS}
+            self.capability_notes = {**self.capability_notes, LINEAR_HEAD: ATTENTION_POOL,
+                                     LRP_LINEARS: ATTENTION_POOL + LRP_THROUGH_HEAD,
+                                     LRP_VARIANT_LINEARS: ATTENTION_POOL + LRP_THROUGH_HEAD}
 
     def grid(self, input_hw: tuple[int, int]) -> tuple[int, int]:
         return int_pair(self.model.embeds.dynamic_feat_size(tuple(input_hw)))
