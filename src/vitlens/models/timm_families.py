@@ -11,7 +11,7 @@ methods that work.
 from __future__ import annotations
 
 import contextlib
-from typing import Iterator
+from typing import Any, Iterator
 
 from torch import Tensor, nn
 
@@ -41,7 +41,7 @@ def _timm_class(module_name: str, class_name: str) -> type | None:
     return getattr(mod, class_name, None)
 
 
-def patch_embedding(model: nn.Module) -> nn.Module:
+def patch_embedding(model: nn.Module) -> Any:
     """The patch embedding of a single-sequence model: the module timm names ``patch_embed`` where it is there, else
     the one submodule laid out like one (a ``patch_size`` and a convolution ``proj``: timm's ``PatchEmbed`` under
     another name, as a new family may call it); :class:`UnsupportedModelError` if there is none or several."""
