@@ -283,15 +283,30 @@ class _Progress:
             from tqdm.auto import tqdm
 
             self.bar = tqdm(total=round(self.total, 3), unit="pass", desc="explain", file=sys.stderr,
-                            bar_format="{desc}: {percentage:3.0f}%|{bar}| {postfix} [{elapsed}<{remaining}]")
+                            bar_format="{desc}: {percentage:3.0f}%|{bar}| [{elapsed}<{remaining}]")
+
+    def starting(self, label: str, first: int, last: int) -> None:
+        """``label`` is about to explain images ``first``..``last`` (1-based): shown while it runs."""
+        if self.bar is not None:
+            where = f"image {first}" if first == last else f"images {first}-{last}"
+            self.bar.set_description_str(f"explain {where} of {self.images}: {label}")
 
     def map_done(self, label: str, count: int, image: int) -> None:
         """``count`` images explained by ``label``; ``image``: the last of them (1-based)."""
         step = self.weights[label] * count
         self.done += step
         if self.bar is not None:
-            self.bar.set_postfix_str(f"image {image}/{self.images}, {label}", refresh=False)
             self.bar.update(round(step, 3))
+
+    def printing(self) -> Any:
+        """A context in which stdout lines do not tear the live bar (it is cleared and redrawn)."""
+        import contextlib
+
+        if self.bar is None:
+            return contextlib.nullcontext()
+        from tqdm import tqdm
+
+        return tqdm.external_write_mode(file=sys.stderr)
 
     def image_done(self, done: int) -> None:
         if self.quiet or self.bar is not None:
@@ -404,6 +419,7 @@ def _explain_all(args: argparse.Namespace, out: Path, paths: list[Path], bases: 
         for label, method in methods:
             parts = [[j] for j in range(len(chunk))] if one_by_one else [list(range(len(chunk)))]
             for rows in parts:
+                progress.starting(label, chunk[rows[0]] + 1, chunk[rows[-1]] + 1)
                 t0 = time.perf_counter()
                 exp = method.explain(model, x[rows[0]:rows[-1] + 1], target=target)
                 seconds = time.perf_counter() - t0
@@ -415,9 +431,11 @@ def _explain_all(args: argparse.Namespace, out: Path, paths: list[Path], bases: 
                     per_image[j][label] = (exp, seconds, k)
                 progress.map_done(label, len(rows), chunk[rows[-1]] + 1)
         for j, i in enumerate(chunk):
+            progress.starting("writing its figures", i + 1, i + 1)
             record = _write_image(paths[i], out / bases[i], pixels[j], per_image[j], probs[j:j + 1]
                                   if probs is not None else None, names, cfg, style, args)
-            _report_line(record, args)
+            with progress.printing():
+                _report_line(record, args)
             progress.image_done(i + 1)
     return calls
 
