@@ -275,6 +275,66 @@ def test_cli_recipe_authors_and_single_options(monkeypatch, tmp_path):
         args.func(args)
         for key in (*AUTHORS_OPTIONS, "lr", "noise_scale", "classes_per_image", "references"):
             assert getattr(seen["cfg"], key) == getattr(want, key), (argv, key)
+    args = p.parse_args([*base, "--backbone", "vit_large_patch16_dinov3", "--depths", "4,11,17,23"])
+    args.func(args)
+    assert (seen["cfg"].backbone, seen["cfg"].depths) == ("vit_large_patch16_dinov3", (4, 11, 17, 23))
+    with pytest.raises(InputError, match="--depths must be"):
+        args = p.parse_args([*base, "--depths", "4,x"])
+        args.func(args)
     with pytest.raises(InputError, match="--recipe-option 'pooling=bilinear'"):
         args = p.parse_args([*base, "--recipe-option", "pooling=bilinear"])
         args.func(args)
+
+
+def _dinov3(depth: int = 24):
+    import timm
+
+    # the authors' backbone architecture (timm's DINOv3 ViT-L/16: RoPE, 4 registers, layer scale), tiny widths
+    return timm.create_model("vit_large_patch16_dinov3", pretrained=False, depth=depth, embed_dim=32, num_heads=2)
+
+
+def test_dinov3_vit_l16_backbone_at_the_authors_layers():
+    """The authors' configuration through ``backbone=``: timm's ``vit_large_patch16_dinov3`` (random weights, tiny
+    widths, the full 24 blocks) read at blocks 4, 11, 17, 23; the features are those blocks' patch tokens."""
+    import vitlens
+    from vitlens.aha.network import AHANet
+
+    target = vitlens.load_model("shapes-vit")
+    backbone = _dinov3().eval()
+    net = AHANet(target, backbone=backbone, depths=(4, 11, 17, 23), seed=0)
+    assert net.arch["depths"] == [4, 11, 17, 23] and net.arch["channels"] == [32] * 4
+    x = torch.randn(2, 3, 64, 64)
+    feats, logits = net.features(x)
+    assert [tuple(f.shape) for f in feats] == [(2, 32, 4, 4)] * 4  # any input size: 64 px → 4×4 tokens, no resize
+    seen = {}
+    hooks = [backbone.blocks[d].register_forward_hook(lambda m, a, o, d=d: seen.__setitem__(d, o)) for d in (4, 23)]
+    with torch.no_grad():
+        backbone(net._backbone_input(x))
+    for h in hooks:
+        h.remove()
+    p = backbone.num_prefix_tokens  # CLS + 4 registers dropped
+    for k, d in ((0, 4), (3, 23)):
+        torch.testing.assert_close(feats[k], seen[d][:, p:].reshape(2, 4, 4, 32).permute(0, 3, 1, 2))
+    maps = net(x, logits.argmax(-1))
+    assert maps.shape == (2, 64, 64) and torch.isfinite(maps).all()
+
+
+def test_dinov3_backbone_by_name_for_training(monkeypatch, tmp_path):
+    """``train-aha --backbone vit_large_patch16_dinov3 --depths 4,11,17,23``: the name reaches vitlens.load_model
+    (here made offline-tiny: random weights, 24 blocks of width 32) and the run trains and writes its explainer."""
+    import vitlens
+    import vitlens.models as models
+    from vitlens.aha.train import train_aha
+
+    asked = []
+
+    def tiny(name, pretrained=True, **kw):
+        asked.append((name, pretrained))
+        return _dinov3()
+
+    monkeypatch.setattr(models, "load_model", tiny)
+    res = train_aha(vitlens.load_model("shapes-vit"), "scenes", tmp_path, steps=1, batch_size=2, n_train=2, n_val=2,
+                    m=3, width=8, backbone="vit_large_patch16_dinov3", depths=(4, 11, 17, 23), progress=False)
+    assert asked == [("timm:vit_large_patch16_dinov3", True)]
+    assert res.finished and res.net.arch["backbone"] == "vit_large_patch16_dinov3"
+    assert res.net.arch["depths"] == [4, 11, 17, 23]

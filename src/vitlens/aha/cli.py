@@ -51,6 +51,19 @@ def _weights(flag: str, text: str | None) -> tuple[float, ...] | None:
         raise InputError(f"{flag} must be comma-separated numbers, e.g. 2,1,1,2; got {text!r}") from None
 
 
+def _depths(text: str | None) -> tuple[int, ...] | None:
+    """``4,11,17,23`` → ``(4, 11, 17, 23)``; ``None`` when ``--depths`` is not given."""
+    if text is None:
+        return None
+    try:
+        depths = tuple(int(v) for v in text.split(","))
+    except ValueError:
+        depths = ()
+    if not depths or any(d < 0 for d in depths):
+        raise InputError(f"--depths must be comma-separated block indices >= 0, e.g. 4,11,17,23; got {text!r}")
+    return depths
+
+
 def _recipe_options(items: Sequence[str]) -> dict[str, str]:
     """``["pooling=adaptive", ...]`` → ``{"pooling": "adaptive", ...}``, each key and value checked."""
     out: dict[str, str] = {}
@@ -138,7 +151,10 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
                         + "; ".join(f"{k}={'|'.join(v)}" for k, v in OPTION_VALUES.items())
                         + " (default: the recipe's; docs/methods/aha.md §4)")
     p.add_argument("--width", type=positive_int, default=d.width, help="decoder width")
-    p.add_argument("--backbone", default=None, help="timm model name (default: the target itself)")
+    p.add_argument("--backbone", default=None, help="timm model name (default: the target itself), e.g. "
+                   "vit_large_patch16_dinov3 (the AHA authors' frozen DINOv3 ViT-L/16, with --depths 4,11,17,23)")
+    p.add_argument("--depths", default=None, metavar="D1,D2,...",
+                   help="backbone blocks (or timm feature levels) to read, 0-based (default: 4 evenly spaced)")
     p.add_argument("--pool", choices=list(OUTPUT_POOLS), default="none",
                    help="output pooling applied in training ('tokens': one score per patch)")
     p.add_argument("--no-choose-pool", action="store_true",
@@ -194,7 +210,8 @@ def cmd_train_aha(args: argparse.Namespace) -> int:
         straight_through=args.straight_through, mask_sigma=args.mask_sigma, teacher=args.teacher, w_teacher=args.w_teacher,
         teacher_frac=args.teacher_frac, teacher_explainer=args.teacher_explainer,
         teacher_images=args.teacher_images,
-        width=args.width, backbone=args.backbone, pool=args.pool, choose_pool=not args.no_choose_pool,
+        width=args.width, backbone=args.backbone, depths=_depths(args.depths), pool=args.pool,
+        choose_pool=not args.no_choose_pool,
         n_train=args.n_train, n_val=args.n_val, val_every=args.val_every, ckpt_every=args.ckpt_every,
         chunk=args.chunk, amp=args.amp, grad_checkpointing=args.grad_checkpointing, seed=args.seed,
     )

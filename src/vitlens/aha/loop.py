@@ -111,8 +111,7 @@ def target_probs(adapter: Any, images: Tensor, classes: Tensor, chunk: int = 512
         with torch.autocast(images.device.type, dtype=torch.bfloat16, enabled=amp):
             logits = adapter.forward(images[s:s + chunk])
         c = classes[s:s + chunk]  # (n,) or (n, K): K classes of each image
-        p = logits.float().softmax(-1).gather(1, c if c.ndim == 2 else c[:, None])
-        parts.append(p if c.ndim == 2 else p[:, 0])
+        parts.append(logits.float().softmax(-1).gather(1, c.reshape(c.shape[0], -1)).reshape(c.shape))
     return torch.cat(parts)
 
 
@@ -166,8 +165,7 @@ def training_loss(net: AHANet, decoder: nn.Module, x: Tensor, labels: Tensor, in
     grid = RegionGrid(hw, plan.grid, plan.offset, device=x.device, pooling=cfg.pooling)
     feats, logits = net.features(x)
     classes = choose_classes(logits, labels, cfg.classes_per_image)  # (b, k)
-    shared = cfg.classes == "authors"  # one map (the prediction's), its curves scored on every class of the image
-    k = 1 if shared else classes.shape[1]
+    k = 1 if (shared := cfg.classes == "authors") else classes.shape[1]  # shared: one map (the prediction's)
     ref = reference(x, plan.reference, mean_std[0], mean_std[1], mean_image=mean_img, style=cfg.reference_style)
     ref_logits = _cached_reference_logits(adapter, ref, plan.reference, ref_cache, amp)
     p0 = logits.float().softmax(-1).gather(1, classes)  # (b, k): nothing deleted
