@@ -199,6 +199,16 @@ def test_resume_continues_bit_for_bit(tmp_path, stop):
         train_shapley(tiny_vit(), data, tmp_path / "split", resume=True, progress=False, **{**FAST, "masks": 6})
 
 
+def test_a_phase_not_yet_started_may_change_its_settings_on_resume(tmp_path):
+    data = tiny_data()
+    train_shapley(tiny_vit(), data, tmp_path, stop_after=2, progress=False, **FAST)
+    with pytest.raises(vitlens.InputError, match="config differs in batch_size"):
+        train_shapley(tiny_vit(), data, tmp_path, resume=True, progress=False, **{**FAST, "batch_size": 2})
+    res = train_shapley(tiny_vit(), data, tmp_path, resume=True, progress=False,
+                        **{**FAST, "surrogate_steps": 4, "steps": 2, "masks": 2})
+    assert res.finished and [h["phase"] for h in res.history] == ["surrogate"] * 4 + ["explainer"] * 2
+
+
 def test_checkpoint_is_read_without_unpickling(tmp_path):
     train_shapley(tiny_vit(), tiny_data(), tmp_path, stop_after=2, progress=False, **FAST)
     ck = torch.load(tmp_path / "checkpoint.pt", weights_only=True)
