@@ -243,7 +243,7 @@ _DESCRIPTIONS = {
     "bench": "Every method x every metric over a data set, stored in SQLite as it goes (rerun the same command to "
              "resume), with the ranked table (summary.md, summary.tex, summary.csv), curves and report.html in "
              "--out. Works under torchrun. Metrics: insertion_deletion, pos_neg_perturbation, "
-             "faithfulness_violation, pointing_game, evidence, segmentation (docs/metrics.md).",
+             "faithfulness_violation, saco, pointing_game, evidence, segmentation (docs/metrics.md).",
     "report": "Rewrite a benchmark run's report (html), or print its ranking table for a paper: markdown or a LaTeX "
               "tabular, with mean ± 95% interval, the best value per column and the methods statistically tied "
               "with it (Wilcoxon signed-rank test over images, alpha = 0.05).",
