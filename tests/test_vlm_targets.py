@@ -170,3 +170,14 @@ def test_zero_shot_classifier_bad_prompts():
         vitlens.ZeroShotClassifier(vlm("clip"), [CAT, CAT])
     with pytest.raises(InputError, match="non-empty list"):
         vitlens.ZeroShotClassifier(vlm("clip"), CAT)
+
+
+def test_text_embedded_inside_inference_mode_still_explains():
+    m = vlm("clip")
+    x = images()
+    with torch.inference_mode():
+        emb = m.encode_text([CAT])  # cached from inside inference mode
+        e = vitlens.explain(m, x, "gradskip", target=vitlens.TextPrompt(CAT))
+    assert emb.is_inference()  # the caller's tensor; the cache and TextEmbedding keep ordinary copies
+    again = vitlens.explain(m, x, "gradskip", target=vitlens.TextEmbedding(emb))
+    torch.testing.assert_close(again.maps, e.maps)

@@ -223,7 +223,9 @@ class TextEmbedding(TextPrompt):
             raise TargetError("TextEmbedding takes a float tensor (D,) for every image or (B, D) one per image")
         if not bool(torch.isfinite(embeddings).all()):
             raise TargetError("TextEmbedding: the embeddings contain NaN or inf")
-        emb = embeddings.detach()
+        from .models.vlm import ordinary
+
+        emb = ordinary(embeddings)
         emb = emb[None] if emb.ndim == 1 else emb
         super().__init__([f"<embedding {i}>" for i in range(emb.shape[0])])
         self._given = emb

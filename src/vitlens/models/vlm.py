@@ -37,7 +37,7 @@ from ..errors import InputError, TargetError
 
 __all__ = ["VisionLanguageModel", "ZeroShotClassifier", "is_vision_language", "plain_vision_language",
            "image_embedding_of", "load_vlm_folder",
-           "naflex_inputs", "vlm_folder_type", "VLM_MODEL_TYPES", "read_prompts"]
+           "naflex_inputs", "vlm_folder_type", "VLM_MODEL_TYPES", "read_prompts", "ordinary"]
 
 
 def image_embedding_of(out: Any, what: str = "image") -> Tensor:
@@ -54,6 +54,16 @@ def image_embedding_of(out: Any, what: str = "image") -> Tensor:
     if isinstance(out, (tuple, list)) and out and isinstance(out[0], Tensor):
         return out[0]
     raise InputError(f"cannot find the {what} embeddings in a model output of type {type(out).__name__}")
+
+
+def ordinary(t: Tensor) -> Tensor:
+    """``t`` detached, as an ordinary tensor: one made inside ``torch.inference_mode()`` is copied outside it (an
+    inference tensor cannot enter a computation that is differentiated later)."""
+    t = t.detach()
+    if t.is_inference():
+        with torch.inference_mode(False):
+            t = t.clone()
+    return t
 
 
 def is_vision_language(model: Any) -> bool:
@@ -133,7 +143,7 @@ class VisionLanguageModel(nn.Module):
         for text, emb in (text_embeddings or {}).items():
             if not isinstance(emb, Tensor) or emb.ndim != 1 or not emb.is_floating_point():
                 raise InputError(f"text_embeddings[{text!r}] must be a float (D,) tensor")
-            self._given[str(text)] = emb.detach()
+            self._given[str(text)] = ordinary(emb)
         self._shared = _TEXT_CACHES.setdefault(model, {"stamp": (), "embeddings": {}})
         try:
             trunk = self.image_trunk()
@@ -244,7 +254,7 @@ class VisionLanguageModel(nn.Module):
                 m.training = flag
         if emb.ndim != 2 or emb.shape[0] != len(texts):
             raise TargetError(f"the text encoder returned shape {tuple(emb.shape)} for {len(texts)} prompts")
-        return emb
+        return ordinary(emb)
 
     def _tokenize(self, texts: list[str]) -> Any:
         tok = self.tokenizer
