@@ -41,7 +41,7 @@ METHOD_CASES = [
     ("gradskip", {"conservative": "yes"}, r"conservative of method 'gradskip' must be True or False; got 'yes'"),
     ("gradskip", {"eps": "tiny"}, r"eps .* finite number"),
     ("rise", {"p_keep": "x"}, r"p_keep .* finite number in \(0, 1\]; got 'x'"),
-    ("rise", {"n_masks": 2.5}, r"n_masks of method 'rise' must be an integer in \[1, 1000000\]; got 2.5"),
+    ("rise", {"n_masks": 2.5}, r"n_masks of method 'rise' must be an integer in \[1, 1000000\] \(one forward pass per image each.*\); got 2.5"),
     ("rise", {"seed": None}, r"seed of method 'rise' must be an integer in \[0, 2\*\*63 - 1\] \(a random seed\); got None"),
     ("tis", {"token_ratio": None}, r"token_ratio .* finite number"),
     ("mutex", {"quantile": "half"}, r"quantile .* finite number"),

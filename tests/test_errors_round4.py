@@ -70,9 +70,9 @@ class TokenIds(nn.Module):
 @pytest.mark.parametrize("method", ["inputxgradient", "gradient", "integrated_gradients", "rise", "random"])
 def test_model_that_takes_token_ids_is_one_line(method):
     opts = {"integrated_gradients": {"n_steps": 2}, "rise": {"n_masks": 4}}.get(method, {})
-    with pytest.raises(UnsupportedModelError, match=r"TokenIds does not take an image batch: its forward on a "
-                                                    r"torch.float32 tensor of shape \(1, 3, 32, 32\) failed "
-                                                    r"\(RuntimeError: Expected tensor for argument #1 'indices'") as e:
+    with pytest.raises(UnsupportedModelError, match=r"TokenIds refused the input: its forward on a torch.float32 "
+                                                    r"image batch of shape \(1, 3, 32, 32\) failed \(RuntimeError: "
+                                                    r"Expected tensor for argument #1 'indices'") as e:
         vitlens.explain(TokenIds(), _x(), method=method, **opts)
     one_line(str(e.value))
 

@@ -87,7 +87,9 @@ class RISE(Explainer):
         "batch_size": 64,
     }
     option_specs = {
-        "n_masks": integer(1, MAX_MASKS),  # bounded work: each mask is one forward per image
+        # bounded work: each mask is one forward pass per image
+        "n_masks": integer(1, MAX_MASKS, unit=f"one forward pass per image each: at most {MAX_MASKS:,}; the paper "
+                                              "uses 4,000"),
         "grid_size": grid_cells(pair=False),
         "p_keep": number(0, 1, low_open=True),
         "fill": number(),

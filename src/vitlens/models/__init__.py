@@ -141,9 +141,9 @@ class GenericAdapter(Adapter):
         except (RuntimeError, TypeError, ValueError, IndexError, KeyError, AttributeError) as e:
             why = " ".join((str(e).strip().splitlines() or [""])[0].split())[:140] or type(e).__name__
             raise UnsupportedModelError(
-                f"{type(self.model).__name__} does not take an image batch: its forward on a {x.dtype} tensor of "
-                f"shape {tuple(x.shape)} failed ({type(e).__name__}: {why}); vitlens explains models that map images "
-                "(B, C, H, W) to logits (B, K)") from None
+                f"{type(self.model).__name__} refused the input: its forward on a {x.dtype} image batch of shape "
+                f"{tuple(x.shape)} failed ({type(e).__name__}: {why}); vitlens explains models that map images "
+                "(B, C, H, W) to logits (B, K): check the size and channels the model takes") from None
 
     def grid(self, input_hw: tuple[int, int]) -> tuple[int, int]:
         """The patch grid of a timm ViT-like model (pixel maps are also summed onto it), else the pixels."""
