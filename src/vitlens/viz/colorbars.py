@@ -18,7 +18,7 @@ from matplotlib.figure import Figure
 
 from .pixels import Scale
 
-__all__ = ["colorbar_label", "tick_labels", "clip_note", "wrap_phrases", "add_colorbar"]
+__all__ = ["colorbar_label", "tick_labels", "clip_note", "wrap_phrases", "add_colorbar", "bar_label"]
 
 _NB = "\u00a0"  # no-break space: "p = 0.93" is never split at a line end
 
@@ -168,18 +168,22 @@ def add_colorbar(fig: Figure, axes: Any, cmap: Colormap, scale: Scale, units: st
         bar = fig.colorbar(mappable, cax=axes, orientation="horizontal" if location == "bottom" else "vertical",
                            extend=extend)
     bar.set_ticks(ticks, labels=labels, fontsize=fontsize - 1)
-    shown = _kind_units(units, value_kind)
+    if location in ("right", "side"):  # wrap to the bar's height so the label is never cut
+        wrap = max(20, int(fig.get_figheight() * (12 if location == "right" else 9)))
+    label, note = bar_label(scale, units, relative, value_kind, (low, high), below_zero, with_note, wrap, factor)
+    bar.set_label(label, fontsize=fontsize)
+    return note
+
+
+def bar_label(scale: Scale, units: str, relative: bool, value_kind: str | None, clipped: tuple[bool, bool],
+              below_zero: bool = False, with_note: bool = True, wrap: int = 34, factor: str = "") -> tuple[str, str]:
+    """A colour bar's label wrapped between phrases, and the note on what it clipped (:func:`clip_note`)."""
     label = colorbar_label(scale.mode, units, value_kind) + (f" ({factor})" if factor else "")
     if relative:
         label += "; each map on its own scale"
-    note = clip_note(scale, shown, relative, below_zero, (low, high))
+    note = clip_note(scale, _kind_units(units, value_kind), relative, below_zero, clipped)
     if note and with_note:
         label += "; " + note
-    if location in ("right", "side"):  # wrap to the bar's height so the label is never cut
-        label = wrap_phrases(label, max(20, int(fig.get_figheight() * (12 if location == "right" else 9))))
-    else:
-        label = wrap_phrases(label, wrap)
-    bar.set_label(label, fontsize=fontsize)
-    return note
+    return wrap_phrases(label, wrap), note
 
 

@@ -48,7 +48,7 @@ from .pixels import (
 )
 
 from ..atomic import atomic_path
-from .colorbars import add_colorbar as _add_colorbar, clip_note, colorbar_label, tick_labels, wrap_phrases
+from .colorbars import add_colorbar as _add_colorbar, bar_label, clip_note, colorbar_label, tick_labels, wrap_phrases
 
 __all__ = ["save_figure", "save_grid", "colorbar_label", "split_label", "wrap_phrases", "tick_labels", "clip_note",
            "JOURNAL_RC"]
@@ -310,6 +310,50 @@ def _row_scale(maps: Sequence[np.ndarray], modes: Sequence[str], clip: float | N
     return map_scale(values[None, :], mode, clip)  # type: ignore[arg-type]
 
 
+def _grid_cells(image_list: list, columns: Mapping[str, list], looks: Mapping[str, tuple], alpha: float,
+                cmap: str | Colormap | None, clip: float | None, smooth: float, cell_px: int, row_bars: bool
+                ) -> tuple[list, list, dict[str, list[Scale]], dict[str, Colormap], list]:
+    """The blended cells of a grid, row by row, with each map's scale and colour map (``row_bars``: one scale per
+    row), and each image's own size (up to 1024 px) for the default resolution."""
+    scales: dict[str, list[Scale]] = {name: [] for name in columns}
+    maps_of: dict[str, Colormap] = {}
+    own_sizes, rows_cells, row_scales = [], [], []
+    for r, image in enumerate(image_list):
+        own = to_uint8(image).shape[:2]
+        own_sizes.append(tuple(min(1024, v) for v in own))
+        pixels = display_image(image, cell_px, max(cell_px, 1024))
+        drawn = {name: smooth_map(np.abs(map_array(maps[r])) if looks[name][0] == "abs" else maps[r], smooth)
+                 for name, maps in columns.items()}
+        fixed = _row_scale(list(drawn.values()), [looks[n][1] for n in columns], clip) if row_bars else None
+        cells = [pixels]
+        row_map: Colormap | None = None
+        for name in columns:
+            style, mode, _ = looks[name]
+            blended, scale, colormap = overlay_with_scale(pixels, drawn[name], alpha, cmap, mode, clip, scale=fixed,
+                                                          style=style)
+            scales[name].append(scale)
+            maps_of.setdefault(name, colormap)
+            row_map = row_map or colormap
+            cells.append(blended)
+        rows_cells.append(cells)
+        row_scales.append((fixed, row_map))
+    return rows_cells, row_scales, scales, maps_of, own_sizes
+
+
+def _column_bars(columns: Mapping[str, list], scales: Mapping[str, list[Scale]], looks: Mapping[str, tuple],
+                 units: str, wrap: int) -> tuple[dict[str, dict[str, Any]], int]:
+    """Per column its colour bar's arguments (arrows where any of its maps was clipped, values below 0 anywhere),
+    and the most lines a bar's label takes (for the figure's height)."""
+    args: dict[str, dict[str, Any]] = {}
+    for name in columns:
+        column = scales[name]
+        args[name] = dict(value_kind=looks[name][2], low=any(sc.clipped()[0] for sc in column),
+                          high=any(sc.clipped()[1] for sc in column), below_zero=any(sc.data_min < 0 for sc in column))
+    lines = max((bar_label(scales[n][0], units, True, a["value_kind"], (a["low"], a["high"]), a["below_zero"],
+                           wrap=wrap)[0].count("\n") + 1 for n, a in args.items()), default=0)
+    return args, lines
+
+
 def save_grid(
     path: str | Path,
     images: ImageLike | Sequence[ImageLike],
@@ -387,37 +431,23 @@ def save_grid(
     notes = [wrap_phrases(str(c), chars + int(10 / grow)) for c in captions] if captions is not None else None
     with_bars = bool(colorbar and columns and not shared_scale)
     row_bars = bool(colorbar and columns and shared_scale)
-    extra = (0.6 * grow if with_bars else 0.0)
+    cell_px = max(1, int(col_size * (dpi or 100)))
+    # the cells first (their scales size the colour bars' labels), then the figure
+    rows_cells, row_scales, scales, maps_of, own_sizes = _grid_cells(image_list, columns, looks, alpha, cmap, clip,
+                                                                     smooth, cell_px, row_bars)
+    bar_args, bar_lines = _column_bars(columns if with_bars else {}, scales, looks, units, max(12, int(34 / grow)))
+    extra = ((0.3 + 0.13 * bar_lines) * grow if with_bars else 0.0)
     extra += max(0.45, 0.15 * max(n.count("\n") + 1 for n in notes)) * grow if notes else 0.0
     extra += 0.17 * grow * max(h.count("\n") + 1 for h in heads)
     width = col_size * ncols + (0.4 if row_labels else 0) + (0.9 * grow if row_bars else 0.0)
     fig = Figure(figsize=(width, col_size * rows + 0.3 + extra), dpi=100, layout="constrained")
     FigureCanvasAgg(fig)
-    grid = fig.add_gridspec(rows + with_bars, ncols + row_bars, height_ratios=[1.0] * rows + [0.06] * with_bars,
+    grid = fig.add_gridspec(rows + with_bars, ncols + row_bars,
+                            height_ratios=[1.0] * rows + [0.06] * with_bars,
                             width_ratios=[1.0] * ncols + [0.07] * row_bars)
     axes = np.array([[fig.add_subplot(grid[r, c]) for c in range(ncols)] for r in range(rows)], dtype=object)
-    cell_px = max(1, int(col_size * (dpi or 100)))
-    scales: dict[str, list[Scale]] = {name: [] for name in columns}
-    maps_of: dict[str, Colormap] = {}
-    own_sizes = []
-    for r, image in enumerate(image_list):
-        own = to_uint8(image).shape[:2]
-        own_sizes.append(tuple(min(1024, v) for v in own))
-        pixels = display_image(image, cell_px, max(cell_px, 1024))
-        drawn = {name: smooth_map(np.abs(map_array(maps[r])) if looks[name][0] == "abs" else maps[r], smooth)
-                 for name, maps in columns.items()}
-        fixed = _row_scale(list(drawn.values()), [looks[n][1] for n in columns], clip) if shared_scale and columns \
-            else None
-        cells = [pixels]
-        row_map: Colormap | None = None
-        for name in columns:
-            style, mode, _ = looks[name]
-            blended, scale, colormap = overlay_with_scale(pixels, drawn[name], alpha, cmap, mode, clip, scale=fixed,
-                                                          style=style)  # type: ignore[arg-type]
-            scales[name].append(scale)
-            maps_of.setdefault(name, colormap)
-            row_map = row_map or colormap
-            cells.append(blended)
+    kinds = {looks[n][2] for n in columns}
+    for r, cells in enumerate(rows_cells):
         for c, cell in enumerate(cells):
             ax = axes[r, c]
             ax.imshow(cell, interpolation="antialiased")
@@ -428,21 +458,16 @@ def save_grid(
                 ax.set_ylabel(textwrap.fill(str(row_labels[r]), chars), fontsize=text_size + 0.5)
             if c == 0 and notes is not None:
                 ax.set_xlabel(notes[r], fontsize=text_size)
+        fixed, row_map = row_scales[r]
         if row_bars and fixed is not None and row_map is not None:
             _add_colorbar(fig, fig.add_subplot(grid[r, ncols]), row_map, fixed, units, relative=False,
-                          location="side", fontsize=text_size,
-                          value_kind=next(iter({looks[n][2] for n in columns})) if len({looks[n][2] for n in columns})
-                          == 1 else None)
+                          location="side", fontsize=text_size, value_kind=next(iter(kinds)) if len(kinds) == 1
+                          else None)
     if with_bars:
         fig.add_subplot(grid[rows, 0]).set_axis_off()
         for c, name in enumerate(columns, start=1):
-            column = scales[name]
-            low = any(sc.clipped()[0] for sc in column)
-            high = any(sc.clipped()[1] for sc in column)
-            below = any(sc.data_min < 0 for sc in column)
-            _add_colorbar(fig, fig.add_subplot(grid[rows, c]), maps_of[name], column[0], units, relative=True,
-                          location="bottom", fontsize=text_size, wrap=max(12, int(34 / grow)),
-                          value_kind=looks[name][2], low=low, high=high, below_zero=below)
+            _add_colorbar(fig, fig.add_subplot(grid[rows, c]), maps_of[name], scales[name][0], units, relative=True,
+                          location="bottom", fontsize=text_size, wrap=max(12, int(34 / grow)), **bar_args[name])
     if dpi is None:
         dpi = _panel_dpi(fig, list(axes.ravel()), [own_sizes[r] for r in range(rows) for _ in range(ncols)])
     path = prepare_path(path)
