@@ -18,7 +18,7 @@ from torch import Tensor, nn
 
 from ..errors import UnsupportedModelError
 from .base import Adapter, LRPLinears, Recording
-from .capabilities import CLASS_LOGITS, LINEAR_HEAD, PIXEL_LOGITS
+from .capabilities import CLASS_LOGITS, LINEAR_HEAD, PIXEL_LOGITS, STREAM_HEAD
 from .hf_vlm import HFVisionTowerAdapter
 from .openclip_tower import OpenClipTowerAdapter
 from .timm_families import TimmEvaAdapter
@@ -72,10 +72,13 @@ class VLMAdapter(Adapter):
             caps: frozenset[str] = frozenset()
             notes: dict[str, str] = {}
         else:
-            caps, notes = inner.capabilities - {CLASS_LOGITS, LINEAR_HEAD, PIXEL_LOGITS}, dict(inner.capability_notes)
+            caps = inner.capabilities - {CLASS_LOGITS, LINEAR_HEAD, PIXEL_LOGITS, STREAM_HEAD}
+            notes = dict(inner.capability_notes)
             for key in ("num_prefix_tokens", "readout_tokens", "patch_size", "in_chans", "default_size", "any_size"):
                 setattr(self, key, getattr(inner, key))
         notes[LINEAR_HEAD] = "the image embedding is projected (and normalised, scored against the text) after the tower"
+        notes[STREAM_HEAD] = ("the score is read after the tower (projection, text similarity): reading it from an "
+                              "intermediate block's tokens is not implemented for vision-language models")
         if self.zero_shot:
             caps = caps | {CLASS_LOGITS}
             self.num_classes = int(model.num_classes)
