@@ -196,3 +196,24 @@ def test_model_restored_after_an_exception():
     assert [p.requires_grad for p in m.parameters()] == flags
     assert m.model.config._attn_implementation == impl
     assert not any(mod._forward_hooks or mod._forward_pre_hooks for mod in m.modules())
+
+
+@pytest.mark.slow  # a ViT-B image tower at 224 px (open_clip's SigLIP configs name timm's, nothing smaller)
+def test_open_clip_with_a_timm_siglip_tower():
+    open_clip = pytest.importorskip("open_clip")
+    torch.manual_seed(0)
+    model = open_clip.CustomTextCLIP(
+        embed_dim=64, init_logit_bias=-10.0,
+        vision_cfg=dict(timm_model_name="vit_base_patch16_siglip_224", timm_model_pretrained=False,
+                        timm_proj="linear", image_size=224),
+        text_cfg=dict(context_length=16, vocab_size=49408, width=64, heads=2, layers=2)).eval()
+    tok = open_clip.get_tokenizer("ViT-B-16", context_length=16)
+    m = vitlens.VisionLanguageModel(model, tok)
+    assert vitlens.get_adapter(m).family == "vlm(timm-vit)" and m.bias == -10.0
+    x = images(2, 224, 224)
+    e = vitlens.explain(m, x, "gradskip", target=vitlens.TextPrompt(PROMPTS))
+    assert complete(e) < 1e-4
+    with torch.no_grad():
+        own = model.logit_scale.exp() * (model.encode_image(x, normalize=True)
+                                         * model.encode_text(tok(PROMPTS), normalize=True)).sum(-1) + model.logit_bias
+    torch.testing.assert_close(e.scores, own, rtol=1e-5, atol=1e-5)
