@@ -173,3 +173,9 @@ def test_save_figure_uses_the_methods_declaration(tmp_path: Path) -> None:
     bar = pixels[:, int(0.8 * pixels.shape[1]):].reshape(-1, 3).astype(int)
     blue = (bar[:, 2] > 150) & (bar[:, 0] < 90)
     assert not blue.any()  # inferno, not the diverging bar's "blue against the class"
+
+
+def test_a_relative_sequential_bar_says_when_values_are_negative() -> None:
+    scale = map_scale(np.linspace(-0.2, 1.0, 100).reshape(10, 10), "minmax", clip=None)
+    assert "below 0" in clip_note(scale, relative=True, below_zero=True)
+    assert clip_note(map_scale(np.linspace(0.4, 0.9, 100).reshape(10, 10), "minmax", clip=None), relative=True) == ""

@@ -94,6 +94,8 @@ def clip_note(scale: Scale, units: str = "relevance", relative: bool = False, be
             notes.append(f"scale ends at the {scale.clip:g}th percentile of {what} (values {rng}; beyond: arrows)")
     if scale.mode == "positive" and (below_zero or scale.data_min < 0):
         notes.append("values below 0 drawn as 0" + ("" if relative else f" (min {_num(scale.data_min)})"))
+    elif scale.mode == "minmax" and relative and below_zero:  # the bar's words would hide the sign
+        notes.append("some values below 0 (at the low end)")
     return "; ".join(notes)
 
 
