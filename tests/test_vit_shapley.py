@@ -207,6 +207,11 @@ def test_a_phase_not_yet_started_may_change_its_settings_on_resume(tmp_path):
     res = train_shapley(tiny_vit(), data, tmp_path, resume=True, progress=False,
                         **{**FAST, "surrogate_steps": 4, "steps": 2, "masks": 2})
     assert res.finished and [h["phase"] for h in res.history] == ["surrogate"] * 4 + ["explainer"] * 2
+    train_shapley(tiny_vit(), data, tmp_path / "b", stop_after=5, progress=False, **FAST)  # inside the explainer phase
+    with pytest.raises(vitlens.InputError, match="config differs in masks"):
+        train_shapley(tiny_vit(), data, tmp_path / "b", resume=True, progress=False, **{**FAST, "masks": 2})
+    res = train_shapley(tiny_vit(), data, tmp_path / "b", resume=True, progress=False, **{**FAST, "steps": 4})
+    assert res.finished and res.step == 7
 
 
 def test_checkpoint_is_read_without_unpickling(tmp_path):

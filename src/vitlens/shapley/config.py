@@ -73,7 +73,8 @@ class ShapleyTrainConfig:
 RESUMABLE_CHANGES = {"ckpt_every", "n_val", "n_train"}
 
 #: the explainer phase's settings: they may also change while a checkpoint is still before that phase (its optimiser,
-#: schedule and subsets start with it)
+#: schedule and subsets start with it); its length (``steps``) also inside it, before the new end (the cosine schedule
+#: then runs to the new end from the current step)
 EXPLAINER_FIELDS = {"steps", "lr", "masks", "paired", "tune_blocks"}
 
 #: the surrogate phase's length: it may change while a checkpoint is inside that phase, before the new end

@@ -270,6 +270,8 @@ def _resume(run: _Run, resume: bool) -> None:
     free = RESUMABLE_CHANGES | (EXPLAINER_FIELDS if "head" not in ck else set())
     if int(ck["step"]) < min(run.cfg.surrogate_steps, int(ck["config"]["surrogate_steps"])):
         free |= SURROGATE_FIELDS
+    if "head" in ck and int(ck["step"]) < run.cfg.total_steps:  # inside the explainer phase: its length may change
+        free |= {"steps"}
     diff = sorted(k for k in mine if k not in free and ck["config"].get(k, default[k]) != mine[k])
     if diff:
         raise InputError(f"cannot resume {path}: its config differs in {', '.join(diff)}")
