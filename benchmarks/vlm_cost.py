@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as _dt
+import os
 import platform
 import shlex
 import statistics
@@ -192,7 +193,10 @@ def table(results: list[dict[str, Any]], args: argparse.Namespace) -> str:
         f"(`torch.set_num_threads(1)`); torch {torch.__version__}, transformers {transformers.__version__}, "
         f"timm {timm.__version__}, vitlens {vitlens.__version__}; {_dt.date.today().isoformat()}. "
         f"Batch {args.batch} images of 224×224, median per image over {args.repeats} interleaved repeats after a "
-        "warm-up; random weights (the cost does not depend on them).",
+        "warm-up; random weights (the cost does not depend on them). Load average of the machine (other processes "
+        f"sharing its {os.cpu_count()} cores) at the start and the end of the run: {args.load[0]:.1f} and "
+        f"{os.getloadavg()[0]:.1f} — absolute times grow with it and the per-repeat ratios spread; the interleaved "
+        "repeats' median ratio is the figure to read.",
         "",
         "The score explained is the model's own image–text score `scale · cos(e(x), e(t)) + bias`, one prompt per "
         f"image ({', '.join(repr(p) for p in PROMPTS)} in turn). *Floor*: the image tower's forward and an "
@@ -230,6 +234,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--models", default="hf,timm", help="comma-separated: hf (transformers CLIPModel), timm")
     p.add_argument("--out", default=None, help="write the markdown table here")
     args = p.parse_args(argv)
+    args.load = os.getloadavg()
     torch.set_num_threads(1)
     builders = {"hf": ("transformers CLIPModel, ViT-%s/16 vision tower", hf_clip),
                 "timm": ("timm vit_base_patch16_clip_224%s + text embeddings", timm_clip)}
