@@ -389,7 +389,8 @@ def make_target(spec: TargetSpec) -> Target:
             return ClassLogit(int(spec))
         except ValueError:
             raise TargetError(
-                f"unknown target {spec!r}: use None/'predicted', a class index, a list of indices or a Target object"
+                f"unknown target {spec!r}: use None/'predicted', a class index, a list of indices or a Target object "
+                f"(a text prompt for a vision-language model: vitlens.TextPrompt({spec!r}))"
             ) from None
     if isinstance(spec, float):
         raise TargetError(f"a class index must be an int, got the float {spec}")
