@@ -128,7 +128,7 @@ class LibraGradMethod(Explainer):
             importlib.import_module(f"{__package__}.{cls.base_method}")
             base = method_classes().get(cls.base_method)
         if base is not None:
-            cls.option_specs = dict(getattr(base, "option_specs", {}))  # type: ignore[attr-defined]
+            cls.option_specs = dict(getattr(base, "option_specs", {}))
 
     def _base(self) -> Explainer:
         cls = method_classes()[self.base_method]
