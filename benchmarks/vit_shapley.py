@@ -60,11 +60,11 @@ def eval_images(model: Any, kind: str, n: int) -> torch.Tensor:
     return normalize(shuffled_digits()[1].images[:n], cfg)
 
 
-def surrogate_of(model: Any, checkpoint: str | None) -> Any:
-    """The trained explainer's surrogate: from the shipped explainer, or from a run's checkpoint (weights only)."""
+def surrogate_of(model: Any, checkpoint: str | None, path: Any = None) -> Any:
+    """The trained explainer's surrogate: from the explainer file (default: the shipped one), or from a run's
+    checkpoint (weights only)."""
     if checkpoint is None:
-        _, path, _ = shipped_shapley(model)
-        return load_shapley(path, model).surrogate
+        return load_shapley(path or shipped_shapley(model)[1], model).surrogate
     ck = torch.load(checkpoint, map_location="cpu", weights_only=True)
     sur = copy.deepcopy(model).eval()
     sur.load_state_dict(ck["surrogate"])
@@ -108,8 +108,8 @@ def errors(est: torch.Tensor, ref: torch.Tensor, c: int) -> dict[str, float]:
             "l2_all": float((est.double() - ref.double()).norm(dim=0).mean())}
 
 
-def error_rows(name: str, model: Any, x: torch.Tensor, refs: list[dict[str, Any]]) -> dict[str, Any]:
-    _, path, _ = shipped_shapley(model)
+def error_rows(name: str, model: Any, x: torch.Tensor, refs: list[dict[str, Any]], path: Any = None) -> dict[str, Any]:
+    path = path or shipped_shapley(model)[1]
     net = load_shapley(path, model)
     with torch.no_grad():
         c = model(x).argmax(-1)
@@ -127,6 +127,16 @@ def error_rows(name: str, model: Any, x: torch.Tensor, refs: list[dict[str, Any]
         ks_time.append((time.perf_counter() - t0) / BUDGETS[-1])
         for b in BUDGETS:
             rows.setdefault(f"KernelSHAP, {b} subsets", []).append(errors(at.get(b, est), ref["phi"], int(c[i])))
+    for label, (method, opts) in {"GradSkip (map)": ("gradskip", {}), "AHA, T = 0 (map)": ("aha", {"refine_steps": 0}),
+                                  "input × gradient (map)": ("inputxgradient", {})}.items():
+        try:  # other methods' maps are on another scale: only their correlations with φ* are comparable
+            tm = vitlens.explain(model, x, method=method, target=c, **opts).token_maps.flatten(1)
+        except vitlens.VitlensError as err:
+            print(f"{label}: {err}")
+            continue
+        rows[label] = [{"l2": float("nan"), "rel": float("nan"), "pearson": _pearson(tm[i], r["phi"][:, int(c[i])]),
+                        "spearman": _spearman(tm[i], r["phi"][:, int(c[i])]), "l2_all": float("nan")}
+                       for i, r in enumerate(refs)]
     conv = [float((r["phi"] - r["half"]).norm() / r["phi"].norm()) for r in refs]
     return {"rows": {k: {m: float(np.mean([e[m] for e in v])) for m in v[0]} for k, v in rows.items()},
             "convergence": conv, "ref_seconds": [float(r["seconds"]) for r in refs], "t_net": t_net,
@@ -134,12 +144,12 @@ def error_rows(name: str, model: Any, x: torch.Tensor, refs: list[dict[str, Any]
             "train": {k: net.meta.get(k) for k in ("steps", "seconds")}, "validation": net.meta.get("validation")}
 
 
-def insertion_deletion(model: Any, x: torch.Tensor) -> dict[str, Any]:
+def insertion_deletion(model: Any, x: torch.Tensor, path: Any = None) -> dict[str, Any]:
     """Per-image insertion − deletion of each method's maps (the model's predicted class)."""
     from vitlens.explainers import get_method
     from vitlens.metrics import get_metric
 
-    methods = {"ViT-Shapley": ("vit_shapley", {}), "GradSkip": ("gradskip", {}),
+    methods = {"ViT-Shapley": ("vit_shapley", {"explainer": str(path)} if path else {}), "GradSkip": ("gradskip", {}),
                "AHA (T = 0)": ("aha", {"refine_steps": 0}), "random": ("random", {})}
     metric = get_metric("insertion_deletion", preset="aha")
     out: dict[str, Any] = {}
@@ -189,8 +199,11 @@ def markdown(results: dict[str, Any], args: argparse.Namespace) -> str:
                       "| estimate | ℓ2 ↓ | relative ℓ2 ↓ | Pearson ↑ | Spearman ↑ | ℓ2, all classes ↓ |",
                       "|---|---|---|---|---|---|"]
             for row, m in e["rows"].items():
-                lines.append(f"| {row} | {m['l2']:.4f} | {m['rel']:.3f} | {m['pearson']:.3f} | {m['spearman']:.3f} "
-                             f"| {m['l2_all']:.4f} |")
+                f4 = lambda v, k=4: "—" if math.isnan(v) else f"{v:.{k}f}"  # noqa: E731
+                lines.append(f"| {row} | {f4(m['l2'])} | {f4(m['rel'], 3)} | {m['pearson']:.3f} | {m['spearman']:.3f} "
+                             f"| {f4(m['l2_all'])} |")
+            lines += ["", "The map rows are other methods' token maps of the same class (on another scale: only "
+                      "their correlation with φ* is comparable)."]
             lines.append("")
         d = r.get("insdel")
         if d:
@@ -220,21 +233,24 @@ def main() -> None:
     p.add_argument("--references-only", action="store_true", help="compute the references and stop")
     p.add_argument("--checkpoint", action="append", default=[], metavar="MODEL=PATH",
                    help="take MODEL's surrogate from a training checkpoint (with --references-only)")
+    p.add_argument("--explainer", action="append", default=[], metavar="MODEL=PATH",
+                   help="score this explainer file instead of MODEL's shipped one")
     p.add_argument("--out", default="docs/benchmarks/vit_shapley.md")
     args = p.parse_args()
     torch.set_num_threads(1)
     ckpts = dict(c.split("=", 1) for c in args.checkpoint)
+    files = dict(c.split("=", 1) for c in args.explainer)
     results: dict[str, Any] = {}
     for name in args.models.split(","):
         model = vitlens.load_model(name)
         x = eval_images(model, MODELS[name], max(args.images, args.n_id))
-        refs = references(name, surrogate_of(model, ckpts.get(name)), x[:args.images], args.samples,
+        refs = references(name, surrogate_of(model, ckpts.get(name), files.get(name)), x[:args.images], args.samples,
                           Path(args.cache))
         if args.references_only:
             continue
-        results[name] = {"errors": error_rows(name, model, x[:args.images], refs)}
+        results[name] = {"errors": error_rows(name, model, x[:args.images], refs, files.get(name))}
         if args.n_id:
-            results[name]["insdel"] = insertion_deletion(model, x[:args.n_id])
+            results[name]["insdel"] = insertion_deletion(model, x[:args.n_id], files.get(name))
     if not args.references_only:
         Path(args.out).write_text(markdown(results, args), encoding="utf-8")
         print(f"wrote {args.out}")
