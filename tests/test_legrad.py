@@ -87,7 +87,7 @@ def _clip_like_vit(seed: int = 0) -> tuple[nn.Module, torch.Tensor]:
 #: scratch venv: its pin ``open-clip-torch<=2.23.0`` conflicts with the project's open_clip) on an open_clip
 #: ``VisionTransformer`` holding the weights of :func:`_clip_like_vit` (conv1, class/positional embeddings, ln_pre, the
 #: blocks, ln_post = fc_norm, proj), one image and one prompt per call; the map (B, 1, 32, 32) sampled at pixels
-#: (3 + 8i, 3 + 8j), per layer_index, image, prompt. Script: docs/methods/legrad.md ("Cross-check").
+#: (3 + 8i, 3 + 8j), per layer_index, image, prompt. Script: benchmarks/legrad_torch_crosscheck.py.
 LEGRAD_TORCH = {
     0: [
         [[0.319147, 0.931439, 0.418282, 0.314565, 0.191204, 0.918840, 0.613768, 0.097592, 0.986257, 0.258412, 0.425902,

@@ -71,7 +71,7 @@ def test_fullgrad_completeness(variant):
 #: ``LibraGrad`` preset on a plain-MLP ViT, explaining the logit) on their ``VisionTransformer`` loaded with
 #: ``tiny_vit()``'s state dict, the batch ``randn(2, 3, 32, 32)`` of seed 0, target = predicted class.
 #: ``AUTHORS_IXG``: ``(x · ∂̃y/∂x).sum(channels)[:, ::8, ::8]``; ``AUTHORS_GRAD_U``: ``∂̃y/∂u`` at the last block's
-#: input, ``[:, ::5, ::12]``. Script: docs/methods/libragrad.md ("Cross-check").
+#: input, ``[:, ::5, ::12]``. Script: benchmarks/libragrad_authors_crosscheck.py.
 AUTHORS_IXG = [-8.4017089e-04, 2.7587477e-04, 9.3453785e-04, 1.6482749e-03, -6.0478793e-05, 1.5988636e-04,
                -3.4701868e-04, -5.5580400e-04, -8.3983364e-04, -1.0418848e-04, -2.0257367e-03, 3.8938748e-04,
                -8.6667750e-04, -3.7464418e-04, -2.5740592e-05, -1.7795430e-03, -3.3116126e-03, -3.3612936e-04,
