@@ -136,3 +136,27 @@ def test_refusals_and_options():
     cnn = nn.Sequential(nn.Conv2d(3, 4, 3), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(4, 3))
     with pytest.raises(UnsupportedModelError, match="legrad"):
         get_method("legrad").explain(cnn, torch.randn(1, 3, 16, 16))
+
+
+def test_hf_vit_with_timm_weights_gives_the_same_maps():
+    """HF ViT reads every layer through its own final layernorm and classifier (``HFViTAdapter.stream_logits``):
+    with the weights of a timm ViT it gives the timm model's LeGrad maps; DeiT with teacher averages its two heads."""
+    transformers = pytest.importorskip("transformers")
+    from timm_to_hf import timm_to_hf_vit
+
+    tm = tiny_vit()
+    hm = timm_to_hf_vit(tm)
+    x = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(4))
+    a = get_method("legrad").explain(tm, x)
+    b = get_method("legrad").explain(hm, x)
+    assert torch.equal(a.targets, b.targets)
+    torch.testing.assert_close(a.token_maps, b.token_maps, atol=1e-4, rtol=0)
+    cfg = transformers.DeiTConfig(image_size=32, patch_size=8, hidden_size=48, num_hidden_layers=2,
+                                  num_attention_heads=4, intermediate_size=96, num_labels=5)
+    torch.manual_seed(0)
+    deit = transformers.DeiTForImageClassificationWithTeacher(cfg).eval()
+    adapter = vitlens.get_adapter(deit)
+    with torch.no_grad(), adapter.session(capture=True) as rec:
+        logits = adapter.forward(x)
+        torch.testing.assert_close(adapter.stream_logits(rec.final), logits)
+    assert get_method("legrad").explain(deit, x).token_maps.shape == (2, 4, 4)

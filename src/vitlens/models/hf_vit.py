@@ -13,7 +13,7 @@ from torch import Tensor, nn
 from ..errors import InputError, UnsupportedModelError
 from ._hf import eager_attention
 from .capabilities import (ATTENTION, BLOCK_IO, CLASS_LOGITS, FEATURE_MAPS, FEATURES, LINEAR_HEAD, LRP_LINEARS,
-                           TOKEN_GRID, TOKEN_SEQUENCE, TOKENS)
+                           STREAM_HEAD, TOKEN_GRID, TOKEN_SEQUENCE, TOKENS)
 from .base import Adapter, BlockRecord, LRPLinears, Recording, linears_at, logits_of
 
 __all__ = ["HFViTAdapter"]
@@ -43,8 +43,8 @@ class HFViTAdapter(Adapter):
     default_size: tuple[int, int]
 
     family = "hf-vit"
-    capabilities = frozenset({CLASS_LOGITS, ATTENTION, BLOCK_IO, TOKEN_SEQUENCE, LRP_LINEARS, LINEAR_HEAD, TOKENS,
-                              FEATURES, FEATURE_MAPS, TOKEN_GRID})
+    capabilities = frozenset({CLASS_LOGITS, ATTENTION, BLOCK_IO, TOKEN_SEQUENCE, LRP_LINEARS, LINEAR_HEAD, STREAM_HEAD,
+                              TOKENS, FEATURES, FEATURE_MAPS, TOKEN_GRID})
 
     @staticmethod
     def matches(model: nn.Module) -> bool:
@@ -91,6 +91,14 @@ class HFViTAdapter(Adapter):
 
     def blocks(self) -> Sequence[nn.Module]:
         return self.layers
+
+    def stream_logits(self, tokens: Tensor) -> Tensor:
+        """The backbone's final ``layernorm``, then the classifier on CLS (DeiT with teacher: the mean of the CLS and
+        distillation heads), as the model's forward reads its last layer."""
+        seq = self.backbone.layernorm(tokens)
+        if hasattr(self.model, "cls_classifier"):
+            return (self.model.cls_classifier(seq[:, 0]) + self.model.distillation_classifier(seq[:, 1])) / 2
+        return self.model.classifier(seq[:, 0])
 
     def lrp_linears(self) -> list[LRPLinears]:
         # transformers 5.x names first, then 4.x (attention.attention.query/…, intermediate/output.dense)
