@@ -304,3 +304,16 @@ def test_method_reads_a_trained_explainer_file(tmp_path):
     pick = exp.targets
     want = out.values[torch.arange(2), :, pick].reshape(2, 4, 4)
     torch.testing.assert_close(exp.token_maps, want, atol=2e-3, rtol=2e-2)
+@pytest.mark.parametrize("model_name", ["shapes-vit", "digits-vit"])
+def test_shipped_explainers_load_and_sum_to_grand_minus_null(model_name):
+    model = vitlens.load_model(model_name)
+    name, path, _ = shipped_shapley(model)
+    assert path.is_file() and path.parent == WEIGHTS_DIR and (WEIGHTS_DIR / f"{name}.md").is_file()
+    meta = json.loads(path.with_suffix(".json").read_text())
+    assert meta["steps"] == meta["train"]["surrogate_steps"] + meta["train"]["steps"]  # a finished run
+    size = patch_layout(model).size
+    x = torch.randn(2, 3, *size, generator=torch.Generator().manual_seed(0))
+    exp = vitlens.explain(model, x, method="vit_shapley")
+    torch.testing.assert_close(exp.token_maps.sum((1, 2)), exp.extras["grand"] - exp.extras["null"], rtol=1e-3,
+                               atol=1e-5)
+    assert sorted(n for n, _ in SHIPPED.values()) == ["digits-vit-shapley", "shapes-vit-shapley"]
