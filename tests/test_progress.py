@@ -60,7 +60,7 @@ def test_usage_mistakes_are_refused_before_the_model_loads(tmp_path: Path, photo
     (tmp_path / "done" / "a_png.gradskip.png").write_bytes(b"an earlier run's figure")
     argv, expect = {
         "missing image": (["explain", str(tmp_path / "nope.png"), *TINY, "--out", str(tmp_path / "o")],
-                          "does not exist"),
+                          "image file not found"),
         "unknown method": (["explain", str(photos[0]), *TINY, "--methods", "gradskipp", "--out", str(tmp_path / "o")],
                            "did you mean 'gradskip'"),
         "existing out": (["explain", str(photos[0]), *TINY, "--out", str(tmp_path / "done")], "--overwrite"),

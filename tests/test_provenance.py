@@ -92,7 +92,8 @@ def test_bench_run_writes_provenance_and_counts_progress_in_images(tmp_path: Pat
                          metrics=[("pointing_game", {"tolerance": 4})], n=4, batch_size=2, show=0)
     run = run_benchmark(config, tmp_path / "run", model=model, progress=True, device="cpu")
     err = capsys.readouterr().err
-    assert "4/4" in err and "image" in err and "unit" not in err  # 4 images (2 batches x 2 methods of work)
+    # 8 maps (4 images x 2 methods): the bar moves after each method on a batch, naming what runs
+    assert "8/8" in err and "map" in err and "rollout on images 3-4" in err and "unit" not in err
     prov = json.loads((run / "provenance.json").read_text())
     assert prov["device"] == "cpu" and prov["model"]["spec"] == "shapes-vit"
     assert prov["model"]["weights_sha256"] == weights_sha256(model) and prov["torch"] == torch.__version__

@@ -261,7 +261,7 @@ def _check_before_loading(args: argparse.Namespace, out: Path, paths: list[Path]
     missing = [p for p in paths if not p.exists()]
     if missing:
         more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
-        raise InputError(f"image '{missing[0]}' does not exist{more}; check the path")
+        raise InputError(f"'{missing[0]}': image file not found{more}; check the path")
     if not 0.0 <= args.smooth < float("inf"):
         raise InputError(f"--smooth must be a number >= 0 (pixels of the model's view), got {args.smooth}")
     files = [f for _, b in prompt_runs(args, bases) for f in planned_files(b, labels, args.format)]

@@ -209,8 +209,9 @@ def run_benchmark(config: BenchConfig, out: str | Path, model: nn.Module | None 
     """Run (or resume) a benchmark into ``out``. Returns the run directory.
 
     ``device``: where the model runs (checked by :func:`vitlens.devices.check_device`; ``"cuda"`` under torchrun is
-    this process's GPU, ``LOCAL_RANK``); ``None``: CUDA when there is a GPU, else the CPU. Progress counts images
-    (every method on a batch, then the next batch), so its ETA holds however different the methods' costs are.
+    this process's GPU, ``LOCAL_RANK``); ``None``: CUDA when there is a GPU, else the CPU. Progress counts maps (a
+    method on an image), advanced after each method on a batch and naming the unit that runs, so a batch of many
+    images and methods is never one silent step.
 
     ``model`` may be passed directly (otherwise ``config.model`` is loaded with :func:`vitlens.load_model`).
     ``stop_after_units`` stops early after that many new units (tests use it to simulate a crash).
