@@ -59,6 +59,7 @@ class ViTShapley(Explainer):
     """
 
     name = "vit_shapley"
+    value_kind = "signed"  # Shapley values: for (> 0) and against (< 0) the class (issue 55 declaration)
     description = "ViT-Shapley: learned patch Shapley values of a surrogate, one pass (needs a trained explainer)"
     needs = (CLASS_LOGITS, ATTENTION_MASK)
     display_name = "ViT-Shapley"
