@@ -179,10 +179,13 @@ def plot_examples(run_dir: Path, methods: list[str], class_names: list[str] | No
     untrained = random_weights(run_dir)
     captions = [_caption(preds.get(i), target, None if untrained else class_names, untrained) for i in idx]
     path = (dest or run_dir) / "examples.png"
-    # each method drawn by its declared value kind and default style, as vitlens explain draws it
+    # each method drawn by its declared value kind and default style, as vitlens explain draws it; the resolution
+    # holds each panel at least at its image's size (a cell is ~85% of its column), the text sized for that
+    side = max(min(1024, max(np.asarray(p).shape[:2])) for p in pix)
+    dpi = max(100, math.ceil(side / (0.85 * _COL_INCHES)))
     save_grid(str(path), pix, maps, row_labels=[f"image {i}" for i in idx],
               captions=captions if any(captions) else None, col_size=_COL_INCHES,
-              text_size=grid_text_size(1 + len(maps)), dpi=100)
+              text_size=grid_text_size(1 + len(maps), dpi), dpi=dpi)
     return path
 
 
