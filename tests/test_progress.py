@@ -114,3 +114,19 @@ def test_report_captions_of_a_random_model_are_no_prediction(tmp_path: Path) -> 
     assert "random weights" in text and "not a prediction" in text and "predicted:" not in text
     (tmp_path / "provenance.json").write_text(json.dumps({"model": {"pretrained": None, "weights_file": "w.pt"}}))
     assert not random_weights(tmp_path)
+
+
+def test_a_batch_call_gives_each_image_its_share(tmp_path: Path, photos: list[Path], capsys,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """On an accelerator a batch is one call per method: each image's JSON says its seconds are a share, and the
+    run's record holds the call (simulated on the CPU)."""
+    monkeypatch.setattr("vitlens.cli_explain._one_call_per_image", lambda device: False)
+    out = tmp_path / "out"
+    assert main(["explain", *map(str, photos), *TINY, "--methods", "gradskip", "--quiet", "--out", str(out)]) == 0
+    a = json.loads((out / "a_png.gradskip.json").read_text())
+    b = json.loads((out / "b_png.gradskip.json").read_text())
+    assert "share of one call on 2 image(s)" in a["cost"]["seconds_are"]
+    assert a["cost"]["seconds"] == b["cost"]["seconds"]  # the call's time split evenly, never the whole on each
+    run = json.loads((out / "explain-run.json").read_text())
+    assert len(run["calls"]) == 1 and len(run["calls"][0]["images"]) == 2
+    assert a["cost"]["seconds"] == pytest.approx(run["calls"][0]["seconds"] / 2)

@@ -409,7 +409,7 @@ def _explain_all(args: argparse.Namespace, out: Path, paths: list[Path], bases: 
 
     progress = progress or _Progress(len(paths), methods, True)
     calls: list[dict[str, Any]] = []
-    one_by_one = getattr(device, "type", str(device)) == "cpu"
+    one_by_one = _one_call_per_image(device)
     for start in range(0, len(paths), args.batch):
         chunk = list(range(start, min(start + args.batch, len(paths))))
         x = _load_chunk([paths[i] for i in chunk], cfg, start, len(paths)).to(device)
@@ -438,6 +438,12 @@ def _explain_all(args: argparse.Namespace, out: Path, paths: list[Path], bases: 
                 _report_line(record, args)
             progress.image_done(i + 1)
     return calls
+
+
+def _one_call_per_image(device: Any) -> bool:
+    """Whether each image gets its own explanation call: on the CPU (a batch saves little there, and progress and
+    cost are then per image), not on an accelerator."""
+    return getattr(device, "type", str(device)) == "cpu"
 
 
 def _load_chunk(paths: list[Path], cfg: Any, start: int, total: int) -> Any:
