@@ -45,10 +45,13 @@ def surrogate_game(surrogate: nn.Module, x: Tensor, batch: int = 256) -> Game:
 
 
 def _solve(a: Tensor, b: Tensor, total: Tensor) -> Tensor:
-    """The constrained least-squares solution for ``A`` ``(n, n)``, ``b`` ``(n, K)`` and ``v(1) − v(∅)`` ``(K,)``."""
+    """The constrained least-squares solution for ``A`` ``(n, n)``, ``b`` ``(n, K)`` and ``v(1) − v(∅)`` ``(K,)``
+    (through the pseudo-inverse of ``A``: with fewer distinct subsets than players ``A`` is singular and the
+    minimum-norm solution is taken)."""
     ones = torch.ones(a.shape[0], 1, dtype=a.dtype)
-    a_inv_b = torch.linalg.solve(a, b)
-    a_inv_1 = torch.linalg.solve(a, ones)
+    a_pinv = torch.linalg.pinv(a, hermitian=True)
+    a_inv_b = a_pinv @ b
+    a_inv_1 = a_pinv @ ones
     return a_inv_b - a_inv_1 @ ((ones.T @ a_inv_b - total[None]) / (ones.T @ a_inv_1))
 
 
