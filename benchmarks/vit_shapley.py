@@ -139,11 +139,42 @@ def error_rows(name: str, model: Any, x: torch.Tensor, refs: list[dict[str, Any]
         rows[label] = [{"l2": float("nan"), "rel": float("nan"), "pearson": _pearson(tm[i], r["phi"][:, int(c[i])]),
                         "spearman": _spearman(tm[i], r["phi"][:, int(c[i])]), "l2_all": float("nan")}
                        for i, r in enumerate(refs)]
+    grid = patch_layout(model).grid
+    shown = [{"image": x[i], "class": int(c[i]), "reference": refs[i]["phi"][:, int(c[i])].reshape(grid),
+              "explainer": out.values[i, :, int(c[i])].reshape(grid)} for i in range(min(2, len(refs)))]
     conv = [float((r["phi"] - r["half"]).norm() / r["phi"].norm()) for r in refs]
     return {"rows": {k: {m: float(np.mean([e[m] for e in v])) for m in v[0]} for k, v in rows.items()},
             "convergence": conv, "ref_seconds": [float(r["seconds"]) for r in refs], "t_net": t_net,
             "t_subset": float(np.mean(ks_time)), "n": n, "images": len(refs),
-            "train": {k: net.meta.get(k) for k in ("steps", "seconds")}, "validation": net.meta.get("validation")}
+            "train": {k: net.meta.get(k) for k in ("steps", "seconds")}, "validation": net.meta.get("validation"),
+            "shown": shown}
+
+
+def figure(results: dict[str, Any], path: Path) -> None:
+    """Per model, two images: the image, the reference φ* and the explainer's φ of the predicted class (one signed
+    colour scale per row)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [(name, s) for name, r in results.items() for s in r["errors"]["shown"]]
+    fig, axes = plt.subplots(len(rows), 3, figsize=(7.5, 2.5 * len(rows)), squeeze=False)
+    for (name, s), ax in zip(rows, axes):
+        img = s["image"].float()
+        img = (img - img.min()) / (img.max() - img.min()).clamp_min(1e-8)
+        ax[0].imshow(img.permute(1, 2, 0).numpy())
+        ax[0].set_title(f"{name}, class {s['class']}", fontsize=9)
+        lim = float(max(s["reference"].abs().max(), s["explainer"].abs().max()))
+        for a, key, title in ((ax[1], "reference", "KernelSHAP reference φ*"), (ax[2], "explainer", "ViT-Shapley φ")):
+            im = a.imshow(s[key].float().numpy(), cmap="RdBu_r", vmin=-lim, vmax=lim)
+            a.set_title(title, fontsize=9)
+        fig.colorbar(im, ax=list(ax[1:]), shrink=0.8)
+        for a in ax:
+            a.set_xticks([])
+            a.set_yticks([])
+    fig.savefig(path, dpi=110, bbox_inches="tight")
+    plt.close(fig)
 
 
 def insertion_deletion(model: Any, x: torch.Tensor, path: Any = None) -> dict[str, Any]:
@@ -254,7 +285,13 @@ def main() -> None:
         if args.n_id:
             results[name]["insdel"] = insertion_deletion(model, x[:args.n_id], files.get(name))
     if not args.references_only:
-        Path(args.out).write_text(markdown(results, args), encoding="utf-8")
+        png = Path(args.out).with_name(Path(args.out).stem + "_maps.png")
+        figure(results, png)
+        text = markdown(results, args).replace("\n## ", f"\n![maps](./{png.name})\n\n*The first two evaluation images "
+                                               "per model: the reference and the explainer's values of the predicted "
+                                               "class on the patch grid (red positive, blue negative, one scale per "
+                                               "row).*\n\n## ", 1)
+        Path(args.out).write_text(text, encoding="utf-8")
         print(f"wrote {args.out}")
 
 
