@@ -79,19 +79,16 @@ def _expand(paths: Sequence[str]) -> list[Path]:
     from vitlens.data.loaders import IMAGE_EXTENSIONS
     from vitlens.errors import InputError
 
-    from vitlens.files import check_regular
+    from vitlens.files import check_regular, regular_files
 
     out: list[Path] = []
     for p in map(Path, paths):
         if p.is_dir():
             found = sorted(f for f in p.rglob("*") if f.suffix.lower() in IMAGE_EXTENSIONS
                            and not any(part.startswith(".") for part in f.relative_to(p).parts))
-            odd = [f for f in found if not f.is_file()]  # FIFOs, sockets, devices: never opened (they would block)
-            if odd:
-                print(f"vitlens: skipped {len(odd)} entr{'y' if len(odd) == 1 else 'ies'} of folder '{p}' that "
-                      f"{'is' if len(odd) == 1 else 'are'} not a regular file ('{odd[0]}'"
-                      f"{', …' if len(odd) > 1 else ''})", file=sys.stderr)
-                found = [f for f in found if f.is_file()]
+            found, skipped = regular_files(found, p)
+            if skipped:
+                print(f"vitlens: {skipped}", file=sys.stderr)
             if not found:
                 raise InputError(f"folder '{p}' contains no images")
             out += found

@@ -24,7 +24,8 @@ from typing import Any, BinaryIO
 
 from .errors import DamagedFileError, InputError, VitlensError
 
-__all__ = ["check_regular", "code_refusal", "file_kind", "load_torch_plain", "open_regular", "read_text_file"]
+__all__ = ["check_regular", "code_refusal", "file_kind", "load_torch_plain", "open_regular", "read_text_file",
+           "regular_files"]
 
 
 def file_kind(mode: int) -> str:
@@ -35,6 +36,18 @@ def file_kind(mode: int) -> str:
         if test(mode):
             return words
     return "not a regular file"
+
+
+def regular_files(found: list[Path], folder: str | os.PathLike) -> tuple[list[Path], str | None]:
+    """``found`` (entries listed under ``folder``) without those that are not regular files (FIFOs, sockets, devices:
+    opening one would block), and one line naming what was skipped (``None`` when nothing was)."""
+    odd = [p for p in found if p.exists() and not p.is_file()]
+    if not odd:
+        return found, None
+    n = len(odd)
+    line = (f"skipped {n} entr{'y' if n == 1 else 'ies'} of folder '{folder}' that {'is' if n == 1 else 'are'} "
+            f"not a regular file ('{odd[0]}'{', …' if n > 1 else ''})")
+    return [p for p in found if p not in odd], line
 
 
 def check_regular(path: str | os.PathLike, label: str, error: type[VitlensError] = InputError) -> Path:

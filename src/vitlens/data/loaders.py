@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import csv
 import math
+import warnings
 import xml.etree.ElementTree as ET
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -47,6 +48,7 @@ from PIL import Image, ImageOps
 from torch.utils.data import Dataset
 
 from ..errors import InputError
+from ..files import regular_files
 from ..images import DataConfig, data_config, preprocess
 from ..images import crop_or_pad as _crop_or_pad, open_image_file as _open_file, resize_shape as _resize_shape
 from ..images import to_rgb as _to_rgb
@@ -83,9 +85,7 @@ BLOODMNIST_CLASSES: tuple[str, ...] = (
 _ADE_NUM_CLASSES = 150
 
 
-# --------------------------------------------------------------------------------------------------------------------
-# Helpers
-# --------------------------------------------------------------------------------------------------------------------
+# ---- Helpers ----
 
 
 def _existing_dir(path: str | Path, what: str) -> Path:
@@ -97,8 +97,12 @@ def _existing_dir(path: str | Path, what: str) -> Path:
     return p
 
 
+def _is_image_name(p: Path) -> bool:
+    return p.suffix.lower() in IMAGE_EXTENSIONS and not p.name.startswith(".")
+
+
 def _is_image(p: Path) -> bool:
-    return p.is_file() and p.suffix.lower() in IMAGE_EXTENSIONS and not p.name.startswith(".")
+    return p.is_file() and _is_image_name(p)
 
 
 def _hidden(p: Path, folder: Path) -> bool:
@@ -106,19 +110,12 @@ def _hidden(p: Path, folder: Path) -> bool:
 
 
 def _images_under(folder: Path, recursive: bool) -> list[Path]:
-    """The image files under ``folder``; an entry with an image's name that is no regular file (a FIFO, socket or
-    device: reading it would block) is skipped with a warning naming it."""
+    """The image files under ``folder``; a FIFO, socket or device with an image's name is skipped with a warning."""
     it = folder.rglob("*") if recursive else folder.iterdir()
-    found = [p for p in it if p.suffix.lower() in IMAGE_EXTENSIONS and not _hidden(p, folder)]
-    odd = [p for p in found if p.exists() and not p.is_file()]
-    if odd:
-        import warnings
-
-        more = ", …" if len(odd) > 1 else ""
-        warnings.warn(f"skipped {len(odd)} entr{'y' if len(odd) == 1 else 'ies'} of '{folder}' that "
-                      f"{'is' if len(odd) == 1 else 'are'} not a regular file ('{odd[0]}'{more})", RuntimeWarning,
-                      stacklevel=3)
-    return sorted(p for p in found if _is_image(p))
+    found, skipped = regular_files([p for p in it if _is_image_name(p) and not _hidden(p, folder)], folder)
+    if skipped:
+        warnings.warn(skipped, RuntimeWarning, stacklevel=3)
+    return sorted(p for p in found if p.is_file())
 
 
 def _open_rgb(path: Path, exif: bool = False) -> Image.Image:
@@ -154,9 +151,7 @@ class _Loader(Dataset):
         return f"{type(self).__name__}({self._n} items)"
 
 
-# --------------------------------------------------------------------------------------------------------------------
-# ImageNet validation set with bounding boxes
-# --------------------------------------------------------------------------------------------------------------------
+# ---- ImageNet validation set with bounding boxes ----
 
 
 def voc_to_pixel_box(xmin: float, ymin: float, xmax: float, ymax: float) -> tuple[int, int, int, int]:
@@ -298,9 +293,7 @@ class ImageNetVal(_Loader):
         return item
 
 
-# --------------------------------------------------------------------------------------------------------------------
-# BloodMNIST
-# --------------------------------------------------------------------------------------------------------------------
+# ---- BloodMNIST ----
 
 
 class BloodMNIST(_Loader):
@@ -367,9 +360,7 @@ class BloodMNIST(_Loader):
         return {"image": image, "label": int(self.labels[i]), "index": i, "id": f"{self.split}_{i}"}
 
 
-# --------------------------------------------------------------------------------------------------------------------
-# ADE20K (SceneParsing / ADEChallengeData2016)
-# --------------------------------------------------------------------------------------------------------------------
+# ---- ADE20K (SceneParsing / ADEChallengeData2016) ----
 
 
 def _ade_class_names(root: Path) -> list[str] | None:
@@ -466,9 +457,7 @@ class ADE20K(_Loader):
         return {"image": image, "label": _most_frequent_class(seg), "index": i, "id": img_path.stem, "seg": seg}
 
 
-# --------------------------------------------------------------------------------------------------------------------
-# Plain folder of images
-# --------------------------------------------------------------------------------------------------------------------
+# ---- Plain folder of images ----
 
 
 class ImageFolder(_Loader):
@@ -513,9 +502,7 @@ class ImageFolder(_Loader):
                 "id": path.relative_to(self.root).as_posix()}
 
 
-# --------------------------------------------------------------------------------------------------------------------
-# Batching with geometry-consistent ground truth
-# --------------------------------------------------------------------------------------------------------------------
+# ---- Batching with geometry-consistent ground truth ----
 
 
 def transform_label_map(labels: torch.Tensor | np.ndarray,
