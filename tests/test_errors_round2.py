@@ -344,7 +344,7 @@ def test_closed_pil_image_is_one_line():
 def test_insertion_deletion_preset_of_another_type(preset):
     from vitlens.metrics import get_metric
 
-    with pytest.raises(InputError, match=r"unknown preset .*available: aha, mutex, rise"):
+    with pytest.raises(InputError, match=r"unknown preset .*available: aha, aha_authors, mutex, rise"):
         get_metric("insertion_deletion", preset=preset)
 
 

@@ -210,7 +210,8 @@ def reference_transformer_attribution(model: nn.Module, x: torch.Tensor) -> torc
         joint = torch.eye(rel.shape[1])
         for cam in cams[::-1]:
             joint = (torch.eye(rel.shape[1]) + cam) @ joint
-        maps.append(joint[0, p:] if model.global_pool == "token" else joint[p:].mean(0)[p:])
+        # pooled readout: the row of R - I (the identity's 1/N on every token says nothing about the image)
+        maps.append(joint[0, p:] if model.global_pool == "token" else (joint - torch.eye(rel.shape[1]))[p:].mean(0)[p:])
     return torch.stack(maps)
 
 

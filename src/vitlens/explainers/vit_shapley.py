@@ -87,7 +87,8 @@ class ViTShapley(Explainer):
         hit = self._cache.get(id(model))
         if hit is not None and hit[0]() is model:
             return hit[1]
-        net = self._build(model)
+        first = next(model.parameters(), None)  # the explainer runs in the model's precision and on its device
+        net = self._build(model) if first is None else self._build(model).to(device=first.device, dtype=first.dtype)
         self._cache[id(model)] = (weakref.ref(model), net)
         return net
 
