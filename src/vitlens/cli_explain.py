@@ -212,7 +212,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
     if args.smooth > max(cfg.size_hw):
         raise InputError(f"--smooth {args.smooth:g} is more than the model's view ({cfg.size_hw[0]}x{cfg.size_hw[1]} "
                          "px): such a blur flattens the map; give a sigma of a few pixels")
-    kinds = {label: type(method).value_kind_for(method.options) or None for label, method in methods}
+    kinds = {label: type(method).value_kind_for(getattr(method, "options", {})) or None for label, method in methods}
     style: dict[str, Any] = {"normalize": args.normalize, "clip": None if args.clip >= 100 else args.clip,
                              "smooth": args.smooth, "kinds": kinds, "random_weights": untrained,
                              "min_panel_px": max(cfg.size_hw),

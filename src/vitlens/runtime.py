@@ -27,6 +27,7 @@ from .atomic import atomic_path, save_torch, write_text
 from .errors import InputError
 
 __all__ = [
+    "add_run_folder_arguments",
     "parse_value", "parse_key_value", "split_top",
     "warmup_cosine", "warmup_cosine_steps",
     "DistributedRun", "distributed_env", "init_distributed", "rng_state", "set_rng_state",
@@ -218,3 +219,18 @@ def set_rng_state(state: dict[str, Any]) -> None:
     random.setstate(state["python"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def add_run_folder_arguments(p: Any, *, models: str, suffix: str) -> None:
+    """The arguments every training command shares (``train-aha``, ``train-shapley``): the model and its options, the
+    data, the run folder and how an earlier run in it is treated. ``models`` says which models the command takes,
+    ``suffix`` ends the default output name (``<model>-<suffix>``)."""
+    p.add_argument("--model", required=True, help=models)
+    p.add_argument("--model-option", action="append", default=[], metavar="KEY=VALUE",
+                   help="argument for vitlens.load_model (e.g. pretrained=False), repeatable")
+    p.add_argument("--data", default="scenes", help="'scenes' (synthetic scenes), 'planted' / 'cues' (the scenes of "
+                                                    "vitlens.data.evidence), 'digits' (MNIST-5k) or an image folder")
+    p.add_argument("--out", required=True, help="output folder (checkpoint.pt, <name>.safetensors/.json/.md)")
+    p.add_argument("--name", default=None, help=f"stem of the output files (default: <model>-{suffix})")
+    p.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.pt")
+    p.add_argument("--overwrite", action="store_true", help="replace an earlier run in OUT (default: refuse it)")

@@ -79,17 +79,10 @@ def _recipe_options(items: Sequence[str]) -> dict[str, str]:
 
 def _add_arguments(p: argparse.ArgumentParser) -> None:
     from ..options import nonnegative_float, nonnegative_int, positive_float, positive_int, seed_int
+    from ..runtime import add_run_folder_arguments
 
     d = AHATrainConfig()
-    p.add_argument("--model", required=True, help="bundled name (shapes-vit), timm:<arch> or hf:<dir>")
-    p.add_argument("--model-option", action="append", default=[], metavar="KEY=VALUE",
-                   help="argument for vitlens.load_model (e.g. pretrained=False), repeatable")
-    p.add_argument("--data", default="scenes", help="'scenes' (synthetic scenes), 'planted' / 'cues' (the scenes of vitlens.data.evidence), "
-                        "'digits' (MNIST-5k) or an image folder")
-    p.add_argument("--out", required=True, help="output folder (checkpoint.pt, <name>.safetensors/.json/.md)")
-    p.add_argument("--name", default=None, help="stem of the output files (default: <model>-aha)")
-    p.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.pt")
-    p.add_argument("--overwrite", action="store_true", help="replace an earlier run in OUT (default: refuse it)")
+    add_run_folder_arguments(p, models="bundled name (shapes-vit), timm:<arch> or hf:<dir>", suffix="aha")
     p.add_argument("--recipe", choices=sorted(RECIPES), default="tracked",
                    help="training recipe whose values the options below default to: 'tracked' (learns; default) or "
                         "'authors' (the AHA authors' code: tau 1->0.3, Gumbel noise on raw scores, one map scored on 2 "

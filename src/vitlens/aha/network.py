@@ -575,5 +575,5 @@ def load_explainer(path: str | Path, target: nn.Module, check_target: bool = Tru
             stacklevel=2,
         )
     device = next((p.device for p in target.parameters()), torch.device("cpu"))
-    net.meta = info
+    setattr(net, "meta", info)
     return net.to(device).eval()

@@ -27,17 +27,10 @@ DESCRIPTION = ("Train a ViT-Shapley explainer (Covert et al., ICLR 2023) for a t
 
 def _add_arguments(p: argparse.ArgumentParser) -> None:
     from ..options import nonnegative_float, nonnegative_int, positive_float, positive_int, seed_int
+    from ..runtime import add_run_folder_arguments
 
     d = ShapleyTrainConfig()
-    p.add_argument("--model", required=True, help="bundled name (shapes-vit), timm:<arch> (a ViT/DeiT)")
-    p.add_argument("--model-option", action="append", default=[], metavar="KEY=VALUE",
-                   help="argument for vitlens.load_model (e.g. pretrained=False), repeatable")
-    p.add_argument("--data", default="scenes", help="'scenes' (synthetic scenes), 'planted' / 'cues', 'digits' "
-                                                    "(MNIST-5k) or an image folder")
-    p.add_argument("--out", required=True, help="output folder (checkpoint.pt, <name>.safetensors/.json/.md)")
-    p.add_argument("--name", default=None, help="stem of the output files (default: <model>-shapley)")
-    p.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.pt")
-    p.add_argument("--overwrite", action="store_true", help="replace an earlier run in OUT (default: refuse it)")
+    add_run_folder_arguments(p, models="bundled name (shapes-vit), timm:<arch> (a ViT/DeiT)", suffix="shapley")
     p.add_argument("--steps", type=positive_int, default=d.steps, help="explainer optimiser steps")
     p.add_argument("--surrogate-steps", type=nonnegative_int, default=d.surrogate_steps,
                    help="surrogate fine-tuning steps, before the explainer's")

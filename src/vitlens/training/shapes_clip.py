@@ -223,7 +223,8 @@ def _train(args: argparse.Namespace, model: Any, opt: torch.optim.Optimizer, x_t
     g = torch.Generator().manual_seed(args.seed)
     batches = BatchSampler(len(x_train), g)
     rng = np.random.default_rng([args.seed, 0x434C4950])
-    step, history, before = 0, [], 0.0
+    history: list[list[float]] = []
+    step, before = 0, 0.0
     ck_path = args.out / "checkpoint.pt"
     if args.resume and ck_path.is_file():
         step, rng, history, before = _restore(ck_path, model, opt, g, batches)

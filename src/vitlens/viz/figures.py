@@ -115,7 +115,7 @@ def _save(fig: Figure, path: Path, dpi: int, metadata: Mapping[str, str] | None)
     """Write ``fig`` with :data:`JOURNAL_RC` (set for this call only) atomically."""
     from matplotlib import rc_context
 
-    with rc_context(JOURNAL_RC), atomic_path(path) as tmp:  # no half-written picture survives an error or a kill
+    with rc_context(dict[Any, Any](JOURNAL_RC)), atomic_path(path) as tmp:  # no half-written picture survives an error or a kill
         fig.savefig(tmp, dpi=dpi, format=path.suffix.lstrip(".").lower() or None,
                     metadata=_file_metadata(path, metadata))
 

@@ -253,7 +253,7 @@ def map_scale(heatmap: MapLike, normalize: MapNormalization = "auto", clip: floa
     if clip is not None and not 0.0 < float(clip) <= 100.0:
         raise InputError(f"clip must be a percentile in (0, 100], got {clip!r}")
     q = 100.0 if clip is None else float(clip)
-    seen = {"data_min": float(values.min()), "data_max": float(values.max()), "clip": None if q >= 100.0 else q}
+    seen: dict[str, Any] = {"data_min": float(values.min()), "data_max": float(values.max()), "clip": None if q >= 100.0 else q}
     if mode in ("signed", "abs"):
         top = float(np.percentile(np.abs(values), q))
         return Scale("signed", -top, top, **seen) if mode == "signed" else Scale("abs", 0.0, top, **seen)
