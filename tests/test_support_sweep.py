@@ -97,5 +97,5 @@ def test_conformance_cli_lists_capabilities_and_methods(capsys):
     assert main(["conformance", "timm:vit_tiny_patch16_224", "--model-option", "pretrained=False",
                  "--model-option", "img_size=32", "--model-option", "patch_size=8"]) == 0
     out = capsys.readouterr().out
-    assert "adapter: TimmViTAdapter (timm-vit)" in out and "provides: attention, block_io" in out
+    assert "adapter: TimmViTAdapter (timm-vit)" in out and "provides: attention, attention_mask, block_io" in out
     assert "methods that run: aha, attn_gradcam, attnlrp" in out and "  windows: " in out

@@ -105,11 +105,11 @@ def _read_config(path: Path) -> dict[str, Any]:
     from ..files import read_text_file
 
     try:
-        have = json.loads(read_text_file(path, str(path), error=DamagedFileError))
+        have = json.loads(read_text_file(path, "the file", error=DamagedFileError))
         if not isinstance(have, dict):
             raise ValueError("not a JSON object")
         return have
-    except (ValueError, UnicodeDecodeError) as e:
+    except (ValueError, UnicodeDecodeError, DamagedFileError) as e:  # (not text, a FIFO: the same way out)
         raise DamagedFileError(
             f"{path} is damaged ({e}); restore it, or rerun with --overwrite to start this run directory over"
         ) from None
