@@ -27,7 +27,7 @@ from .atomic import atomic_path, save_torch, write_text
 from .errors import InputError
 
 __all__ = [
-    "add_run_folder_arguments",
+    "add_run_folder_arguments", "add_process_arguments",
     "parse_value", "parse_key_value", "split_top",
     "warmup_cosine", "warmup_cosine_steps",
     "DistributedRun", "distributed_env", "init_distributed", "rng_state", "set_rng_state",
@@ -120,6 +120,15 @@ class DistributedRun:
             import torch.distributed as dist
 
             dist.barrier()
+
+    def finish(self) -> None:
+        """At the end of a run: wait for every process, then end the process group if this run started it."""
+        if self.active:
+            import torch.distributed as dist
+
+            dist.barrier()
+            if self.initialised_here:
+                dist.destroy_process_group()
 
 
 def distributed_env() -> tuple[int, int]:
@@ -234,3 +243,11 @@ def add_run_folder_arguments(p: Any, *, models: str, suffix: str) -> None:
     p.add_argument("--name", default=None, help=f"stem of the output files (default: <model>-{suffix})")
     p.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.pt")
     p.add_argument("--overwrite", action="store_true", help="replace an earlier run in OUT (default: refuse it)")
+
+
+def add_process_arguments(p: Any, positive_int: Callable[[str], int]) -> None:
+    """The per-process arguments every training command shares: torch threads (read by ``positive_int``, the
+    command line's converter), device, progress bar."""
+    p.add_argument("--threads", type=positive_int, default=None, help="torch threads per process (default: cores/processes)")
+    p.add_argument("--device", default=None, help="cpu, cuda (default: cuda if available)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")

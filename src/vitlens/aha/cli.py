@@ -79,7 +79,7 @@ def _recipe_options(items: Sequence[str]) -> dict[str, str]:
 
 def _add_arguments(p: argparse.ArgumentParser) -> None:
     from ..options import nonnegative_float, nonnegative_int, positive_float, positive_int, seed_int
-    from ..runtime import add_run_folder_arguments
+    from ..runtime import add_process_arguments, add_run_folder_arguments
 
     d = AHATrainConfig()
     add_run_folder_arguments(p, models="bundled name (shapes-vit), timm:<arch> or hf:<dir>", suffix="aha")
@@ -165,10 +165,7 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
                    help="recompute the target's activations in the backward pass to save memory (auto: on CUDA)")
     p.add_argument("--seed", type=seed_int, default=d.seed, help="seed of the data order, the decoder's weights and the "
                                                                 "training scenes")
-    p.add_argument("--threads", type=positive_int, default=None,
-                   help="torch threads per process (default: cores/processes)")
-    p.add_argument("--device", default=None, help="cpu, cuda (default: cuda if available)")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_process_arguments(p, positive_int)
 
 
 def cmd_train_aha(args: argparse.Namespace) -> int:

@@ -589,11 +589,6 @@ def train_aha(model: nn.Module, data: Any = "scenes", out_dir: str | os.PathLike
     weights = None
     if finished and run.out is not None and run.dist_info.rank == 0:
         weights = _write_outputs(run, name, command, card, seconds)
-    if run.dist_info.active:
-        import torch.distributed as dist
-
-        dist.barrier()
-        if run.dist_info.initialised_here:
-            dist.destroy_process_group()
+    run.dist_info.finish()
     return TrainResult(net=run.net, history=run.history, validation=run.validation, weights=weights, step=run.step,
                        seconds=seconds, finished=finished)

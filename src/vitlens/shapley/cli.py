@@ -27,7 +27,7 @@ DESCRIPTION = ("Train a ViT-Shapley explainer (Covert et al., ICLR 2023) for a t
 
 def _add_arguments(p: argparse.ArgumentParser) -> None:
     from ..options import nonnegative_float, nonnegative_int, positive_float, positive_int, seed_int
-    from ..runtime import add_run_folder_arguments
+    from ..runtime import add_process_arguments, add_run_folder_arguments
 
     d = ShapleyTrainConfig()
     add_run_folder_arguments(p, models="bundled name (shapes-vit), timm:<arch> (a ViT/DeiT)", suffix="shapley")
@@ -48,10 +48,7 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ckpt-every", type=nonnegative_int, default=d.ckpt_every,
                    help="write OUT/checkpoint.pt every N steps (0: only at the phases' ends)")
     p.add_argument("--seed", type=seed_int, default=d.seed, help="seed of the data order, subsets and new weights")
-    p.add_argument("--threads", type=positive_int, default=None,
-                   help="torch threads per process (default: cores/processes)")
-    p.add_argument("--device", default=None, help="cpu, cuda (default: cuda if available)")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_process_arguments(p, positive_int)
 
 
 def cmd_train_shapley(args: argparse.Namespace) -> int:

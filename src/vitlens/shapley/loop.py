@@ -452,12 +452,7 @@ def train_shapley(model: nn.Module, data: Any = "scenes", out_dir: str | os.Path
         weights = None
         if finished and run.out is not None and run.dist.rank == 0:
             weights = _write_outputs(run, name, command, card, seconds)
-        if run.dist.active:
-            import torch.distributed as dist
-
-            dist.barrier()
-            if run.dist.initialised_here:
-                dist.destroy_process_group()
+        run.dist.finish()
     finally:
         if pbar is not None:
             pbar.close()
