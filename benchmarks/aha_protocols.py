@@ -11,7 +11,9 @@ order, :func:`vitlens.aha.data.shuffled_digits`, as bench takes them, while AHA 
   masks, stable sort; plus Chefer's positive/negative perturbation (``neg_minus_pos``, top-1 accuracy, black).
 * rows: AHA T = 0 and refined with the defaults (the shipped explainer; T = 6, lr 0.025, ``reference="mixed"``;
   the JSON key stays ``aha_t3``), AHA T = 3, lr 0.05 (the previous default, ``aha_t3_prev``), GradSkip, and the best other single-pass
-  method, chosen per model among AttnLRP, GAE, input × gradient and Grad-CAM by the mean over the four references
+  method, chosen per model among AttnLRP, GAE, input × gradient, Grad-CAM, LeGrad, LibraGrad input × gradient and
+  Grad-CAM, and ViT-Shapley (where an explainer for the model ships; candidates added to a stored result are scored
+  with ``--resume --redo candidates`` and replace its choice only if they beat it) by the mean over the four references
   at 21 pixel points *on the evaluation images themselves* (which favours that baseline, not AHA); ``--extra NAME=PATH``
   adds an AHA explainer file at T = 0 (e.g. the one shipped before the retraining); AHA T = 3 with the earlier
   default refinement (``reference="mean"``, the mean colour alone) is scored on the 21-point pixel cells.
@@ -69,7 +71,8 @@ REFERENCES = ("mean", "black", "blur", "meanimage")
 REF_NAMES = {"mean": "mean colour", "black": "black", "blur": "blur", "meanimage": "mean image"}
 RANKINGS = ("pixel", "token")
 POINTS = (21, 51)
-CANDIDATES = ("attnlrp", "gae", "inputxgradient", "gradcam")
+CANDIDATES = ("attnlrp", "gae", "inputxgradient", "gradcam", "legrad", "libragrad_inputxgradient", "libragrad_gradcam",
+              "vit_shapley")
 #: references whose cells are also scored with 51 points: all four (until session 9 only the mean colour; stored
 #: results from then are completed with ``--resume --complete``)
 REFS_51 = REFERENCES
@@ -212,9 +215,11 @@ def run_model(name: str, n: int, batch: int, extra: dict[str, str], candidates: 
         return posneg(maps, model=model, x=x, targets=cls).values["neg_minus_pos"].tolist()
 
     rows: dict[str, dict[str, list[float]]] = dict(keep)
+    timings: dict[str, float] = dict(kept_times)
     cand_scores = {}
-    if previous and "best_other" in keep:  # the candidates were scored already: reuse the choice
-        candidates = []
+    stored = dict((previous or {}).get("candidates", {})) if previous and "best_other" in keep else {}
+    if stored:  # the candidates were scored already: reuse them, score only those added since
+        candidates = [m for m in candidates if m not in stored]
     for m in candidates:
         try:
             mp = maps_of(model, x, m, batch)
@@ -222,9 +227,17 @@ def run_model(name: str, n: int, batch: int, extra: dict[str, str], candidates: 
             print(f"  {name}: {m} skipped ({str(e)[:80]})")
             continue
         cand_scores[m] = (score_matrix(model, x, mp, cls, refs, unit, quick, dc, batch), mp)
-    if candidates:
-        best_other = max(cand_scores, key=lambda m: np.mean([np.mean(v) for k, v in cand_scores[m][0].items()
-                                                             if ":" not in k]))
+    means = {**{m: float(np.mean(list(v.values()))) for m, v in stored.items()},
+             **{m: float(np.mean([np.mean(v) for k, v in sc.items() if ":" not in k])) for m, (sc, _) in
+                cand_scores.items()}}
+    if previous is not None and stored:
+        best_other = max(means, key=means.__getitem__)
+        if best_other != previous["best_other"]:  # a candidate added since beats the stored choice: its row anew
+            print(f"  {name}: best other {previous['best_other']} -> {best_other}")
+            rows.pop("best_other", None)
+            timings.pop("best_other", None)
+    elif cand_scores:
+        best_other = max(means, key=means.__getitem__)
     else:
         assert previous is not None
         best_other = previous["best_other"]
@@ -232,7 +245,6 @@ def run_model(name: str, n: int, batch: int, extra: dict[str, str], candidates: 
     methods = {"aha_t0": ("aha", {"refine_steps": 0}), "aha_t3": ("aha", {}),
                "gradskip": ("gradskip", {}),
                "aha_t3_prev": ("aha", {"refine_steps": 3, "lr": 0.05})}  # the previous default, on every cell
-    timings: dict[str, float] = dict(kept_times)
     # stored rows that lack some of the full cells (e.g. results from before every reference got 51 points): the
     # maps are recomputed (every method here is deterministic) and only the missing cells are scored
     main_rows = {**methods, "best_other": (best_other, {})}
@@ -259,7 +271,8 @@ def run_model(name: str, n: int, batch: int, extra: dict[str, str], candidates: 
     for label, path in extra.items():
         mp = maps_of(model, x, "aha", batch, refine_steps=0, explainer=path)
         rows[label] = {**score_matrix(model, x, mp, cls, refs, unit, quick, dc, batch), "posneg": pn(mp)}
-    cands = {m: {k: float(np.mean(v)) for k, v in s.items() if ":" not in k} for m, (s, _) in cand_scores.items()}
+    cands = {**stored, **{m: {k: float(np.mean(v)) for k, v in s.items() if ":" not in k}
+                          for m, (s, _) in cand_scores.items()}}
     return {"model": name, "n": n, "first": first, "best_other": best_other, "unit": unit, "rows": rows,
             "candidates": cands or (previous or {}).get("candidates", {}),
             "seconds_per_image": timings,

@@ -67,6 +67,11 @@ def applicable(model: torch.nn.Module, names: list[str]) -> tuple[list[str], dic
     ok, skipped = [], {}
     for name in names:
         why = why_not(model, name)  # the support query: the capability the method needs and the model lacks
+        if why is None and name == "vit_shapley":  # a learned explainer: runs only where one was trained
+            from vitlens.shapley import shipped_shapley
+
+            if shipped_shapley(model) is None:
+                why = "no shipped ViT-Shapley explainer for this model (train one with `vitlens train-shapley`)"
         if why is None:
             ok.append(name)
         else:
