@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 from typing import Any, Iterator
 
+import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
@@ -33,7 +34,7 @@ from ._fused_calls import install
 from ._hf import eager_attention
 from ._sequence import BlockParts, SequenceAdapter
 from .base import BlockRecord, LRPLinears, Recording, int_pair, linears_at
-from .capabilities import LRP_LINEARS, TOKENS
+from .capabilities import LRP_LINEARS, STREAM_HEAD, TOKENS
 from .timm_naflexvit import ATTENTION_POOL, LRP_THROUGH_HEAD
 
 __all__ = ["HFVisionTowerAdapter"]
@@ -86,6 +87,11 @@ class HFVisionTowerAdapter(SequenceAdapter):
         if self.siglip2:
             self.capability_notes[TOKENS] = "SigLIP2's attention mask and position embeddings are built for the full " \
                                             "patch set"
+        if clip or pooled_head:
+            self.capabilities = self.capabilities | {STREAM_HEAD}
+        else:
+            self.capability_notes[STREAM_HEAD] = "this SigLIP tower has no attention-pool head (vision_use_head=False)" \
+                                                 ": its output has no pooled embedding to read"
         heads = int(cfg.num_attention_heads)
         self._live: Recording | None = None  # the recording of the session that is open, if any
         self._parts = []
@@ -100,6 +106,20 @@ class HFVisionTowerAdapter(SequenceAdapter):
 
     def parts(self) -> list[BlockParts]:
         return self._parts
+
+    def stream_logits(self, tokens: Tensor) -> Tensor:
+        """The tower's pooled output ``(B, D)`` from the residual stream ``tokens`` ``(B, T, D)`` after any layer, as
+        its forward ends: CLIP ``post_layernorm(tokens[:, 0])`` (the CLS token, then the norm); SigLIP
+        ``head(post_layernorm(tokens))`` (the norm on every token, then the attention-pool head; SigLIP2's head with
+        every patch valid, as :func:`~vitlens.models.vlm.naflex_inputs` cuts them)."""
+        if STREAM_HEAD not in self.capabilities:
+            raise UnsupportedModelError(f"{type(self.model).__name__}: {self.capability_notes[STREAM_HEAD]}")
+        if self.family == "hf-clip-tower":
+            return self.model.post_layernorm(tokens[:, 0])
+        seq = self.model.post_layernorm(tokens)
+        if self.siglip2:
+            return self.model.head(seq, torch.ones(seq.shape[:2], dtype=torch.long, device=seq.device))
+        return self.model.head(seq)
 
     def lrp_linears(self) -> list[LRPLinears]:
         return [linears_at(p.block, i, qkv=[("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj")],

@@ -15,12 +15,12 @@ import contextlib
 from typing import Any, Iterator
 
 import torch.nn.functional as F
-from torch import nn
+from torch import Tensor, nn
 
 from ..errors import UnsupportedModelError
 from ._sequence import BlockParts, SequenceAdapter
 from .base import LRPLinears, int_pair
-from .capabilities import LRP_LINEARS
+from .capabilities import LRP_LINEARS, STREAM_HEAD
 
 __all__ = ["OpenClipTowerAdapter"]
 
@@ -82,6 +82,12 @@ class OpenClipTowerAdapter(SequenceAdapter):
         self.in_chans = int(model.conv1.in_channels)
         self.num_classes = int(model.output_dim)
         self.capability_notes = {LRP_LINEARS: _PACKED}
+        if callable(getattr(model, "_pool", None)) and getattr(model.transformer, "batch_first", True):
+            self.capabilities = self.capabilities | {STREAM_HEAD}
+        else:
+            self.capability_notes[STREAM_HEAD] = ("this open_clip version's VisionTransformer has no _pool(tokens) "
+                                                  "(or runs its blocks sequence-first): its readout is not read from a "
+                                                  "block's tokens")
         self._parts = []
         for i, blk in enumerate(model.transformer.resblocks):
             mha = getattr(blk, "attn", None)
@@ -100,6 +106,14 @@ class OpenClipTowerAdapter(SequenceAdapter):
     def grid(self, input_hw: tuple[int, int]) -> tuple[int, int]:
         ph, pw = int_pair(self.model.patch_size)
         return input_hw[0] // ph, input_hw[1] // pw
+
+    def stream_logits(self, tokens: Tensor) -> Tensor:
+        """The tower's output ``(B, D)`` from the residual stream ``tokens`` ``(B, T, D)`` after any block, as its
+        forward ends: ``_pool`` (``ln_post`` and the CLS token or token mean, in the model's order), then ``proj``."""
+        if STREAM_HEAD not in self.capabilities:
+            raise UnsupportedModelError(f"{type(self.model).__name__}: {self.capability_notes[STREAM_HEAD]}")
+        pooled, _ = self.model._pool(tokens)
+        return pooled if self.model.proj is None else pooled @ self.model.proj
 
     def lrp_linears(self) -> list[LRPLinears]:
         raise UnsupportedModelError(_PACKED)

@@ -17,7 +17,7 @@ from torch import Tensor, nn
 from ..errors import InputError
 from .base import Adapter, int_pair, normalisation_layers
 from .capabilities import (ATTENTION, BLOCK_IO, CLASS_LOGITS, FEATURE_MAPS, FEATURES, LINEAR_HEAD, LRP_LINEARS,
-                           LRP_VARIANT_LINEARS, TOKEN_GRID, TOKEN_SEQUENCE, TOKENS)
+                           LRP_VARIANT_LINEARS, STREAM_HEAD, TOKEN_GRID, TOKEN_SEQUENCE, TOKENS)
 from .timm_vit import TimmViTAdapter
 
 __all__ = ["TimmNaFlexVitAdapter", "ATTENTION_POOL", "LRP_THROUGH_HEAD"]
@@ -37,12 +37,15 @@ def _is_naflexvit(model: nn.Module) -> bool:
 
 
 class TimmNaFlexVitAdapter(TimmViTAdapter):
-    """timm ``NaFlexVit`` with ``Block``/``Attention`` blocks (not the RoPE variants, whose blocks are ``EvaBlock``)."""
+    """timm ``NaFlexVit`` with ``Block``/``Attention`` blocks (not the RoPE variants, whose blocks are ``EvaBlock``).
+
+    ``stream_logits`` is the timm ViT's ``forward_head(norm(tokens))``: every patch is valid (vitlens passes dense
+    images, no ``patch_valid`` mask), so the pooling reads all tokens as the model's forward does."""
 
     model: Any
     family = "timm-naflexvit"
     capabilities = frozenset({CLASS_LOGITS, ATTENTION, BLOCK_IO, TOKEN_SEQUENCE, LRP_LINEARS, LRP_VARIANT_LINEARS,
-                              LINEAR_HEAD, FEATURES, FEATURE_MAPS, TOKEN_GRID})
+                              LINEAR_HEAD, STREAM_HEAD, FEATURES, FEATURE_MAPS, TOKEN_GRID})
     capability_notes = {TOKENS: "NaFlexVit's embedding returns (tokens, grid) and builds the attention mask for the "
                                 "full patch set; vitlens does not drop tokens there"}
 

@@ -27,7 +27,7 @@ What the model may be:
 from __future__ import annotations
 
 import weakref
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -188,6 +188,32 @@ class VisionLanguageModel(nn.Module):
 
         return logits_of(self.model(pixel_values))
 
+    def after_tower(self) -> Callable[[Tensor], Tensor]:
+        """What :meth:`forward` applies to the output of :meth:`image_trunk` to give the image embedding ``(B, D)``:
+        CLIP's ``visual_projection`` (transformers ``CLIPModel``), open_clip's ``visual.head`` (a timm trunk), or
+        nothing (an image tower; SigLIP, SigLIP2, shapes-clip and open_clip's own ViT embed inside the tower).
+        Raises :class:`~vitlens.errors.UnsupportedModelError` (one line) where vitlens does not know it."""
+        from ..errors import UnsupportedModelError
+        from .shapes_clip import ShapesCLIP
+
+        m = self.model
+        if self.kind == "tower" or isinstance(m, ShapesCLIP) or self.model_type in ("siglip", "siglip2"):
+            return _identity
+        if self.kind == "hf" and self.model_type == "clip" and isinstance(getattr(m, "visual_projection", None),
+                                                                          nn.Module):
+            return m.visual_projection
+        visual = getattr(m, "visual", None)
+        if self.kind == "open_clip" and isinstance(visual, nn.Module):
+            trunk = getattr(visual, "trunk", None)
+            if not isinstance(trunk, nn.Module):
+                return _identity
+            head = getattr(visual, "head", None)
+            if isinstance(head, nn.Module):
+                return head
+        raise UnsupportedModelError(f"what {type(m).__name__}'s image features apply after its image tower is not "
+                                    "known to vitlens (known: transformers CLIP / SigLIP / SigLIP2, open_clip, "
+                                    "shapes-clip, an image tower)")
+
     def image_trunk(self) -> nn.Module:
         """The image tower's module that holds its transformer blocks (what the adapter reads)."""
         m = self.model
@@ -279,6 +305,10 @@ class VisionLanguageModel(nn.Module):
                               f"{str(e).splitlines()[0][:160] if str(e) else ''}") from None
 
 
+def _identity(t: Tensor) -> Tensor:
+    return t
+
+
 def _device(model: nn.Module) -> torch.device:
     for p in model.parameters():
         return p.device
@@ -367,9 +397,14 @@ class ZeroShotClassifier(nn.Module):
 
     def forward(self, pixel_values: Tensor) -> Tensor:
         """Scores ``(B, P)`` of every prompt for images ``(B, C, H, W)``."""
+        return self.scores(self.vlm(pixel_values))
+
+    def scores(self, image_embeddings: Tensor) -> Tensor:
+        """Scores ``(B, P)`` of every prompt for image embeddings ``(B, D)`` (what :meth:`forward` gives from
+        ``self.vlm(images)``)."""
         text = self.text_embeddings
         assert isinstance(text, Tensor)  # a buffer
-        return self.vlm.similarity(self.vlm(pixel_values), text)
+        return self.vlm.similarity(image_embeddings, text)
 
 
 #: the transformers model types read as vision–language models from an ``hf:DIR`` folder

@@ -6,7 +6,9 @@ explainer reads inside the model — blocks, attention probabilities, the residu
 feature layers — is the image tower's, read by the tower's own adapter (timm ViT or NaFlexVit, the transformers
 CLIP / SigLIP / SigLIP2 vision transformer, open_clip's vision transformer, timm Eva). This adapter delegates those
 members to it and runs the whole model (tower, projection, and for zero-shot the scores) as the forward, so a text
-target explains exactly the score ``scale · cos(e(x), e(t)) + bias``.
+target explains exactly the score ``scale · cos(e(x), e(t)) + bias``. The output read from an intermediate block's
+tokens (:meth:`VLMAdapter.stream_logits`, LeGrad) is the tower's own readout of them, then what the model applies
+after the tower (:meth:`~vitlens.models.vlm.VisionLanguageModel.after_tower`), then for zero-shot the scores.
 """
 
 from __future__ import annotations
@@ -77,8 +79,11 @@ class VLMAdapter(Adapter):
             for key in ("num_prefix_tokens", "readout_tokens", "patch_size", "in_chans", "default_size", "any_size"):
                 setattr(self, key, getattr(inner, key))
         notes[LINEAR_HEAD] = "the image embedding is projected (and normalised, scored against the text) after the tower"
-        notes[STREAM_HEAD] = ("the score is read after the tower (projection, text similarity): reading it from an "
-                              "intermediate block's tokens is not implemented for vision-language models")
+        why = self._stream_head_missing()
+        if why is None:
+            caps = caps | {STREAM_HEAD}
+        else:
+            notes[STREAM_HEAD] = why
         if self.zero_shot:
             caps = caps | {CLASS_LOGITS}
             self.num_classes = int(model.num_classes)
@@ -87,6 +92,31 @@ class VLMAdapter(Adapter):
             self.num_classes = 0
         self.capabilities = caps
         self.capability_notes = notes
+
+    def _stream_head_missing(self) -> str | None:
+        """Why the model's output cannot be read from an intermediate block's tokens, or ``None`` if it can: the tower
+        reads its own output from them (its ``stream_logits``) and vitlens knows what the model applies after it."""
+        inner = self.inner
+        if inner is None:
+            return self.fallback_reason
+        if STREAM_HEAD not in inner.capabilities:
+            own = inner.capability_notes.get(STREAM_HEAD)
+            return f"the image tower ({inner.family}) reads no intermediate block's tokens" + (f": {own}" if own else "")
+        try:
+            self.vlm.after_tower()
+        except UnsupportedModelError as e:
+            return str(e)
+        return None
+
+    def stream_logits(self, tokens: Tensor) -> Tensor:
+        """The model's output from the image tower's residual stream ``tokens`` ``(B, T, D)`` after any block: the
+        tower's own readout (``stream_logits``), then what the model applies after the tower (CLIP's projection) —
+        the image embedding ``(B, D)`` as :meth:`VisionLanguageModel.forward` gives it; for a
+        :class:`ZeroShotClassifier` the prompt scores ``(B, P)`` from it (LeGrad, :data:`STREAM_HEAD`)."""
+        if STREAM_HEAD not in self.capabilities:
+            raise UnsupportedModelError(f"{type(self.vlm.model).__name__}: {self.capability_notes[STREAM_HEAD]}")
+        embedding = self.vlm.after_tower()(self._tower().stream_logits(tokens))
+        return self.model.scores(embedding) if self.zero_shot else embedding
 
     def _tower(self) -> Adapter:
         if self.inner is None:
