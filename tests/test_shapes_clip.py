@@ -107,6 +107,24 @@ def test_contrastive_loss_with_one_positive_each_is_clip_loss():
     assert contrastive_loss(img, img, scale, torch.eye(6, dtype=torch.bool)) < ref
 
 
+def test_presence_loss_is_each_shown_class_against_the_classes_not_shown():
+    from vitlens.training.shapes_clip import presence_loss
+
+    g = torch.Generator().manual_seed(1)
+    img, txt = torch.randn(2, 8, generator=g), torch.randn(4, 8, generator=g)
+    scale = torch.tensor(1.5)
+    present = torch.tensor([[True, False, True, False], [False, True, False, False]])
+    s = scale.exp() * F.normalize(img, dim=-1) @ F.normalize(txt, dim=-1).T
+    # image 0 shows classes 0 and 2 (each against 1 and 3 only); image 1 shows class 1 (against 0, 2, 3)
+    terms = [F.cross_entropy(s[0, [0, 1, 3]][None], torch.tensor([0])),
+             F.cross_entropy(s[0, [2, 1, 3]][None], torch.tensor([0])),
+             F.cross_entropy(s[1][None], torch.tensor([1]))]
+    assert torch.allclose(presence_loss(img, txt, scale, present), torch.stack(terms).mean(), atol=1e-6)
+    # prompts that match exactly the shown classes score lower than prompts that match the others
+    good = torch.stack([txt[0] + txt[2], txt[1]]) * 10
+    assert presence_loss(good + 0.01 * img, txt, scale, present) < presence_loss(-good, txt, scale, present)
+
+
 # -- the model's interface ---------------------------------------------------------------------------------------------
 def test_interface_shapes_and_parts(untrained):
     from timm.models.vision_transformer import VisionTransformer
@@ -172,6 +190,14 @@ def test_training_steps_run_and_resume_continues_bit_for_bit(tmp_path):
     assert 0.0 <= meta["evaluation"]["zero_shot_accuracy"] <= 1.0
     card = (tmp_path / "halves" / "shapes-clip.md").read_text()
     assert "Zero-shot accuracy" in card and meta["command"] in card
+
+
+def test_training_with_the_presence_loss_runs_and_says_so_in_the_card(tmp_path):
+    torch.set_num_threads(1)
+    assert _train(tmp_path / "p", "--presence-weight", "1", "--steps", "2") in (0, 1)
+    meta = json.loads((tmp_path / "p" / "shapes-clip.json").read_text())
+    assert meta["presence_weight"] == 1.0 and "--presence-weight 1" in meta["command"]
+    assert "presence loss" in (tmp_path / "p" / "shapes-clip.md").read_text()
 
 
 # -- the shipped model -------------------------------------------------------------------------------------------------

@@ -42,7 +42,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from vitlens.data.captions import caption_positives, scene_captions
+from vitlens.data.captions import caption_positives, object_positions, scene_captions
 from vitlens.data.multiscenes import make_multi_scenes
 from vitlens.data.scenes import CLASS_NAMES, make_scenes
 from vitlens.models import get_adapter
@@ -135,6 +135,9 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
                    help="initialise the image tower from the bundled shapes-vit (default) or at random")
     p.add_argument("--freeze-blocks", type=int, default=3,
                    help="keep the image tower's stem and first N blocks as initialised (default 3; 0: train all)")
+    p.add_argument("--presence-weight", type=float, default=0.0,
+                   help="weight of the class-prompt presence loss (each shown class's prompt against the prompts of "
+                        "the classes not shown; default 0: contrastive captions only)")
     p.add_argument("--seed", type=int, default=0, help="seed of torch/numpy and of the training scenes")
     p.add_argument("--threads", type=int, default=1, help="intra-op threads (default 1)")
     p.add_argument("--checkpoint-every", type=int, default=25, help="steps between checkpoints (default 25)")
@@ -173,13 +176,15 @@ def _build(args: argparse.Namespace, log: Callable[[str], None]) -> tuple[Any, t
 
 
 def _batch(args: argparse.Namespace, x_train: torch.Tensor, l_train: torch.Tensor, idx: torch.Tensor,
-           g: torch.Generator, rng: np.random.Generator, tokenizer: Any) -> tuple[torch.Tensor, dict, torch.Tensor]:
-    """Flipped images (normalised), their tokenised captions and the positives matrix of one batch."""
+           g: torch.Generator, rng: np.random.Generator, tokenizer: Any
+           ) -> tuple[torch.Tensor, dict, torch.Tensor, torch.Tensor]:
+    """Flipped images (normalised), their tokenised captions, the positives matrix of one batch and which classes
+    each image shows ``(B, K)``."""
     flips = torch.randint(0, 2, (len(idx), 3), generator=g).bool()
     xb = dihedral(x_train[idx].float(), flips)
     lb = dihedral(l_train[idx].long(), flips)
     captions, with_pos = scene_captions(lb, rng, args.position_prob)
-    return _normalise(xb), tokenizer(captions), caption_positives(lb, with_pos)
+    return _normalise(xb), tokenizer(captions), caption_positives(lb, with_pos), object_positions(lb) >= 0
 
 
 def contrastive_loss(img: torch.Tensor, txt: torch.Tensor, logit_scale: torch.Tensor,
@@ -191,6 +196,18 @@ def contrastive_loss(img: torch.Tensor, txt: torch.Tensor, logit_scale: torch.Te
     i2t = -(t / t.sum(1, keepdim=True) * F.log_softmax(logits, 1)).sum(1).mean()
     t2i = -(t / t.sum(0, keepdim=True) * F.log_softmax(logits, 0)).sum(0).mean()
     return 0.5 * (i2t + t2i)
+
+
+def presence_loss(img: torch.Tensor, class_txt: torch.Tensor, logit_scale: torch.Tensor,
+                  present: torch.Tensor) -> torch.Tensor:
+    """The class prompts as a multi-object zero-shot classifier: for every class an image shows, cross-entropy of its
+    prompt against the prompts of the classes the image does not show (the other present classes left out), on
+    ``logit_scale.exp() · cosine``; mean over (image, present class). ``present``: ``(B, K)`` bool."""
+    s = logit_scale.exp() * F.normalize(img, dim=-1) @ F.normalize(class_txt, dim=-1).T  # (B, K)
+    k = s.shape[1]
+    keep = torch.eye(k, dtype=torch.bool, device=s.device)[None] | ~present[:, None, :]  # (B, K: target, K: rival)
+    lse = torch.logsumexp(s[:, None, :].expand(-1, k, -1).masked_fill(~keep, float("-inf")), dim=-1)  # (B, K)
+    return -(s - lse)[present].mean()
 
 
 def _checkpoint(path: Path, model: Any, opt: torch.optim.Optimizer, step: int, g: torch.Generator,
@@ -244,9 +261,13 @@ def _train(args: argparse.Namespace, model: Any, opt: torch.optim.Optimizer, x_t
             factor = lr_factor(step / args.steps, args.warmup_frac, args.min_lr_frac)
             for grp in opt.param_groups:
                 grp["lr"] = args.lr * factor * grp["lr_mult"]
-            xb, tok, pos = _batch(args, x_train, l_train, batches.take(args.batch_size), g, rng, model.tokenizer)
-            loss = contrastive_loss(model.get_image_features(xb), model.get_text_features(**tok), model.logit_scale,
-                                    pos)
+            xb, tok, pos, present = _batch(args, x_train, l_train, batches.take(args.batch_size), g, rng,
+                                           model.tokenizer)
+            img = model.get_image_features(xb)
+            loss = contrastive_loss(img, model.get_text_features(**tok), model.logit_scale, pos)
+            if args.presence_weight:
+                class_txt = model.get_text_features(**model.tokenizer(prompts()))
+                loss = loss + args.presence_weight * presence_loss(img, class_txt, model.logit_scale, present)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -339,7 +360,9 @@ def _write_card(path: Path, meta: dict[str, Any]) -> None:
            if meta["freeze_blocks"] else "") + "; text encoder at random",
         f"- symmetric InfoNCE (every true caption of the batch a positive), learnable temperature (≤ 100); AdamW "
         f"(lr {meta['lr']}, image blocks × {meta['vision_lr_mult']}, weight decay {meta['weight_decay']} on "
-        f"matrices), warm-up {meta['warmup_frac']:.0%} + cosine, batch {meta['batch_size']}, {meta['steps']} steps",
+        f"matrices), warm-up {meta['warmup_frac']:.0%} + cosine, batch {meta['batch_size']}, {meta['steps']} steps"
+        + (f"; plus {meta['presence_weight']} × the presence loss (each shown class's prompt `\"a <class>\"` against "
+           "the prompts of the classes the scene does not show)" if meta.get("presence_weight") else ""),
         f"- training time (measured): {fmt_time(meta['training_time_s'])} on {meta['threads']} CPU thread(s) "
         f"({meta['cpu']}); " + meta["load_note"],
         *card_software_lines(meta),
@@ -389,7 +412,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "embed_dim": int(model.text_model.projection.out_features), "position_prob": args.position_prob,
         "init_vision": args.init_vision, "freeze_blocks": args.freeze_blocks, "lr": args.lr, "vision_lr_mult": args.vision_lr_mult,
         "weight_decay": args.weight_decay, "warmup_frac": args.warmup_frac, "min_lr_frac": args.min_lr_frac,
-        "batch_size": args.batch_size, "steps": run["step"], "logit_scale_exp": float(shipped.logit_scale.detach().exp()),
+        "presence_weight": args.presence_weight, "batch_size": args.batch_size, "steps": run["step"], "logit_scale_exp": float(shipped.logit_scale.detach().exp()),
         "training_curve": [{"step": int(s), "loss_ema": l, "zero_shot_300": a} for s, l, a in run["history"]],
         **meta_timing(run["training_time"], time.perf_counter() - t0, run["cpu_time"], load, load_note),
         "resumed": bool(args.resume),
