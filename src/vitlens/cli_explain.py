@@ -2,9 +2,10 @@
 
 Per input image and method: a figure on the original image (uncropped, at its own resolution, the parts the model
 never saw left uncoloured) and one on the model's input view, each with a colour bar and a caption (class name,
-probability); the maps (.npz: pixel map and token map) and a provenance JSON. With several methods, one
-comparison grid per image. Output names follow the input's path relative to the inputs' common folder, so two inputs
-never share an output name. One summary line per image (class, probability, cost), or --json.
+probability; with --text the prompt and its image-text score); the maps (.npz: pixel map and token map) and a
+provenance JSON. With several methods, one comparison grid per image. Output names follow the input's path relative
+to the inputs' common folder, so two inputs never share an output name. One summary line per image (class and
+probability, or the prompt and its score; cost), or --json.
 """
 
 from __future__ import annotations
@@ -354,17 +355,27 @@ def prompt_runs(args: argparse.Namespace, bases: list[str]) -> list[tuple[Any, l
 
 
 def _text_caption(exp: Any, j: int, name_only: bool = False) -> str | None:
-    """The caption of a map of a text target: the prompt and the image-text score (``name_only``: the prompt);
-    ``None`` for class targets."""
-    prompts = exp.target.get("prompts") if exp.target.get("kind") in ("TextPrompt", "TextContrast") else None
-    if not prompts:
+    """The caption of a map of a text target: the prompt (a contrast: ``“a ring” over “a disk”``) and the
+    image-text score (``name_only``: the prompt itself); ``None`` for class targets."""
+    if not _is_text(exp):
         return None
     if name_only:
-        return str(prompts[int(exp.targets[j])])
-    text = f"\u201c{prompts[int(exp.targets[j])]}\u201d"
-    if exp.target.get("versus") is not None:
-        text += f" vs \u201c{exp.target['versus']}\u201d"
-    return f"{text}, score = {float(exp.scores[j]):.3g}"
+        prompts = exp.target.get("prompts") or []
+        k = int(exp.targets[j])
+        return str(prompts[k]) if 0 <= k < len(prompts) else None
+    return f"{_target_words(exp, j)}, score = {float(exp.scores[j]):.3g}"
+
+
+def _is_text(exp: Any) -> bool:
+    """Whether an explanation's target is a text target (a prompt, a contrast of prompts, text embeddings)."""
+    return exp.target.get("kind") in ("TextPrompt", "TextContrast", "TextEmbedding")
+
+
+def _target_words(exp: Any, j: int) -> str:
+    """What row ``j``'s map is for and against, for its colour bar: the prompt in quotes, or 'the class'."""
+    from vitlens.viz import target_phrase
+
+    return target_phrase(exp.target, int(exp.targets[j]), j)
 
 
 def planned_files(bases: Sequence[str], labels: Sequence[str], ext: str = "png") -> list[str]:
@@ -495,7 +506,8 @@ def _write_image(path: Path, base: Path, view: Any, results: dict[str, Any], pro
         # one colour range, from the model's view, for both figures of this map
         # scaled by what the method's values mean (its declared kind), the same on every image
         scale = viz.map_scale(drawn, viz.style_normalize(kind, style["normalize_of"][label]), style["clip"])
-        looks = {"scale": scale, "style": kind, "method": label, "min_panel_px": style["min_panel_px"]}
+        looks = {"scale": scale, "style": kind, "method": label, "min_panel_px": style["min_panel_px"],
+                 "target": _target_words(exp, j)}
         shown = display_label(label)
         ext = args.format
         viz.save_figure(base.parent / f"{stem}.{ext}", original, on_original, title=shown,
@@ -529,16 +541,18 @@ def _write_image(path: Path, base: Path, view: Any, results: dict[str, Any], pro
                      "files": {"figure": f"{stem}.{ext}", "view": f"{stem}.view.{ext}", "maps": f"{stem}.npz"}})
         write_text(base.parent / f"{stem}.json", json.dumps(info, indent=2))
         record["methods"][label] = {"class": cls, "name": info["target_name"], "probability": prob,
+                                    "caption": _text_caption(exp, j),  # a text target's words; None for a class
                                     "forward_passes": exp.cost.forward_passes,
                                     "backward_passes": exp.cost.backward_passes,
                                     "seconds": share, "figure": str(base.parent / f"{stem}.{ext}")}
         grid_maps[label] = [exp.maps[j].cpu()]  # keyed by code label (styles); titled by display name below
     if len(results) > 1:
         first = next(iter(record["methods"].values()))
+        first_exp, _, first_row = next(iter(results.values()))
         grid = base.parent / f"{base.name}.grid.{args.format}"
         viz.save_grid(grid, [view], grid_maps,
-                      captions=[_text_caption(next(iter(results.values()))[0], j)
-                                or _caption(first["class"], first["probability"], names, untrained)],
+                      captions=[first["caption"] or _caption(first["class"], first["probability"], names, untrained)],
+                      target=_target_words(first_exp, first_row),
                       row_labels=[path.name], col_size=2.2, metadata={"model": args.model, "image": str(path)},
                       normalize=style["normalize"], clip=style["clip"], styles=style["styles"], smooth=style["smooth"],
                       dpi=args.dpi, shared_scale=args.shared_scale)
@@ -561,7 +575,8 @@ def _report_line(record: dict[str, Any], args: argparse.Namespace) -> None:
         print(json.dumps(record), flush=True)
         return
     first = next(iter(record["methods"].values()))
-    what = f"{first['name']} (class {first['class']})" if first["name"] else f"class {first['class']}"
+    what = first.get("caption") or (f"{first['name']} (class {first['class']})" if first["name"]
+                                     else f"class {first['class']}")
     prob = "" if first["probability"] is None else f", p = {_p(first['probability'])}"
     costs = "; ".join(f"{label} {m['forward_passes']:g} fwd + {m['backward_passes']:g} bwd, "
                       f"{1000 * m['seconds']:.0f} ms" for label, m in record["methods"].items())

@@ -12,7 +12,8 @@ Importing or using this package never changes matplotlib's global backend or pyp
 ``[0, 1]`` (or uint8), not model-normalised input: use :func:`vitlens.images.denormalize` first.
 """
 
-from .figures import JOURNAL_RC, clip_note, colorbar_label, save_figure, save_grid, split_label, tick_labels, wrap_phrases
+from .figures import (JOURNAL_RC, clip_note, colorbar_label, save_figure, save_grid, split_label, target_phrase, tick_labels,
+                      wrap_phrases)
 from .pixels import (
     ImageLike,
     MapLike,
@@ -66,6 +67,7 @@ __all__ = [
     "save_figure",
     "save_grid",
     "colorbar_label",
+    "target_phrase",
     "split_label",
     "wrap_phrases",
     "tick_labels",

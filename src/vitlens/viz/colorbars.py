@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import textwrap
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from matplotlib.cm import ScalarMappable
@@ -18,7 +18,7 @@ from matplotlib.figure import Figure
 
 from .pixels import Scale
 
-__all__ = ["colorbar_label", "tick_labels", "clip_note", "wrap_phrases", "add_colorbar", "bar_label"]
+__all__ = ["colorbar_label", "target_phrase", "tick_labels", "clip_note", "wrap_phrases", "add_colorbar", "bar_label"]
 
 _NB = "\u00a0"  # no-break space: "p = 0.93" is never split at a line end
 
@@ -31,12 +31,50 @@ def _kind_units(units: str, value_kind: str | None) -> str:
             "nonnegative": "relevance"}.get(str(value_kind), units)
 
 
-def colorbar_label(mode: str, units: str = "relevance", value_kind: str | None = None) -> str:
+#: what a signed map's colours are for and against when the target is a class
+CLASS_TARGET = "the class"
+
+_TEXT_KINDS = ("TextPrompt", "TextContrast", "TextEmbedding")
+
+
+def _quoted(text: Any) -> str:
+    return f"\u201c{text}\u201d"
+
+
+def target_phrase(target: Mapping[str, Any] | None = None, prompt: int = 0, row: int = 0) -> str:
+    """What a map explains, in words, for a colour bar or a caption: ``'the class'`` for a class target; for a text
+    target the prompt in quotes (``'“a ring”'``), a contrast ``'“a ring” over “a disk”'`` (``'over 0.5·“a disk”'``
+    when its gamma is not 1), precomputed text embeddings ``'the text embedding'``.
+
+    Args:
+        target: the target's description (:attr:`vitlens.Explanation.target`, ``Target.describe()``); ``None`` or
+            a class target's: the class.
+        prompt: the index of the image's prompt in ``target['prompts']`` (the explanation's ``targets[j]``).
+        row: the image's row in the explanation (for a contrast with one ``versus`` prompt per image).
+    """
+    kind = (target or {}).get("kind")
+    if kind not in _TEXT_KINDS or target is None:
+        return CLASS_TARGET
+    prompts = target.get("prompts") or []
+    if kind == "TextEmbedding" or not 0 <= int(prompt) < len(prompts):
+        return "the text embedding"
+    text = _quoted(prompts[int(prompt)])
+    versus = target.get("versus")
+    if kind == "TextContrast" and versus is not None:
+        other = versus[row] if isinstance(versus, (list, tuple)) and 0 <= row < len(versus) else versus
+        gamma = float(target.get("gamma", 1.0))
+        text += f" over {'' if gamma == 1.0 else f'{gamma:g}·'}{_quoted(other)}"
+    return text
+
+
+def colorbar_label(mode: str, units: str = "relevance", value_kind: str | None = None,
+                   target: str | None = None) -> str:
     """What the colours mean, in words, for a scaling mode (see :func:`vitlens.viz.scale_map`) and, when known,
-    what the method's values are (:data:`vitlens.explainers.VALUE_KINDS`)."""
+    what the method's values are (:data:`vitlens.explainers.VALUE_KINDS`). ``target``: what a signed map is for and
+    against (:func:`target_phrase`, e.g. ``'“a ring”'``); ``None``: the class."""
     units = _kind_units(units, value_kind)
     if mode == "signed":
-        return f"{units}: blue against the class, red for it, white = 0"
+        return f"{units}: blue against {target or CLASS_TARGET}, red for it, white = 0"
     if mode == "positive":
         return f"{units} (≥ 0): 0 to highest"
     if mode == "abs":
@@ -141,11 +179,12 @@ def _bar_ticks(scale: Scale) -> tuple[list[float], list[str], str]:
 def add_colorbar(fig: Figure, axes: Any, cmap: Colormap, scale: Scale, units: str, relative: bool,
                   location: str = "right", fontsize: float = 8, wrap: int = 34, value_kind: str | None = None,
                   low: bool | None = None, high: bool | None = None, below_zero: bool = False,
-                  with_note: bool = True) -> str:
+                  with_note: bool = True, target: str | None = None) -> str:
     """A colour bar beside ``axes`` (``location='right'``) or drawn into the axes ``axes`` (``'bottom'``; ``'side'``:
     vertical, into ``axes``). Absolute bars are in map values; ``relative`` ones (several maps, each on its own
     scale) in words. Arrows mark a clipped end (``low``/``high``, default: from ``scale``); what was clipped
-    (:func:`clip_note`) goes into the bar's label with ``with_note``, and is returned either way."""
+    (:func:`clip_note`) goes into the bar's label with ``with_note``, and is returned either way. ``target``: what
+    the map explains (:func:`target_phrase`; ``None``: the class)."""
     clipped = scale.clipped()
     low = clipped[0] if low is None else low
     high = clipped[1] if high is None else high
@@ -172,15 +211,18 @@ def add_colorbar(fig: Figure, axes: Any, cmap: Colormap, scale: Scale, units: st
     bar.set_ticks(ticks, labels=labels, fontsize=fontsize - 1)
     if location in ("right", "side"):  # wrap to the bar's height so the label is never cut
         wrap = max(20, int(fig.get_figheight() * (12 if location == "right" else 9)))
-    label, note = bar_label(scale, units, relative, value_kind, (low, high), below_zero, with_note, wrap, factor)
+    label, note = bar_label(scale, units, relative, value_kind, (low, high), below_zero, with_note, wrap, factor,
+                            target)
     bar.set_label(label, fontsize=fontsize)
     return note
 
 
 def bar_label(scale: Scale, units: str, relative: bool, value_kind: str | None, clipped: tuple[bool, bool],
-              below_zero: bool = False, with_note: bool = True, wrap: int = 34, factor: str = "") -> tuple[str, str]:
-    """A colour bar's label wrapped between phrases, and the note on what it clipped (:func:`clip_note`)."""
-    label = colorbar_label(scale.mode, units, value_kind) + (f" ({factor})" if factor else "")
+              below_zero: bool = False, with_note: bool = True, wrap: int = 34, factor: str = "",
+              target: str | None = None) -> tuple[str, str]:
+    """A colour bar's label wrapped between phrases, and the note on what it clipped (:func:`clip_note`);
+    ``target``: what the map explains (:func:`target_phrase`; ``None``: the class)."""
+    label = colorbar_label(scale.mode, units, value_kind, target) + (f" ({factor})" if factor else "")
     if relative:
         label += "; each map on its own scale"
     note = clip_note(scale, _kind_units(units, value_kind), relative, below_zero, clipped)

@@ -48,10 +48,11 @@ from .pixels import (
 )
 
 from ..atomic import atomic_path
-from .colorbars import add_colorbar as _add_colorbar, bar_label, clip_note, colorbar_label, tick_labels, wrap_phrases
+from .colorbars import (add_colorbar as _add_colorbar, bar_label, clip_note, colorbar_label, target_phrase, tick_labels,
+                        wrap_phrases)
 
-__all__ = ["save_figure", "save_grid", "colorbar_label", "split_label", "wrap_phrases", "tick_labels", "clip_note",
-           "JOURNAL_RC"]
+__all__ = ["save_figure", "save_grid", "colorbar_label", "target_phrase", "split_label", "wrap_phrases", "tick_labels",
+           "clip_note", "JOURNAL_RC"]
 
 #: matplotlib settings every figure is written with (locally, :func:`matplotlib.rc_context`; the global rcParams
 #: are never changed): PDF and PS embed TrueType (Type 42) fonts, not Type 3 (publishers' checkers flag those);
@@ -137,6 +138,7 @@ def save_figure(
     method: str | None = None,
     smooth: float = 0.0,
     units: str = "relevance",
+    target: str | None = None,
     min_side: int = 320,
     max_side: int = 2048,
     panel_size: float = 3.6,
@@ -170,6 +172,8 @@ def save_figure(
             from 0; probability-like → lowest to highest), never a guess from this one map.
         smooth: Gaussian smoothing of the map before drawing, standard deviation in map pixels (0: none).
         units: what the map's values are, for the colour bar's label.
+        target: what the map explains, for the colour bar's label (a signed map is blue against it, red for it):
+            ``None`` the class; for a text target its prompt, e.g. ``'“a ring”'`` (:func:`vitlens.viz.target_phrase`).
         min_side: images whose shorter side is smaller are enlarged (integer factor, nearest) before blending.
         max_side: the longest side drawn, in pixels: larger images (and their maps) are shrunk to it, smaller ones
             are never enlarged beyond it (see :func:`vitlens.viz.display_image`).
@@ -211,7 +215,8 @@ def save_figure(
         _clean_axes(ax)
         if name:
             ax.set_title(name, fontsize=10)
-    note = _add_colorbar(fig, list(axes), colormap, scale, units, relative=False, value_kind=kind, with_note=False)
+    note = _add_colorbar(fig, list(axes), colormap, scale, units, relative=False, value_kind=kind, with_note=False,
+                         target=target)
     text = "; ".join(t for t in (caption, note and f"colour {note}") if t)  # the clipping is said in the caption
     if text:
         fig.supxlabel(wrap_phrases(text, int(12 * width)), fontsize=10)
@@ -341,16 +346,17 @@ def _grid_cells(image_list: list, columns: Mapping[str, list], looks: Mapping[st
 
 
 def _column_bars(columns: Mapping[str, list], scales: Mapping[str, list[Scale]], looks: Mapping[str, tuple],
-                 units: str, wrap: int) -> tuple[dict[str, dict[str, Any]], int]:
+                 units: str, wrap: int, target: str | None = None) -> tuple[dict[str, dict[str, Any]], int]:
     """Per column its colour bar's arguments (arrows where any of its maps was clipped, values below 0 anywhere),
     and the most lines a bar's label takes (for the figure's height)."""
     args: dict[str, dict[str, Any]] = {}
     for name in columns:
         column = scales[name]
         args[name] = dict(value_kind=looks[name][2], low=any(sc.clipped()[0] for sc in column),
-                          high=any(sc.clipped()[1] for sc in column), below_zero=any(sc.data_min < 0 for sc in column))
+                          high=any(sc.clipped()[1] for sc in column), below_zero=any(sc.data_min < 0 for sc in column),
+                          target=target)
     lines = max((bar_label(scales[n][0], units, True, a["value_kind"], (a["low"], a["high"]), a["below_zero"],
-                           wrap=wrap)[0].count("\n") + 1 for n, a in args.items()), default=0)
+                           wrap=wrap, target=target)[0].count("\n") + 1 for n, a in args.items()), default=0)
     return args, lines
 
 
@@ -372,6 +378,7 @@ def save_grid(
     shared_scale: bool = False,
     smooth: float = 0.0,
     units: str = "relevance",
+    target: str | None = None,
     dpi: int | None = None,
     metadata: Mapping[str, str] | None = None,
     text_size: float = 7.5,
@@ -402,6 +409,7 @@ def save_grid(
             e.g. one method at several settings), with its colour bar in map values at the row's end.
         smooth: Gaussian smoothing of every map, standard deviation in map pixels (0: none).
         units: what the maps' values are, for the colour bars.
+        target: what the maps explain, for the colour bars' labels (as in :func:`save_figure`; ``None``: the class).
         dpi: resolution of the written raster; ``None``: the smallest (>= 100) at which every panel is at least
             as large as its image (up to 1024 px), so a 224-px model input is never drawn smaller.
         metadata: provenance stored in the file (PNG text chunks).
@@ -435,7 +443,8 @@ def save_grid(
     # the cells first (their scales size the colour bars' labels), then the figure
     rows_cells, row_scales, scales, maps_of, own_sizes = _grid_cells(image_list, columns, looks, alpha, cmap, clip,
                                                                      smooth, cell_px, row_bars)
-    bar_args, bar_lines = _column_bars(columns if with_bars else {}, scales, looks, units, max(12, int(34 / grow)))
+    bar_args, bar_lines = _column_bars(columns if with_bars else {}, scales, looks, units, max(12, int(34 / grow)),
+                                       target)
     extra = ((0.3 + 0.13 * bar_lines) * grow if with_bars else 0.0)
     extra += max(0.45, 0.15 * max(n.count("\n") + 1 for n in notes)) * grow if notes else 0.0
     extra += 0.17 * grow * max(h.count("\n") + 1 for h in heads)
@@ -462,7 +471,7 @@ def save_grid(
         if row_bars and fixed is not None and row_map is not None:
             _add_colorbar(fig, fig.add_subplot(grid[r, ncols]), row_map, fixed, units, relative=False,
                           location="side", fontsize=text_size, value_kind=next(iter(kinds)) if len(kinds) == 1
-                          else None)
+                          else None, target=target)
     if with_bars:
         fig.add_subplot(grid[rows, 0]).set_axis_off()
         for c, name in enumerate(columns, start=1):
