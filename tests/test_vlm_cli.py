@@ -31,8 +31,14 @@ def test_explain_one_figure_per_prompt(clip_dir, tmp_path, capsys):
     out = tmp_path / "out"
     assert main(["explain", str(img), "--model", f"hf:{clip_dir}", "--text", "a photo of a cat", "--text",
                  "a photo of a dog", "--methods", "gradskip", "--json", "--dpi", "60", "--out", str(out)]) == 0
-    records = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.startswith("{")]
+    captured = capsys.readouterr()
+    records = [json.loads(line) for line in captured.out.splitlines() if line.startswith("{")]
     assert [r["methods"]["gradskip"]["name"] for r in records] == ["a photo of a cat", "a photo of a dog"]
+    # progress counts each prompt's explanation of the image (it said "[1/2] images explained" twice, never "done")
+    lines = [ln for ln in captured.err.splitlines() if ln.startswith("[")]
+    assert [ln.split(",")[0] for ln in lines] == ["[1/2] explanations (1 image(s) × 2 prompts)",
+                                                  "[2/2] explanations (1 image(s) × 2 prompts)"]
+    assert lines[-1].endswith("done")
     for stem in ("a_photo_of_a_cat", "a_photo_of_a_dog"):
         info = json.loads((out / f"cat_png.{stem}.gradskip.json").read_text())
         assert info["target"]["kind"] == "TextPrompt" and info["target_name"] == stem.replace("_", " ")

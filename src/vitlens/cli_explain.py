@@ -232,7 +232,9 @@ def cmd_explain(args: argparse.Namespace) -> int:
         style["model_record"] = model_provenance(model, args.model, model_kwargs)  # once: it hashes the weights
         style["model_record"]["random_weights"] = untrained
         calls: list[dict[str, Any]] = []
-        progress = _Progress(len(paths) * len(runs), methods, args.quiet)
+        progress = _Progress(len(paths) * len(runs), methods, args.quiet,
+                             "images explained" if len(runs) == 1 else f"explanations ({len(paths)} image(s) × "
+                             f"{len(runs)} prompts)")
         try:
             for target, run_bases in runs:
                 calls += _explain_all(args, out, paths, run_bases, methods, model, cfg, names, style, device, target,
@@ -271,10 +273,11 @@ class _Progress:
     image (so the ETA holds when one method costs 4,000 passes and another 2): a live bar on a terminal, else one
     line per image (``[2/5] images explained, 41 s, ETA 27 s``). Nothing when quiet."""
 
-    def __init__(self, images: int, methods: list, quiet: bool) -> None:
+    def __init__(self, images: int, methods: list, quiet: bool, unit: str = "images explained") -> None:
         self.weights = {label: _weight(method) for label, method in methods}
         self.total = images * sum(self.weights.values())
-        self.images, self.done, self.quiet = images, 0.0, quiet
+        self.images, self.done, self.quiet, self.unit = images, 0.0, quiet, unit
+        self.finished = 0  # images explained (each prompt's run counts its images again)
         self.began = time.perf_counter()
         self.bar = None
         if not quiet and sys.stderr.isatty():
@@ -306,13 +309,16 @@ class _Progress:
 
         return tqdm.external_write_mode(file=sys.stderr)
 
-    def image_done(self, done: int) -> None:
+    def image_done(self) -> None:
+        """One more image has its maps and figures (counted over every prompt's run)."""
+        self.finished += 1
+        done = self.finished
         if self.quiet or self.bar is not None:
             return
         elapsed = time.perf_counter() - self.began
         left = elapsed / max(self.done, 1e-9) * (self.total - self.done)
         eta = f", ETA {left:.0f} s" if done < self.images else ", done"
-        print(f"[{done}/{self.images}] images explained, {elapsed:.0f} s{eta}", file=sys.stderr, flush=True)
+        print(f"[{done}/{self.images}] {self.unit}, {elapsed:.0f} s{eta}", file=sys.stderr, flush=True)
 
     def close(self) -> None:
         if self.bar is not None:
@@ -444,7 +450,7 @@ def _explain_all(args: argparse.Namespace, out: Path, paths: list[Path], bases: 
                                   if probs is not None else None, names, cfg, style, args)
             with progress.printing():
                 _report_line(record, args)
-            progress.image_done(i + 1)
+            progress.image_done()
     return calls
 
 
