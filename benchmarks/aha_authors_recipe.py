@@ -60,12 +60,44 @@ def table(runs: list[tuple[str, Path]]) -> str:
     return "\n".join(lines)
 
 
+def plot(runs: list[tuple[str, Path]], out: Path, title: str) -> None:
+    """Learning curves: the mean of the four references against images seen, one line per run and pooling."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(5.6, 3.4), dpi=150)
+    styles = {"none": "-", "tokens": "--"}
+    for i, (label, path) in enumerate(runs):
+        vals, _ = curve(path)
+        for pool, style in styles.items():
+            pts = [(v.get("images_seen", 0), sum(d.values()) / len(d)) for v in vals
+                   for pl, d in by_pool(v).items() if pl == pool]
+            if pts:
+                xs, ys = zip(*pts)
+                ax.plot(xs, ys, style, marker="o", ms=3, color=f"C{i}",
+                        label=f"{label}, {'pixel map' if pool == 'none' else 'pooled per token'}")
+    ax.set_xlabel("training images seen")
+    ax.set_ylabel("insertion − deletion\n(validation, mean of 4 references)")
+    ax.set_title(title, fontsize=10)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, loc="lower right")
+    fig.tight_layout()
+    fig.savefig(out)
+    plt.close(fig)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("runs", nargs="+", metavar="LABEL=PATH")
+    p.add_argument("--png", type=Path, default=None, help="also draw the learning curves into this PNG")
+    p.add_argument("--title", default="AHA: tracked recipe and the authors' recipe")
     args = p.parse_args()
     runs = [(r.partition("=")[0], Path(r.partition("=")[2])) for r in args.runs]
     print(table(runs))
+    if args.png:
+        plot(runs, args.png, args.title)
     for label, path in runs:
         _, cfg = curve(path)
         keys = ("recipe", "steps", "batch_size", "lr", "tau_start", "tau_end", "noise_scale", "m", "sorter_input",
