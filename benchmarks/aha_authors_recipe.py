@@ -88,12 +88,82 @@ def plot(runs: list[tuple[str, Path]], out: Path, title: str) -> None:
     plt.close(fig)
 
 
+START, END = "<!-- aha_authors_recipe:start -->", "<!-- aha_authors_recipe:end -->"
+MODELS = ("shapes-vit", "shapes-deit", "shapes-vit-gap-reg", "digits-vit", "planted-vit")
+
+
+def authors_run(model: str, root: Path) -> Path | None:
+    """The authors'-recipe run of ``model`` under ``root``: its explainer's metadata, else its checkpoint (still
+    training), else ``None``."""
+    for path in (root / f"aha-authors-{model}" / f"{model}-aha.json", root / f"aha-authors-{model}" / "checkpoint.pt"):
+        if path.is_file():
+            return path
+    return None
+
+
+def last_means(path: Path) -> tuple[int, dict[str, float]]:
+    """The last validation's step and its mean of the four references per pooling."""
+    vals, _ = curve(path)
+    v = vals[-1]
+    return int(v["step"]), {pool: sum(d.values()) / len(d) for pool, d in by_pool(v).items()}
+
+
+def models_section(models: list[str], root: Path, png_dir: Path, doc_dir: Path) -> list[str]:
+    """The summary table over ``models`` (the shipped explainer against the authors' recipe at its budget), each
+    model's learning-curve table and a PNG of the curves."""
+    from aha_sorter_error import print_section  # noqa: F401  (the page writer used by main)
+
+    summary = ["| model | budget (steps × batch) | shipped (tracked): pixel / token | authors' recipe: pixel / token "
+               "| authors − shipped, at the pooling each would ship | authors' run |",
+               "|---|---|---|---|---|---|"]
+    body: list[str] = []
+    for m in models:
+        tracked = Path(__file__).resolve().parents[1] / "src" / "vitlens" / "aha" / "weights" / f"{m}-aha.json"
+        run = authors_run(m, root)
+        if run is None:
+            summary.append(f"| {m} | | | | | not trained |")
+            continue
+        _, cfg = curve(run)
+        ts, t = last_means(tracked)
+        st, a = last_means(run)
+        finished = run.suffix == ".json"
+        best = {k: max(v.values()) for k, v in (("t", t), ("a", a)) if v}
+        summary.append(f"| {m} | {cfg.get('steps')} × {cfg.get('batch_size')} | "
+                       + " / ".join(f"{t[k]:.4f}" if k in t else "—" for k in ("none", "tokens")) + " | "
+                       + " / ".join(f"{a[k]:.4f}" if k in a else "—" for k in ("none", "tokens")) + " | "
+                       + (f"{best['a'] - best['t']:+.4f}" if len(best) == 2 else "—") + " | "
+                       + (f"finished (step {st})" if finished else f"**still training** (last validation: step {st})")
+                       + " |")
+        png = png_dir / f"aha_authors_curve_{m}.png"
+        plot([("tracked (shipped)", tracked), ("authors", run)], png, f"{m}: shipped (tracked) and authors' recipe")
+        body += [f"### {m}", "", f"![learning curves of {m}]({png.relative_to(doc_dir).as_posix()})", "",
+                 table([("tracked (shipped)", tracked), ("authors", run)]), ""]
+    return summary + [""] + body
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("runs", nargs="+", metavar="LABEL=PATH")
+    p.add_argument("runs", nargs="*", metavar="LABEL=PATH")
+    p.add_argument("--models", nargs="+", default=None, choices=MODELS,
+                   help="instead of runs: each model's shipped explainer against runs/aha-authors-MODEL (--root)")
+    p.add_argument("--root", type=Path, default=Path("runs"))
+    p.add_argument("--out", type=Path, default=None, help="with --models: write the section into this page")
     p.add_argument("--png", type=Path, default=None, help="also draw the learning curves into this PNG")
     p.add_argument("--title", default="AHA: tracked recipe and the authors' recipe")
     args = p.parse_args()
+    if args.models:
+        import sys
+
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        from aha_sorter_error import print_section
+
+        out = args.out or Path("docs/benchmarks/aha.md")
+        lines = [START, "", *models_section(args.models, args.root, out.parent, out.parent),
+                 "Command: `python benchmarks/aha_authors_recipe.py " + " ".join(sys.argv[1:]) + "`", "", END]
+        print_section(lines, args.out, START, END)
+        return
+    if not args.runs:
+        p.error("give LABEL=PATH runs or --models")
     runs = [(r.partition("=")[0], Path(r.partition("=")[2])) for r in args.runs]
     print(table(runs))
     if args.png:
