@@ -14,7 +14,7 @@ Usage::
     python benchmarks/all_methods.py --model shapes-vit --n 50 --methods aha:refine_steps=0,aha,gradskip \\
         --out runs/all-shapes-vit-aha --section aha ...
     python benchmarks/learned_explainers.py shapes-vit=runs/all-shapes-vit,runs/all-shapes-vit-aha \\
-        digits-vit=runs/all-digits-vit,runs/all-digits-vit-aha --out docs/benchmarks/vit_shapley.md
+        digits-vit=runs/all-digits-vit,runs/all-digits-vit-aha --out docs/benchmarks/all_methods.md
 """
 
 from __future__ import annotations
@@ -89,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     lines = [START, "", "## AHA against ViT-Shapley on the all-methods images (issue 53)", "",
              "Both learned explainers and GradSkip on the 50 images of the all-methods tables "
-             "([all_methods.md](all_methods.md)), paired per image; each cell is the row's method minus ViT-Shapley, "
+             "(the per-model pages above), paired per image; each cell is the row's method minus ViT-Shapley, "
              "signed so that positive favours the row's method (↓ metrics negated), with its 95 % t interval "
              "(✓ above 0, ✗ below 0). Script: `benchmarks/learned_explainers.py` (reads the two runs' stores).", ""]
     for spec in args.runs:
