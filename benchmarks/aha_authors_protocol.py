@@ -29,10 +29,7 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import datetime as _dt
 import json
-import platform
-import shlex
 import sys
 import time
 from pathlib import Path
@@ -46,7 +43,7 @@ from vitlens.explainers.aha import AHA
 from vitlens.metrics import InsertionDeletion
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from aha_protocols import MODELS, eval_images, fmt, maps_of, paired  # noqa: E402
+from aha_protocols import MODELS, command_line, eval_images, fmt, maps_of, paired  # noqa: E402
 from aha_sorter_error import print_section  # noqa: E402
 
 START, END = "<!-- aha_authors_protocol:start -->", "<!-- aha_authors_protocol:end -->"
@@ -200,10 +197,7 @@ def main(argv: list[str] | None = None) -> int:
     summary.append(f"| **all** | {t.get('cells', 0)} | {t.get('t0_ge', 0)} | {t.get('t0_loss', 0)} | "
                    f"{t.get('tr_ge', 0)} | {t.get('tr_win', 0)} / {t.get('tr_loss', 0)} | {t.get('o_t0_ge', 0)} | "
                    f"{t.get('o_tr_ge', 0)} |")
-    cmd = "python benchmarks/aha_authors_protocol.py " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:]))
-    lines += summary + ["", *body, f"Command: `{cmd}` — {_dt.date.today().isoformat()}, torch {torch.__version__}, "
-                        f"{platform.machine()}, {args.threads} thread(s), {time.perf_counter() - t0:.0f} s "
-                        "(this invocation; per-model times above).", "", END]
+    lines += summary + ["", *body, command_line("aha_authors_protocol.py", argv, args.threads, t0), "", END]
     print_section(lines, args.out, START, END)
     return 0
 

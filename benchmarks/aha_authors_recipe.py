@@ -101,6 +101,13 @@ def authors_run(model: str, root: Path) -> Path | None:
     return None
 
 
+def checkpoint_step(path: Path) -> int:
+    """The step a run folder's checkpoint holds."""
+    import torch
+
+    return int(torch.load(path, map_location="cpu", weights_only=True)["step"])
+
+
 def last_means(path: Path) -> tuple[int, dict[str, float]]:
     """The last validation's step and its mean of the four references per pooling."""
     vals, _ = curve(path)
@@ -124,7 +131,7 @@ def models_section(models: list[str], root: Path, png_dir: Path, doc_dir: Path) 
             summary.append(f"| {m} | | | | | not trained |")
             continue
         _, cfg = curve(run)
-        ts, t = last_means(tracked)
+        _, t = last_means(tracked)
         st, a = last_means(run)
         finished = run.suffix == ".json"
         best = {k: max(v.values()) for k, v in (("t", t), ("a", a)) if v}
@@ -132,7 +139,9 @@ def models_section(models: list[str], root: Path, png_dir: Path, doc_dir: Path) 
                        + " / ".join(f"{t[k]:.4f}" if k in t else "—" for k in ("none", "tokens")) + " | "
                        + " / ".join(f"{a[k]:.4f}" if k in a else "—" for k in ("none", "tokens")) + " | "
                        + (f"{best['a'] - best['t']:+.4f}" if len(best) == 2 else "—") + " | "
-                       + (f"finished (step {st})" if finished else f"**still training** (last validation: step {st})")
+                       + (f"finished (step {st})" if finished else
+                          f"**unfinished**: checkpoint at step {checkpoint_step(run)} of {cfg.get('steps')}, last "
+                          f"validation at step {st}")
                        + " |")
         png = png_dir / f"aha_authors_curve_{m}.png"
         plot([("tracked (shipped)", tracked), ("authors", run)], png, f"{m}: shipped (tracked) and authors' recipe")

@@ -400,6 +400,13 @@ ROW_NAMES = {"aha_t0": "AHA T=0", "aha_t3": f"AHA {TR}", "gradskip": "GradSkip",
              "aha_t3_mean": "AHA T=3 (mean colour)", "aha_t3_prev": "AHA T=3 (mixed, lr 0.05)"}
 
 
+def command_line(script: str, argv: list[str] | None, threads: int, t0: float) -> str:
+    """The page's last line: the command that wrote it, the date, torch, the machine and this invocation's time."""
+    cmd = f"python benchmarks/{script} " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:]))
+    return (f"Command: `{cmd}` — {_dt.date.today().isoformat()}, torch {torch.__version__}, {platform.machine()}, "
+            f"{threads} thread(s), {time.perf_counter() - t0:.0f} s (this invocation; per-model times above).")
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
@@ -474,11 +481,7 @@ def main(argv: list[str] | None = None) -> int:
                    f"{total.get('t0_loss', 0)} | {total.get('t3_ge', 0)} | {total.get('t3_win', 0)} / "
                    f"{total.get('t3_loss', 0)} | {total.get('r_ge', 0)} | {total.get('o_t0_ge', 0)} | "
                    f"{total.get('o_t3_ge', 0)} |")
-    cmd = "python benchmarks/aha_protocols.py " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:]))
-    lines += summary + ["", *body,
-                        f"Command: `{cmd}` — {_dt.date.today().isoformat()}, torch {torch.__version__}, "
-                        f"{platform.machine()}, {args.threads} thread(s), {time.perf_counter() - t0:.0f} s "
-                        "(this invocation; per-model times above).", "", END]
+    lines += summary + ["", *body, command_line("aha_protocols.py", argv, args.threads, t0), "", END]
     print_section(lines, args.out, START, END)
     return 0
 
