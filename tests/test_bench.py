@@ -137,3 +137,20 @@ def _metrics():
     from vitlens.metrics import metric_names
 
     return metric_names()
+
+
+def test_examples_grid_with_many_methods_is_drawn(tmp_path):
+    """A run with ~30 methods (every registered method and the ablations, as benchmarks/planted_evidence.py runs)
+    asked save_grid for 44.5-pt text, which it refuses: the report's examples figure failed at the end of the run."""
+    import numpy as np
+
+    from vitlens.bench.report_figures import MAX_TEXT_PT, grid_text_size
+    from vitlens.viz import save_grid
+
+    sizes = [grid_text_size(c, 100) for c in (2, 10, 30, 60)]
+    assert sizes == sorted(sizes) and all(7.5 <= s <= MAX_TEXT_PT for s in sizes) and sizes[-1] == MAX_TEXT_PT
+    rng = np.random.default_rng(0)
+    maps = {f"method{i}": [rng.random((16, 16))] for i in range(40)}
+    save_grid(str(tmp_path / "examples.png"), [rng.random((16, 16, 3))], maps, text_size=grid_text_size(41, 100),
+              dpi=100)
+    assert (tmp_path / "examples.png").stat().st_size > 0

@@ -207,7 +207,13 @@ MIN_TEXT_PX = 11.0  # smallest text (tick labels) as shown in the report
 
 def grid_text_size(columns: int, dpi: int = 100) -> float:
     """Text size (points) of an examples grid of ``columns`` columns such that, shown at most :data:`PAGE_PX` wide,
-    its smallest text (tick labels, 1 pt under the captions) is at least :data:`MIN_TEXT_PX` pixels high."""
+    its smallest text (tick labels, 1 pt under the captions) is at least :data:`MIN_TEXT_PX` pixels high — up to
+    :data:`MAX_TEXT_PT`, the largest text ``save_grid`` draws (about 30 columns at 100 dpi; wider grids are read
+    zoomed in, not at page width)."""
     width_px = (_COL_INCHES * columns + 0.4) * dpi  # save_grid's figure width (row labels: +0.4 in)
     shrink = min(1.0, PAGE_PX / width_px)
-    return max(7.5, 1.0 + MIN_TEXT_PX * 72.0 / (dpi * shrink))
+    return min(MAX_TEXT_PT, max(7.5, 1.0 + MIN_TEXT_PX * 72.0 / (dpi * shrink)))
+
+
+#: the largest text size :func:`vitlens.viz.save_grid` accepts (points)
+MAX_TEXT_PT = 40.0
