@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import csv
 import platform
+import shlex
 import sys
 import time
 from pathlib import Path
@@ -51,16 +52,17 @@ def pairs_of(present: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def explain_pairs(model: torch.nn.Module, x: torch.Tensor, scene: torch.Tensor, cls: torch.Tensor, method: str,
-                  chunk: int) -> tuple[torch.Tensor, torch.Tensor, float]:
-    """Maps ``(P, H, W)`` and explained scores ``(P,)`` of the prompt ``"a <cls>"`` on scene ``scene`` for every pair,
-    and the seconds it took."""
+                  chunk: int, versus: str | None = None) -> tuple[torch.Tensor, torch.Tensor, float]:
+    """Maps ``(P, H, W)`` and explained scores ``(P,)`` of the prompt ``"a <cls>"`` on scene ``scene`` for every pair
+    (with ``versus``: its contrast against that prompt, ``vitlens.TextContrast``), and the seconds it took."""
     vlm = vitlens.VisionLanguageModel(model)
     maps, scores = [], []
     t0 = time.perf_counter()
     for a in range(0, len(scene), chunk):
         idx = slice(a, a + chunk)
         texts = [f"a {CLASS_NAMES[int(c)]}" for c in cls[idx]]
-        e = vitlens.explain(vlm, x[scene[idx]], method=method, target=vitlens.TextPrompt(texts))
+        target = vitlens.TextPrompt(texts) if versus is None else vitlens.TextContrast(texts, versus=versus)
+        e = vitlens.explain(vlm, x[scene[idx]], method=method, target=target)
         maps.append(e.maps.detach().float())
         scores.append(e.scores.detach().float())
     return torch.cat(maps), torch.cat(scores), time.perf_counter() - t0
@@ -145,25 +147,27 @@ def run(args: argparse.Namespace) -> None:
     methods = [m for m in args.methods if m in vitlens.methods()]
     skipped = [m for m in args.methods if m not in methods]
     rows, gradskip_maps, refused = [], None, []
-    for method in methods:
+    for method, versus in [(m, v) for v in [None, *args.versus] for m in methods]:
         try:
-            maps, scores, seconds = explain_pairs(model, x, scene, cls, method, args.chunk)
+            maps, scores, seconds = explain_pairs(model, x, scene, cls, method, args.chunk, versus)
         except VitlensError as exc:  # a method that refuses a text target says why in one line
-            refused.append(f"{method} ({str(exc).splitlines()[0]})")
+            if versus is None:
+                refused.append(f"{method} ({str(exc).splitlines()[0]})")
             print(f"{method}: refused: {exc}", flush=True)
             continue
         hits = pointing_game(maps, masks)
         inside = energy_inside(maps, masks)
         k, n = sensitivity(scene, hits)
         rows.append({
-            "method": method, "pairs": len(scene), "pointing": float(hits.mean()),
+            "method": method, "target": "prompt" if versus is None else f"prompt − \"{versus}\"",
+            "pairs": len(scene), "pointing": float(hits.mean()),
             "pointing_ci": wilson_interval(int(hits.sum()), len(hits)), "inside": float(inside.mean()),
             "inside_ci": bootstrap_mean(inside, scene), "sensitivity": k / n if n else float("nan"),
             "sensitivity_ci": wilson_interval(k, n), "sensitivity_n": n, "seconds": seconds,
         })
         print(f"{method}: pointing {rows[-1]['pointing']:.3f} inside {rows[-1]['inside']:.3f} "
               f"sensitivity {rows[-1]['sensitivity']:.3f} ({n} pairs) [{seconds:.0f} s]", flush=True)
-        if method == "gradskip":
+        if method == "gradskip" and versus is None:
             gradskip_maps = maps
     write(args, rows, skipped, refused, auc, len(scene))
     if gradskip_maps is not None:
@@ -185,7 +189,9 @@ def write(args: argparse.Namespace, rows: list[dict], skipped: list[str], refuse
         "",
         "Written by `benchmarks/vlm_localisation.py` — rerun with",
         "",
-        f"    python benchmarks/vlm_localisation.py --n {args.n} --seed {args.seed}",
+        f"    python benchmarks/vlm_localisation.py --n {args.n} --seed {args.seed}"
+        + "".join(f" --versus {shlex.quote(v)}" for v in args.versus)
+        + (f" --weights {args.weights}" if args.weights else ""),
         "",
         f"The bundled `shapes-clip` (CLIP-style; image tower a timm ViT, see docs/models.md) on {args.n} fresh "
         f"2–4-object scenes (`make_multi_scenes(n={args.n}, seed={args.seed}, min_objects=2, max_objects=4)`, never "
@@ -201,10 +207,14 @@ def write(args: argparse.Namespace, rows: list[dict], skipped: list[str], refuse
         "- 95% intervals: Wilson for proportions (pairs treated as independent), a scene-resampling percentile "
         "bootstrap (2,000 resamples) for the mean relevance in object.",
         "",
-        "| method | pointing | 95% CI | relevance in object | 95% CI | prompt sensitivity | 95% CI | n (sens.) | "
-        "time (s) |",
-        "|---|---|---|---|---|---|---|---|---|",
-        *(f"| {r['method']} | {r['pointing']:.3f} | {_ci(r['pointing_ci'])} | {r['inside']:.3f} | "
+        *([f"- target `prompt − \"{args.versus[0]}\"`: the contrast of the prompt against a prompt that names no "
+           "object (`vitlens.TextContrast(\"a <class>\", versus=...)`), which takes out of the score what every "
+           "image shares with every prompt (the rows marked so)."] if args.versus else []),
+        "",
+        "| method | target | pointing | 95% CI | relevance in object | 95% CI | prompt sensitivity | 95% CI | "
+        "n (sens.) | time (s) |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+        *(f"| {r['method']} | {r['target']} | {r['pointing']:.3f} | {_ci(r['pointing_ci'])} | {r['inside']:.3f} | "
           f"{_ci(r['inside_ci'])} | {r['sensitivity']:.3f} | {_ci(r['sensitivity_ci'])} | {r['sensitivity_n']} | "
           f"{r['seconds']:.0f} |" for r in rows),
         "",
@@ -224,10 +234,10 @@ def write(args: argparse.Namespace, rows: list[dict], skipped: list[str], refuse
     csv_path.parent.mkdir(parents=True, exist_ok=True)
     with csv_path.open("w", newline="", encoding="utf-8") as f:
         w = csv.writer(f)
-        w.writerow(["method", "pairs", "pointing", "pointing_lo", "pointing_hi", "inside", "inside_lo", "inside_hi",
+        w.writerow(["method", "target", "pairs", "pointing", "pointing_lo", "pointing_hi", "inside", "inside_lo", "inside_hi",
                     "sensitivity", "sensitivity_lo", "sensitivity_hi", "sensitivity_n", "seconds"])
         for r in rows:
-            w.writerow([r["method"], r["pairs"], r["pointing"], *r["pointing_ci"], r["inside"], *r["inside_ci"],
+            w.writerow([r["method"], r["target"], r["pairs"], r["pointing"], *r["pointing_ci"], r["inside"], *r["inside_ci"],
                         r["sensitivity"], *r["sensitivity_ci"], r["sensitivity_n"], round(r["seconds"], 1)])
     print(f"wrote {out} and {csv_path}")
 
@@ -237,6 +247,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--n", type=int, default=200, help="scenes (default 200)")
     p.add_argument("--seed", type=int, default=30_000, help="data seed of the scenes (default 30000)")
     p.add_argument("--methods", nargs="+", default=METHODS, help="methods (unregistered ones are skipped and named)")
+    p.add_argument("--versus", action="append", default=[], metavar="TEXT",
+                   help="also explain each prompt's contrast against this prompt (e.g. \"a picture\")")
     p.add_argument("--chunk", type=int, default=64, help="pairs per explain call (memory knob)")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--csv", default=str(ROOT / "benchmarks" / "results" / "vlm_localisation.csv"))
