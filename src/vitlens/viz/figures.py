@@ -360,6 +360,15 @@ def _column_bars(columns: Mapping[str, list], scales: Mapping[str, list[Scale]],
     return args, lines
 
 
+def _check_grid_settings(path: str | Path, text_size: float, dpi: int | None) -> None:
+    """The output name, text size and resolution :func:`save_grid` accepts (one-line errors)."""
+    _check_suffix(path)
+    if not 4.0 <= float(text_size) <= 40.0:
+        raise InputError(f"save_grid: text_size must be between 4 and 40 points; got {text_size!r}")
+    if dpi is not None:
+        _check_dpi(dpi)
+
+
 def save_grid(
     path: str | Path,
     images: ImageLike | Sequence[ImageLike],
@@ -419,11 +428,7 @@ def save_grid(
     Returns:
         The path written.
     """
-    _check_suffix(path)
-    if not 4.0 <= float(text_size) <= 40.0:
-        raise InputError(f"save_grid: text_size must be between 4 and 40 points; got {text_size!r}")
-    if dpi is not None:
-        _check_dpi(dpi)
+    _check_grid_settings(path, text_size, dpi)
     image_list = _image_list(images)
     if not image_list:
         raise InputError("save_grid got no images")
