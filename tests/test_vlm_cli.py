@@ -74,3 +74,26 @@ def test_bench_with_prompts_as_classes(clip_dir, tmp_path):
                  "3", "--batch", "3", "--methods", "gradskip", "--out", str(out), "--quiet"]) == 0  # the same run
     assert main(["bench", "--model", f"hf:{clip_dir}", "--prompts", "a ring,a ring", "--data", "scenes", "--n", "3",
                  "--methods", "gradskip", "--out", str(tmp_path / "bad"), "--quiet"]) != 0
+
+
+def test_explain_text_versus_explains_the_contrast(tmp_path, capsys):
+    """--versus: each --text prompt against one prompt (TextContrast), e.g. a prompt naming no object; one-line errors
+    without --text or when it repeats a --text prompt."""
+    from vitlens.data.scenes import make_scenes
+
+    img = tmp_path / "scene.png"
+    Image.fromarray((make_scenes(1, seed=5).images[0].permute(1, 2, 0).numpy() * 255).astype("uint8")).save(img)
+    out = tmp_path / "out"
+    assert main(["explain", str(img), "--model", "shapes-clip", "--text", "a ring", "--versus", "a picture",
+                 "--methods", "gradskip", "--dpi", "60", "--out", str(out)]) == 0
+    info = json.loads((out / "scene_png.a_ring.gradskip.json").read_text())
+    assert info["target"]["kind"] == "TextContrast" and info["target"]["prompts"] == ["a ring", "a picture"]
+    assert abs(info["score"] - (sum(np.load(out / "scene_png.a_ring.gradskip.npz")["token_map"].ravel())
+                                + info["remainder"])) < 1e-4 * max(1.0, abs(info["score"]))
+    capsys.readouterr()
+    assert main(["explain", str(img), "--model", "shapes-clip", "--versus", "a picture", "--out",
+                 str(tmp_path / "o2")]) == 2
+    assert "--versus needs --text" in capsys.readouterr().err
+    assert main(["explain", str(img), "--model", "shapes-clip", "--text", "a ring", "--versus", "a ring", "--out",
+                 str(tmp_path / "o3")]) == 2
+    assert "--versus 'a ring'" in capsys.readouterr().err

@@ -42,6 +42,9 @@ def add_explain_parser(sub: Any, formatter: type[argparse.HelpFormatter]) -> arg
     e.add_argument("--text", action="append", default=[], metavar="PROMPT",
                    help="vision-language models (CLIP, SigLIP, shapes-clip): explain the image-text score of this "
                         "prompt instead of a class; repeatable, one figure per prompt (docs/vlm.md)")
+    e.add_argument("--versus", default=None, metavar="PROMPT",
+                   help="with --text: explain each prompt's score minus this prompt's (TextContrast); one naming "
+                        "no object, e.g. 'a picture', localises far better (docs/vlm.md)")
     e.add_argument("--device", default="cpu", help="torch device: cpu, cuda, cuda:1, mps, or auto")
     e.add_argument("--batch", type=positive_int, default=16,
                    help="images per batch (>= 1) on an accelerator; on the CPU each image is explained on its own "
@@ -342,7 +345,10 @@ def prompt_runs(args: argparse.Namespace, bases: list[str]) -> list[tuple[Any, l
     the prompt in the file names (``cat.a_photo_of_a_dog.gradskip.png``)."""
     from vitlens.errors import InputError
 
+    versus = getattr(args, "versus", None)
     if not args.text:
+        if versus is not None:
+            raise InputError("--versus needs --text: it is the prompt each --text prompt is contrasted with")
         return [(args.target, bases)]
     if args.target is not None:
         raise InputError("--target and --text both given: a class index or text prompts, not both")
@@ -351,12 +357,15 @@ def prompt_runs(args: argparse.Namespace, bases: list[str]) -> list[tuple[Any, l
     texts = [t for t in args.text]
     if any(not t.strip() for t in texts) or len(set(texts)) != len(texts):
         raise InputError("--text: give each prompt once, and none empty")
+    if versus is not None and (not versus.strip() or versus in texts):
+        raise InputError(f"--versus {versus!r}: give a non-empty prompt that is not one of the --text prompts")
     runs, stems = [], set()
     for i, text in enumerate(texts):
         stem = _safe(text)[:48] or f"prompt{i + 1}"
         stem = stem if stem.casefold() not in stems else f"{stem}-{i + 1}"
         stems.add(stem.casefold())
-        runs.append((vitlens.TextPrompt(text), [f"{b}.{stem}" for b in bases]))
+        target = vitlens.TextPrompt(text) if versus is None else vitlens.TextContrast(text, versus=versus)
+        runs.append((target, [f"{b}.{stem}" for b in bases]))
     return runs
 
 
