@@ -256,6 +256,7 @@ def _train(args: argparse.Namespace, model: Any, opt: torch.optim.Optimizer, x_t
     model.train()
     if args.freeze_blocks:
         model.vision_model.patch_embed.eval()  # frozen stem: its BatchNorm keeps its running statistics
+    class_tokens = model.tokenizer(prompts())  # the presence loss's prompts, tokenised once for every step
     with get_adapter(model.vision_model).explicit_attention():  # faster on CPU than the fused kernel
         while step < end:
             factor = lr_factor(step / args.steps, args.warmup_frac, args.min_lr_frac)
@@ -266,7 +267,7 @@ def _train(args: argparse.Namespace, model: Any, opt: torch.optim.Optimizer, x_t
             img = model.get_image_features(xb)
             loss = contrastive_loss(img, model.get_text_features(**tok), model.logit_scale, pos)
             if args.presence_weight:
-                class_txt = model.get_text_features(**model.tokenizer(prompts()))
+                class_txt = model.get_text_features(**class_tokens)
                 loss = loss + args.presence_weight * presence_loss(img, class_txt, model.logit_scale, present)
             opt.zero_grad(set_to_none=True)
             loss.backward()
