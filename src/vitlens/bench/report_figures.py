@@ -208,12 +208,13 @@ MIN_TEXT_PX = 11.0  # smallest text (tick labels) as shown in the report
 def grid_text_size(columns: int, dpi: int = 100) -> float:
     """Text size (points) of an examples grid of ``columns`` columns such that, shown at most :data:`PAGE_PX` wide,
     its smallest text (tick labels, 1 pt under the captions) is at least :data:`MIN_TEXT_PX` pixels high — up to
-    :data:`MAX_TEXT_PT`, the largest text ``save_grid`` draws (about 30 columns at 100 dpi; wider grids are read
-    zoomed in, not at page width)."""
+    :data:`MAX_TEXT_PT`, the largest that still sets about 11 characters a line in a column (a grid too wide for
+    that at page width, ~10 columns and more, is read zoomed in)."""
     width_px = (_COL_INCHES * columns + 0.4) * dpi  # save_grid's figure width (row labels: +0.4 in)
     shrink = min(1.0, PAGE_PX / width_px)
     return min(MAX_TEXT_PT, max(7.5, 1.0 + MIN_TEXT_PX * 72.0 / (dpi * shrink)))
 
 
-#: the largest text size :func:`vitlens.viz.save_grid` accepts (points)
-MAX_TEXT_PT = 40.0
+#: the largest text size of an examples grid (points): larger text no longer fits a 1.9-in column (at 40 pt, what
+#: save_grid accepts, 30 columns overlapped their captions and colour-bar labels)
+MAX_TEXT_PT = 14.0
