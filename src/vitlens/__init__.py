@@ -34,6 +34,7 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     "SegmentationTarget": (".targets", "SegmentationTarget"),
     "TextPrompt": (".targets_text", "TextPrompt"),
     "TextContrast": (".targets_text", "TextContrast"),
+    "TextProbability": (".targets_text", "TextProbability"),
     "TextEmbedding": (".targets_text", "TextEmbedding"),
     "VisionLanguageModel": (".models.vlm", "VisionLanguageModel"),
     "ZeroShotClassifier": (".models.vlm", "ZeroShotClassifier"),
@@ -91,7 +92,7 @@ if TYPE_CHECKING:
     from .models import get_adapter, load_model
     from .models.vlm import VisionLanguageModel, ZeroShotClassifier
     from .targets import ClassLogit, ClassProbability, Contrast, SegmentationTarget
-    from .targets_text import TextContrast, TextEmbedding, TextPrompt
+    from .targets_text import TextContrast, TextEmbedding, TextProbability, TextPrompt
 
 __all__ = [
     "explain",
@@ -111,6 +112,7 @@ __all__ = [
     "SegmentationTarget",
     "TextPrompt",
     "TextContrast",
+    "TextProbability",
     "TextEmbedding",
     "VisionLanguageModel",
     "ZeroShotClassifier",

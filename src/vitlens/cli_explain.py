@@ -19,9 +19,11 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from .atomic import atomic_path, write_text
+from .cli_prompts import prompt_runs
+from .cli_prompts import safe_stem as _safe
 from .options import load_model_with_options, nonnegative_int, parse_key_values, positive_int
 
-__all__ = ["add_explain_parser", "cmd_explain", "output_bases"]
+__all__ = ["add_explain_parser", "cmd_explain", "output_bases", "prompt_runs"]
 
 
 def add_explain_parser(sub: Any, formatter: type[argparse.HelpFormatter]) -> argparse.ArgumentParser:
@@ -45,6 +47,9 @@ def add_explain_parser(sub: Any, formatter: type[argparse.HelpFormatter]) -> arg
     e.add_argument("--versus", default=None, metavar="PROMPT",
                    help="with --text: explain each prompt's score minus this prompt's (TextContrast); one naming "
                         "no object, e.g. 'a picture', localises far better (docs/vlm.md)")
+    e.add_argument("--probability", action="store_true",
+                   help="with two or more --text prompts: explain each prompt's zero-shot probability among them "
+                        "(TextProbability; always positive, unlike a raw score)")
     e.add_argument("--device", default="cpu", help="torch device: cpu, cuda, cuda:1, mps, or auto")
     e.add_argument("--batch", type=positive_int, default=16,
                    help="images per batch (>= 1) on an accelerator; on the CPU each image is explained on its own "
@@ -340,50 +345,24 @@ def _weight(method: Any) -> float:
     return w if math.isfinite(w) and w > 0 else 1.0
 
 
-def prompt_runs(args: argparse.Namespace, bases: list[str]) -> list[tuple[Any, list[str]]]:
-    """``[(target, output bases)]``: ``--target`` once, or a :class:`vitlens.TextPrompt` per ``--text`` prompt with
-    the prompt in the file names (``cat.a_photo_of_a_dog.gradskip.png``)."""
-    from vitlens.errors import InputError
-
-    versus = getattr(args, "versus", None)
-    if not args.text:
-        if versus is not None:
-            raise InputError("--versus needs --text: it is the prompt each --text prompt is contrasted with")
-        return [(args.target, bases)]
-    if args.target is not None:
-        raise InputError("--target and --text both given: a class index or text prompts, not both")
-    import vitlens
-
-    texts = [t for t in args.text]
-    if any(not t.strip() for t in texts) or len(set(texts)) != len(texts):
-        raise InputError("--text: give each prompt once, and none empty")
-    if versus is not None and (not versus.strip() or versus in texts):
-        raise InputError(f"--versus {versus!r}: give a non-empty prompt that is not one of the --text prompts")
-    runs, stems = [], set()
-    for i, text in enumerate(texts):
-        stem = _safe(text)[:48] or f"prompt{i + 1}"
-        stem = stem if stem.casefold() not in stems else f"{stem}-{i + 1}"
-        stems.add(stem.casefold())
-        target = vitlens.TextPrompt(text) if versus is None else vitlens.TextContrast(text, versus=versus)
-        runs.append((target, [f"{b}.{stem}" for b in bases]))
-    return runs
-
-
 def _text_caption(exp: Any, j: int, name_only: bool = False) -> str | None:
     """The caption of a map of a text target: the prompt (a contrast: ``“a ring” over “a disk”``) and the
-    image-text score (``name_only``: the prompt itself); ``None`` for class targets."""
+    image-text score (a probability: ``P(“a ring”) among 3 prompts = 0.9``; ``name_only``: the prompt itself);
+    ``None`` for class targets."""
     if not _is_text(exp):
         return None
     if name_only:
         prompts = exp.target.get("prompts") or []
         k = int(exp.targets[j])
         return str(prompts[k]) if 0 <= k < len(prompts) else None
-    return f"{_target_words(exp, j)}, score = {float(exp.scores[j]):.3g}"
+    sep = " = " if exp.target.get("kind") == "TextProbability" else ", score = "
+    return f"{_target_words(exp, j)}{sep}{float(exp.scores[j]):.3g}"
 
 
 def _is_text(exp: Any) -> bool:
-    """Whether an explanation's target is a text target (a prompt, a contrast of prompts, text embeddings)."""
-    return exp.target.get("kind") in ("TextPrompt", "TextContrast", "TextEmbedding")
+    """Whether an explanation's target is a text target (a prompt, a contrast of prompts, a prompt's probability
+    among prompts, text embeddings)."""
+    return exp.target.get("kind") in ("TextPrompt", "TextContrast", "TextProbability", "TextEmbedding")
 
 
 def _target_words(exp: Any, j: int) -> str:
@@ -577,10 +556,6 @@ def _write_image(path: Path, base: Path, view: Any, results: dict[str, Any], pro
 
 _MAX_SIDE = 2048  # longest side of the original drawn in a figure
 _MAX_DPI = 1200  # beyond print resolution; bounds a figure's pixels
-
-
-def _safe(label: str) -> str:
-    return "".join(c if c.isalnum() or c in "-_=" else "_" for c in label).strip("_")
 
 
 def _report_line(record: dict[str, Any], args: argparse.Namespace) -> None:

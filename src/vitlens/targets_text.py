@@ -9,6 +9,7 @@ target turns them into the model's own score
 >>> t = TextPrompt("a cat")                        # the same prompt for every image
 >>> t = TextPrompt(["a cat", "a dog"])             # one prompt per image (a batch of 2)
 >>> t = TextContrast("a cat", "a dog", gamma=1.0)  # y(a cat) - 1.0 · y(a dog)
+>>> t = TextProbability("a cat", among=["a cat", "a dog", "a car"])  # softmax over the three prompts' scores
 >>> t = TextEmbedding(text_emb)                    # precomputed text embeddings (D,) or (B, D)
 
 Texts are tokenised with the model's own tokenizer; the text embeddings are computed once per distinct prompt
@@ -16,7 +17,10 @@ Texts are tokenised with the model's own tokenizer; the text embeddings are comp
 forward of the explanation (perturbation methods call the model many times). ``classes`` of a resolved text target
 is the index of each image's prompt in :attr:`TextPrompt.prompts`.
 
-For metrics and ``vitlens bench`` over a prompt set, use :class:`vitlens.ZeroShotClassifier` (prompts as classes).
+:class:`TextProbability` is the zero-shot probability of the prompt: always in ``(0, 1)``, so a signed map's most
+important region is its most positive one (a raw score can be negative, and a negative score's map is negative where
+it matters most). For metrics and ``vitlens bench`` over a prompt set, use :class:`vitlens.ZeroShotClassifier`
+(prompts as classes).
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ from torch import Tensor
 from .errors import TargetError
 from .targets import Target
 
-__all__ = ["TextPrompt", "TextContrast", "TextEmbedding"]
+__all__ = ["TextPrompt", "TextContrast", "TextProbability", "TextEmbedding"]
 
 Texts = Union[str, Sequence[str]]
 
@@ -201,6 +205,53 @@ class TextContrast(TextPrompt):
         out = super().describe()
         out["versus"] = self._versus if len(self._versus) > 1 else self._versus[0]
         out["gamma"] = self.gamma
+        return out
+
+
+class TextProbability(TextPrompt):
+    """The zero-shot probability of a prompt among a set of prompts: ``softmax_p(y(among_p))`` at the image's prompt,
+    where ``y`` is the model's own image–text score (what :class:`TextPrompt` explains) of every prompt of ``among``.
+
+    The same number as :class:`vitlens.ZeroShotClassifier` over ``among`` with :class:`vitlens.ClassProbability`, but
+    on the vision–language model itself, with the prompt named in descriptions and figures. ``classes`` of a resolved
+    target (and ``prompts``) index ``among``.
+
+    Args:
+        texts: the explained prompt for every image, or one per image; each must be one of ``among`` (a
+            :class:`vitlens.TargetError` otherwise: it is not added silently, which would change every probability).
+        among: the prompts the probability is taken over, at least two, distinct.
+    """
+
+    def __init__(self, texts: Texts, among: Sequence[str]) -> None:
+        super().__init__(texts)
+        if isinstance(among, str) or not isinstance(among, Sequence) or \
+                not all(isinstance(t, str) for t in among):
+            raise TargetError("TextProbability(among) takes a list of prompts, the set the probability is taken "
+                              f"over; got {type(among).__name__}")
+        self.among = list(among)
+        if len(self.among) < 2:
+            raise TargetError(f"TextProbability needs at least 2 prompts in among (a probability over one prompt is "
+                              f"always 1); got {len(self.among)}")
+        twice = [t for t in dict.fromkeys(self.among) if self.among.count(t) > 1]
+        if twice:
+            raise TargetError(f"TextProbability: among must hold distinct prompts; {twice[0]!r} is given "
+                              f"{self.among.count(twice[0])} times")
+        missing = [t for t in self.prompts if t not in self.among]
+        if missing:
+            raise TargetError(f"TextProbability: the prompt {missing[0]!r} is not one of among {self.among}; add it "
+                              "there (the probability is over among)")
+        self.prompts = list(self.among)  # every prompt of among is scored; classes index it
+
+    def score(self, logits: Tensor) -> Tensor:
+        emb = self._embeddings().to(device=logits.device, dtype=logits.dtype)
+        scores = self.scale * F.normalize(logits, dim=-1) @ F.normalize(emb, dim=-1).T  # (B, P): the model's own
+        scores = scores if self.bias is None else scores + self.bias
+        return scores.softmax(dim=-1).gather(1, self.resolved_classes().to(logits.device)[:, None])[:, 0]
+
+    def describe(self) -> dict:
+        out = super().describe()
+        out["texts"] = self._texts if len(self._texts) > 1 else self._texts[0]
+        out["among"] = self.among
         return out
 
 

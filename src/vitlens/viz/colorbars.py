@@ -34,7 +34,7 @@ def _kind_units(units: str, value_kind: str | None) -> str:
 #: what a signed map's colours are for and against when the target is a class
 CLASS_TARGET = "the class"
 
-_TEXT_KINDS = ("TextPrompt", "TextContrast", "TextEmbedding")
+_TEXT_KINDS = ("TextPrompt", "TextContrast", "TextProbability", "TextEmbedding")
 
 
 def _quoted(text: Any) -> str:
@@ -44,7 +44,8 @@ def _quoted(text: Any) -> str:
 def target_phrase(target: Mapping[str, Any] | None = None, prompt: int = 0, row: int = 0) -> str:
     """What a map explains, in words, for a colour bar or a caption: ``'the class'`` for a class target; for a text
     target the prompt in quotes (``'“a ring”'``), a contrast ``'“a ring” over “a disk”'`` (``'over 0.5·“a disk”'``
-    when its gamma is not 1), precomputed text embeddings ``'the text embedding'``.
+    when its gamma is not 1), a zero-shot probability ``'P(“a ring”) among 3 prompts'``, precomputed text embeddings
+    ``'the text embedding'``.
 
     Args:
         target: the target's description (:attr:`vitlens.Explanation.target`, ``Target.describe()``); ``None`` or
@@ -64,6 +65,8 @@ def target_phrase(target: Mapping[str, Any] | None = None, prompt: int = 0, row:
         other = versus[row] if isinstance(versus, (list, tuple)) and 0 <= row < len(versus) else versus
         gamma = float(target.get("gamma", 1.0))
         text += f" over {'' if gamma == 1.0 else f'{gamma:g}·'}{_quoted(other)}"
+    if kind == "TextProbability":
+        text = f"P({text}) among {len(target.get('among') or prompts)} prompts"
     return text
 
 
