@@ -7,6 +7,11 @@ digits), under the four deletion references {mean colour, black, blur, per-pixel
 pooling. The candidate with the best mean over the references (its better pooling) is the one to ship; the
 protocol matrix of ``benchmarks/aha_protocols.py`` then scores it on evaluation images no choice has seen.
 
+``--authors N`` also scores every candidate (T = 0 and the default refinement) and GradSkip on the first ``N``
+validation images under the AHA authors' protocol (``InsertionDeletion(preset="aha_authors")``, their three
+references; ``benchmarks/aha_authors_protocol.py`` runs it on evaluation images), each row − GradSkip paired over
+images: a candidate can be chosen for that protocol without looking at its evaluation images.
+
 ``--refine N`` also chooses the refinement's default deletion reference on the first ``N`` validation images: the
 first candidate's maps at T = 0 and at T = 3 refined with each of ``--refine-references`` are scored with the hard
 metric (pixel ranking, 21 points) under each of the four references, next to GradSkip, paired over images.
@@ -108,6 +113,43 @@ def refine_choice(model_name: str, path: Path, n: int, kinds: list[str], batch: 
     return out
 
 
+def authors_choice(model_name: str, candidates: dict[str, Path], n: int, batch: int = 8) -> dict[str, dict]:
+    """Per validation image, ``auc_asc − auc_desc`` under each of the authors' references (keys of
+    ``aha_authors_protocol.REFERENCES``) for GradSkip and every candidate at T = 0 and at the default refinement."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from aha_authors_protocol import REFERENCES, TR  # noqa: E402
+    from aha_authors_protocol import score as authors_score  # noqa: E402
+    from aha_protocols import maps_of  # noqa: E402
+
+    model = vitlens.load_model(model_name).eval()
+    first = load_explainer(next(iter(candidates.values())), model)
+    x = validation_images(model_name, model, n, first.num_classes)
+    with torch.no_grad():
+        cls = model(x).argmax(-1)
+    out = {"gradskip": authors_score(model, x, maps_of(model, x, "gradskip", batch), cls)}
+    for label, path in candidates.items():
+        for key, opts in ((f"{label} T=0", {"refine_steps": 0}), (f"{label} {TR}", {})):
+            out[key] = authors_score(model, x, maps_of(model, x, "aha", batch, explainer=str(path), **opts), cls)
+    return {k: {r: v[r] for r in REFERENCES} for k, v in out.items()}
+
+
+def print_authors(res: dict[str, dict], n: int) -> None:
+    from aha_protocols import fmt, paired  # noqa: E402
+
+    refs = list(res["gradskip"])
+    print(f"\nThe AHA authors' protocol on {n} validation images: auc_asc − auc_desc, row − GradSkip, paired 95 % t "
+          "interval (✓ above 0, ✗ below)\n")
+    print("| row | " + " | ".join(f"reference {r}" for r in refs) + " | average |")
+    print("|---" * (len(refs) + 2) + "|")
+    base = res["gradskip"]
+    print("| GradSkip (absolute) | " + " | ".join(f"{sum(base[r]) / len(base[r]):.3f}" for r in refs) + " | |")
+    for label, v in res.items():
+        if label != "gradskip":
+            cells = [paired(v[r], base[r]) for r in refs]
+            print(f"| {label} | " + " | ".join(fmt(*c) for c in cells)
+                  + f" | {sum(c[0] for c in cells) / len(cells):+.3f} |")
+
+
 def print_refine(res: dict[str, dict], n: int) -> None:
     import numpy as np
     from scipy.stats import t as student
@@ -140,6 +182,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--refine-only", action="store_true", help="skip the validation matrix (only --refine)")
     p.add_argument("--refine-references", nargs="+", default=["mean", "mixed"], metavar="REF[,KEY=VALUE...]",
                    help="refinement variants: a reference kind and AHA options, e.g. mixed,lr=0.1,refine_steps=5")
+    p.add_argument("--authors", type=int, default=0, metavar="N",
+                   help="also score the candidates and GradSkip under the AHA authors' protocol on N validation images")
     p.add_argument("--json", type=Path, default=None, help="also write the scores here")
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -166,9 +210,14 @@ def main(argv: list[str] | None = None) -> int:
         first = Path(args.candidates[0].partition("=")[2])
         refine = refine_choice(args.model, first, args.refine, args.refine_references)
         print_refine(refine, args.refine)
+    authors = {}
+    if args.authors:
+        paths = {lab: Path(path) for lab, _, path in (c.partition("=") for c in args.candidates)}
+        authors = authors_choice(args.model, paths, args.authors)
+        print_authors(authors, args.authors)
     if args.json:
         args.json.write_text(json.dumps({"model": args.model, "n_val": args.n_val, "rows": rows, "best": best,
-                                         "refine": refine}, indent=1))
+                                         "refine": refine, "authors": authors}, indent=1))
     return 0
 
 

@@ -51,17 +51,24 @@ def pairs_of(present: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return scene, cls
 
 
+#: ``--zero-shot``'s target label: the prompt's zero-shot probability among the class prompts
+ZERO_SHOT = "zero-shot probability"
+
+
 def explain_pairs(model: torch.nn.Module, x: torch.Tensor, scene: torch.Tensor, cls: torch.Tensor, method: str,
                   chunk: int, versus: str | None = None) -> tuple[torch.Tensor, torch.Tensor, float]:
     """Maps ``(P, H, W)`` and explained scores ``(P,)`` of the prompt ``"a <cls>"`` on scene ``scene`` for every pair
-    (with ``versus``: its contrast against that prompt, ``vitlens.TextContrast``), and the seconds it took."""
+    (with ``versus``: its contrast against that prompt, ``vitlens.TextContrast``; ``versus=ZERO_SHOT``: its softmax
+    probability among the prompts of every class, ``vitlens.TextProbability``), and the seconds it took."""
     vlm = vitlens.VisionLanguageModel(model)
+    among = [f"a {c}" for c in CLASS_NAMES]
     maps, scores = [], []
     t0 = time.perf_counter()
     for a in range(0, len(scene), chunk):
         idx = slice(a, a + chunk)
         texts = [f"a {CLASS_NAMES[int(c)]}" for c in cls[idx]]
-        target = vitlens.TextPrompt(texts) if versus is None else vitlens.TextContrast(texts, versus=versus)
+        target = (vitlens.TextPrompt(texts) if versus is None else vitlens.TextProbability(texts, among)
+                  if versus == ZERO_SHOT else vitlens.TextContrast(texts, versus=versus))
         e = vitlens.explain(vlm, x[scene[idx]], method=method, target=target)
         maps.append(e.maps.detach().float())
         scores.append(e.scores.detach().float())
@@ -101,14 +108,14 @@ def zero_shot_check(model: torch.nn.Module, x: torch.Tensor, present: torch.Tens
 
 
 def figure(path: Path, images: torch.Tensor, label_maps: torch.Tensor, rows: list[tuple[int, list[int]]],
-           maps: dict[tuple[int, int], torch.Tensor]) -> None:
+           maps: dict[tuple[int, int], torch.Tensor], target: str = "prompt") -> None:
     """Each row: a scene, then GradSkip's map for two of its objects' prompts (the object's outline in white)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(len(rows), 3, figsize=(6.6, 2.3 * len(rows)))
+    fig, axes = plt.subplots(len(rows), 3, figsize=(6.6, 2.3 * len(rows)), squeeze=False)
     for r, (s, classes) in enumerate(rows):
         axes[r, 0].imshow(images[s].permute(1, 2, 0).numpy())
         axes[r, 0].set_title(f"scene {s}", fontsize=8)
@@ -119,7 +126,8 @@ def figure(path: Path, images: torch.Tensor, label_maps: torch.Tensor, rows: lis
             ax.contour((label_maps[s] == c + 1).numpy(), levels=[0.5], colors="white", linewidths=0.8)
             yx = divmod(int(m.argmax()), m.shape[1])
             ax.plot(yx[1], yx[0], "c+", markersize=9, markeredgewidth=2)
-            ax.set_title(f"GradSkip: \"a {CLASS_NAMES[c]}\"", fontsize=8)
+            ax.set_title(f"GradSkip: \"a {CLASS_NAMES[c]}\"" + ("" if target == "prompt" else f"\n({target})"),
+                         fontsize=8)
     for ax in axes.flat:
         ax.set_xticks([])
         ax.set_yticks([])
@@ -146,8 +154,9 @@ def run(args: argparse.Namespace) -> None:
     auc = zero_shot_check(model, x, scenes.present)
     methods = [m for m in args.methods if m in vitlens.methods()]
     skipped = [m for m in args.methods if m not in methods]
-    rows, gradskip_maps, refused = [], None, []
-    for method, versus in [(m, v) for v in [None, *args.versus] for m in methods]:
+    rows, gradskip_maps, refused, figure_target = [], None, [], "prompt"
+    kinds = [None, *args.versus, *([ZERO_SHOT] if args.zero_shot else [])]
+    for method, versus in [(m, v) for v in kinds for m in methods]:
         try:
             maps, scores, seconds = explain_pairs(model, x, scene, cls, method, args.chunk, versus)
         except VitlensError as exc:  # a method that refuses a text target says why in one line
@@ -156,25 +165,30 @@ def run(args: argparse.Namespace) -> None:
             print(f"{method}: refused: {exc}", flush=True)
             continue
         hits = pointing_game(maps, masks)
+        near = pointing_game(maps, masks, tolerance=args.tolerance)
         inside = energy_inside(maps, masks)
         k, n = sensitivity(scene, hits)
         rows.append({
-            "method": method, "target": "prompt" if versus is None else f"prompt − \"{versus}\"",
+            "method": method, "target": "prompt" if versus is None else versus if versus == ZERO_SHOT
+            else f"prompt − \"{versus}\"",
             "pairs": len(scene), "pointing": float(hits.mean()),
-            "pointing_ci": wilson_interval(int(hits.sum()), len(hits)), "inside": float(inside.mean()),
+            "pointing_ci": wilson_interval(int(hits.sum()), len(hits)), "near": float(near.mean()),
+            "near_ci": wilson_interval(int(near.sum()), len(near)), "inside": float(inside.mean()),
             "inside_ci": bootstrap_mean(inside, scene), "sensitivity": k / n if n else float("nan"),
             "sensitivity_ci": wilson_interval(k, n), "sensitivity_n": n, "seconds": seconds,
         })
-        print(f"{method}: pointing {rows[-1]['pointing']:.3f} inside {rows[-1]['inside']:.3f} "
+        print(f"{method} [{rows[-1]['target']}]: pointing {rows[-1]['pointing']:.3f} (±{args.tolerance:.1f} px "
+              f"{rows[-1]['near']:.3f}) inside {rows[-1]['inside']:.3f} "
               f"sensitivity {rows[-1]['sensitivity']:.3f} ({n} pairs) [{seconds:.0f} s]", flush=True)
-        if method == "gradskip" and versus is None:
-            gradskip_maps = maps
+        if method == "gradskip":  # the figure shows the last target's (--zero-shot, else --versus, else the prompt)
+            gradskip_maps, figure_target = maps, rows[-1]["target"]
+    args.figure_target = figure_target
     write(args, rows, skipped, refused, auc, len(scene))
     if gradskip_maps is not None:
         picks = [(s, torch.nonzero(scenes.present[s]).flatten().tolist()[:2]) for s in range(args.n)
                  if int(scenes.present[s].sum()) >= 3][:4]
         lookup = {(int(s), int(c)): gradskip_maps[i] for i, (s, c) in enumerate(zip(scene, cls))}
-        figure(Path(args.out).with_suffix(".png"), scenes.images, scenes.label_maps, picks, lookup)
+        figure(Path(args.out).with_suffix(".png"), scenes.images, scenes.label_maps, picks, lookup, figure_target)
 
 
 def _ci(lo_hi: tuple[float, float]) -> str:
@@ -191,6 +205,7 @@ def write(args: argparse.Namespace, rows: list[dict], skipped: list[str], refuse
         "",
         f"    python benchmarks/vlm_localisation.py --n {args.n} --seed {args.seed}"
         + "".join(f" --versus {shlex.quote(v)}" for v in args.versus)
+        + (" --zero-shot" if args.zero_shot else "")
         + (f" --weights {args.weights}" if args.weights else ""),
         "",
         f"The bundled `shapes-clip` (CLIP-style; image tower a timm ViT, see docs/models.md) on {args.n} fresh "
@@ -201,6 +216,8 @@ def write(args: argparse.Namespace, rows: list[dict], skipped: list[str], refuse
         "(present, absent) pairs.",
         "",
         "- **pointing**: the map's maximum (64×64 px) lies in the named object's exact visible mask (no tolerance);",
+        f"- **pointing ±{args.tolerance:.1f} px**: the same with the original pointing game's tolerance (15 px at "
+        f"224 px, scaled to 64 px): a maximum within {args.tolerance:.1f} px of the mask counts;",
         "- **relevance in object**: share of the map's positive relevance inside that mask (mean over pairs);",
         "- **prompt sensitivity**: over ordered pairs (a, b) of different objects of one scene whose map for "
         "`\"a <a>\"` points into a, the share whose map for `\"a <b>\"` points into b (n = such pairs);",
@@ -210,18 +227,25 @@ def write(args: argparse.Namespace, rows: list[dict], skipped: list[str], refuse
         *([f"- target `prompt − \"{args.versus[0]}\"`: the contrast of the prompt against a prompt that names no "
            "object (`vitlens.TextContrast(\"a <class>\", versus=...)`), which takes out of the score what every "
            "image shares with every prompt (the rows marked so)."] if args.versus else []),
+        *([f"- target `{ZERO_SHOT}`: the prompt's softmax probability among the prompts of all "
+           f"{len(CLASS_NAMES)} classes (`vitlens.TextProbability(\"a <class>\", among=prompts)`, the same number as "
+           "`ZeroShotClassifier` with `ClassProbability`): always positive, so a map's maximum is where the evidence "
+           "for the prompt is (a raw score can be negative, and a GradSkip map carries the sign of the score it "
+           "explains)."] if args.zero_shot else []),
         "",
-        "| method | target | pointing | 95% CI | relevance in object | 95% CI | prompt sensitivity | 95% CI | "
-        "n (sens.) | time (s) |",
-        "|---|---|---|---|---|---|---|---|---|---|",
-        *(f"| {r['method']} | {r['target']} | {r['pointing']:.3f} | {_ci(r['pointing_ci'])} | {r['inside']:.3f} | "
+        f"| method | target | pointing | 95% CI | pointing ±{args.tolerance:.1f} px | 95% CI | relevance in object | "
+        "95% CI | prompt sensitivity | 95% CI | n (sens.) | time (s) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        *(f"| {r['method']} | {r['target']} | {r['pointing']:.3f} | {_ci(r['pointing_ci'])} | {r['near']:.3f} | "
+          f"{_ci(r['near_ci'])} | {r['inside']:.3f} | "
           f"{_ci(r['inside_ci'])} | {r['sensitivity']:.3f} | {_ci(r['sensitivity_ci'])} | {r['sensitivity_n']} | "
           f"{r['seconds']:.0f} |" for r in rows),
         "",
         f"Targets of issue 52 for GradSkip: pointing ≥ 0.9 and prompt sensitivity ≥ 0.9. Time: wall-clock seconds "
         f"for all {pairs} maps on one CPU thread of a shared machine (indicative only).",
         "",
-        f"![GradSkip maps for two prompts per scene]({out.with_suffix('.png').name})",
+        f"![GradSkip maps for two prompts per scene]({out.with_suffix('.png').name}) (GradSkip, target "
+        f"`{getattr(args, 'figure_target', 'prompt')}`; white: the named object's mask, cyan +: the map's maximum)",
         "",
         f"Software: torch {torch.__version__}, python {platform.python_version()}; "
         f"{'methods not registered, skipped: ' + ', '.join(skipped) if skipped else 'every listed method is registered'}.",
@@ -234,10 +258,12 @@ def write(args: argparse.Namespace, rows: list[dict], skipped: list[str], refuse
     csv_path.parent.mkdir(parents=True, exist_ok=True)
     with csv_path.open("w", newline="", encoding="utf-8") as f:
         w = csv.writer(f)
-        w.writerow(["method", "target", "pairs", "pointing", "pointing_lo", "pointing_hi", "inside", "inside_lo", "inside_hi",
+        w.writerow(["method", "target", "pairs", "pointing", "pointing_lo", "pointing_hi", "pointing_near",
+                    "pointing_near_lo", "pointing_near_hi", "inside", "inside_lo", "inside_hi",
                     "sensitivity", "sensitivity_lo", "sensitivity_hi", "sensitivity_n", "seconds"])
         for r in rows:
-            w.writerow([r["method"], r["target"], r["pairs"], r["pointing"], *r["pointing_ci"], r["inside"], *r["inside_ci"],
+            w.writerow([r["method"], r["target"], r["pairs"], r["pointing"], *r["pointing_ci"], r["near"], *r["near_ci"],
+                        r["inside"], *r["inside_ci"],
                         r["sensitivity"], *r["sensitivity_ci"], r["sensitivity_n"], round(r["seconds"], 1)])
     print(f"wrote {out} and {csv_path}")
 
@@ -249,6 +275,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--methods", nargs="+", default=METHODS, help="methods (unregistered ones are skipped and named)")
     p.add_argument("--versus", action="append", default=[], metavar="TEXT",
                    help="also explain each prompt's contrast against this prompt (e.g. \"a picture\")")
+    p.add_argument("--zero-shot", action="store_true",
+                   help="also explain each prompt's zero-shot probability among the class prompts")
+    p.add_argument("--tolerance", type=float, default=15 * 64 / 224,
+                   help="pixels of the second pointing column (default: the original 15 px at 224 px, scaled to 64)")
     p.add_argument("--chunk", type=int, default=64, help="pairs per explain call (memory knob)")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--csv", default=str(ROOT / "benchmarks" / "results" / "vlm_localisation.csv"))

@@ -161,3 +161,24 @@ def test_select_scores_the_meanimage_reference_with_the_training_mean_image(monk
     assert seen["n"] == 8 and torch.equal(seen["mean_img"], expect)
     one = mean_image(select.datasets("scenes", model, select.AHATrainConfig(n_val=1, steps=1, batch_size=1), 10)[0])
     assert not torch.allclose(seen["mean_img"], one)  # not the mean of a single scene
+
+
+def test_select_authors_protocol_scores_candidates_and_gradskip_on_validation_images():
+    """``aha_select --authors N``: GradSkip and each candidate at T = 0 and at the default refinement under the AHA
+    authors' protocol, on the first N validation images (not the evaluation images), each row per image."""
+    select = load_benchmark("aha_select")
+    authors = load_benchmark("aha_authors_protocol")
+    path = vitlens.aha.shipped_explainer(vitlens.load_model("digits-vit"))[1]
+    res = select.authors_choice("digits-vit", {"shipped": path}, 2, batch=2)
+    assert set(res) == {"gradskip", "shipped T=0", f"shipped {authors.TR}"}
+    for row in res.values():
+        assert set(row) == set(authors.REFERENCES) and all(len(v) == 2 for v in row.values())
+        assert all(-1.0 <= a <= 1.0 for v in row.values() for a in v)
+    model = vitlens.load_model("digits-vit").eval()
+    x = select.validation_images("digits-vit", model, 2, 10)
+    with torch.no_grad():
+        cls = model(x).argmax(-1)
+    direct = authors.score(model, x, vitlens.explain(model, x, "gradskip").maps.detach(), cls)
+    for r in authors.REFERENCES:
+        assert res["gradskip"][r] == pytest.approx(direct[r], abs=1e-6)
+    assert res["shipped T=0"] != res[f"shipped {authors.TR}"]  # the refinement changes the maps

@@ -1,0 +1,45 @@
+"""``benchmarks/vlm_localisation.py`` (issue 52, item 4): every target kind gives a row per method, the tolerant
+pointing column never scores below the strict one, and the zero-shot target is the prompt's probability."""
+
+from __future__ import annotations
+
+import csv
+
+import torch
+
+from conftest import load_benchmark  # noqa: E402
+
+import vitlens
+from vitlens.data import CLASS_NAMES
+from vitlens.data.multiscenes import make_multi_scenes
+from vitlens.models.zoo import SHAPES_MEAN, SHAPES_STD
+
+
+def test_table_rows_for_every_target_and_a_tolerant_pointing_column(tmp_path):
+    script = load_benchmark("vlm_localisation")
+    out, table = tmp_path / "loc.md", tmp_path / "loc.csv"
+    assert script.main(["--n", "3", "--seed", "31000", "--methods", "gradskip", "random", "--versus", "a picture",
+                        "--zero-shot", "--out", str(out), "--csv", str(table)]) == 0
+    rows = list(csv.DictReader(table.open(encoding="utf-8")))
+    targets = {"prompt", 'prompt − "a picture"', script.ZERO_SHOT}
+    assert {(r["method"], r["target"]) for r in rows} == {(m, t) for m in ("gradskip", "random") for t in targets}
+    for r in rows:
+        assert float(r["pointing_near"]) >= float(r["pointing"])
+        assert 0.0 <= float(r["inside"]) <= 1.0
+    text = out.read_text(encoding="utf-8")
+    assert "pointing ±4.3 px" in text and "--zero-shot" in text and "TextProbability" in text
+    assert out.with_suffix(".png").is_file()
+
+
+def test_zero_shot_pairs_explain_the_prompt_probability():
+    script = load_benchmark("vlm_localisation")
+    model = vitlens.load_model("shapes-clip").eval()
+    scenes = make_multi_scenes(2, seed=31000, min_objects=2, max_objects=3)
+    x = (scenes.images - torch.tensor(SHAPES_MEAN).view(1, 3, 1, 1)) / torch.tensor(SHAPES_STD).view(1, 3, 1, 1)
+    scene, cls = script.pairs_of(scenes.present)
+    maps, scores, _ = script.explain_pairs(model, x, scene, cls, "gradskip", chunk=2, versus=script.ZERO_SHOT)
+    zs = vitlens.ZeroShotClassifier(model, [f"a {c}" for c in CLASS_NAMES])
+    with torch.no_grad():
+        expect = zs(x[scene]).softmax(-1).gather(1, cls[:, None])[:, 0]
+    assert maps.shape == (len(scene), 64, 64)
+    torch.testing.assert_close(scores, expect, atol=1e-5, rtol=0)
