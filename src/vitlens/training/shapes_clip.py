@@ -14,12 +14,15 @@ What it does (CPU, one intra-op thread by default, so the weights do not depend 
    (:func:`vitlens.data.captions.scene_captions`: every object named, random order and template, positions from the
    flipped label map in half of the captions).
 2. Initialises the image tower from the bundled ``shapes-vit`` (same architecture; only its classifier head is
-   replaced by the projection into the 128-d joint space; ``--init-vision none`` trains from scratch) and keeps its
-   stem, position embeddings, CLS token and first ``--freeze-blocks`` (3) blocks frozen, which halves the cost of a
-   step on one CPU core; the text encoder starts at random.
+   replaced by the projection into the 128-d joint space; ``--init-vision none`` trains from scratch); with
+   ``--freeze-blocks N`` its stem, position embeddings, CLS token and first N blocks stay frozen (default 0: all of
+   it learns; 3 halves the cost of a step on one CPU core, and the first shipped model used it); the text encoder
+   starts at random.
 3. Minimises the symmetric InfoNCE loss (image → text and text → image cross-entropy of ``logit_scale.exp() ·
    cosine``, learnable temperature clamped at 100) where every caption of the batch that is true of an image
-   (:func:`vitlens.data.captions.caption_positives`) is a positive, with equal weight; AdamW, warm-up + cosine.
+   (:func:`vitlens.data.captions.caption_positives`) is a positive, with equal weight, plus ``--presence-weight``
+   (default 2) × the presence loss (:func:`presence_loss`: the class prompts as a multi-object zero-shot classifier);
+   AdamW, warm-up + cosine, 2,000 steps of 64 scenes by default.
 4. Saves a checkpoint (``checkpoint.pt``: model, optimiser, data order and step; read back with
    ``torch.load(weights_only=True)``) every ``--checkpoint-every`` steps; ``--resume`` continues from it.
 5. Writes ``shapes-clip.safetensors`` (float16), ``shapes-clip.json`` and the model card ``shapes-clip.md`` to
@@ -120,7 +123,7 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
                                             "scenes and write weights, metadata and card.")
     p.add_argument("--out", type=Path, default=Path("runs/shapes-clip"), help="run folder (default runs/shapes-clip)")
     p.add_argument("--resume", action="store_true", help="continue from <out>/checkpoint.pt")
-    p.add_argument("--steps", type=int, default=400, help="optimiser steps (default 400)")
+    p.add_argument("--steps", type=int, default=2000, help="optimiser steps (default 2000)")
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--lr", type=float, default=1e-3, help="peak learning rate of the text encoder and projection")
     p.add_argument("--vision-lr-mult", type=float, default=0.3,
@@ -133,11 +136,11 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--position-prob", type=float, default=0.5, help="share of captions that give positions")
     p.add_argument("--init-vision", choices=["shapes-vit", "none"], default="shapes-vit",
                    help="initialise the image tower from the bundled shapes-vit (default) or at random")
-    p.add_argument("--freeze-blocks", type=int, default=3,
-                   help="keep the image tower's stem and first N blocks as initialised (default 3; 0: train all)")
-    p.add_argument("--presence-weight", type=float, default=0.0,
+    p.add_argument("--freeze-blocks", type=int, default=0,
+                   help="keep the image tower's stem and first N blocks as initialised (default 0: train all)")
+    p.add_argument("--presence-weight", type=float, default=2.0,
                    help="weight of the class-prompt presence loss (each shown class's prompt against the prompts of "
-                        "the classes not shown; default 0: contrastive captions only)")
+                        "the classes not shown; default 2; 0: contrastive captions only)")
     p.add_argument("--seed", type=int, default=0, help="seed of torch/numpy and of the training scenes")
     p.add_argument("--threads", type=int, default=1, help="intra-op threads (default 1)")
     p.add_argument("--checkpoint-every", type=int, default=25, help="steps between checkpoints (default 25)")
