@@ -229,3 +229,16 @@ GRADSKIP_ABLATIONS = [
 def options_id(opts: dict) -> str:
     """A test id for a dict of explainer options: ``key=value-key=value``."""
     return "-".join(f"{k}={v}" for k, v in opts.items())
+
+
+def scene_png(folder: Path, seed: int = 0) -> Path:
+    """A 2–4-object scene (``make_multi_scenes(n=1, seed=seed)``) written as ``folder/scene.png`` (for CLI tests)."""
+    import numpy as np
+    from PIL import Image
+
+    from vitlens.data.multiscenes import make_multi_scenes
+
+    img = folder / "scene.png"
+    pixels = make_multi_scenes(n=1, seed=seed).images[0].permute(1, 2, 0).numpy()
+    Image.fromarray((np.clip(pixels, 0, 1) * 255).astype("uint8")).save(img)
+    return img

@@ -9,9 +9,9 @@ import json
 import numpy as np
 import pytest
 import torch
-from PIL import Image
 
 import vitlens
+from conftest import scene_png  # noqa: E402
 from vitlens import cli_explain, viz
 from vitlens.cli import main
 from vitlens.errors import TargetError
@@ -113,13 +113,6 @@ def test_describe_and_figure_wording(clip_and_images):
         "relevance: blue against P(\u201ca ring\u201d) among 3 prompts, red for it, white = 0")
 
 
-def _image(tmp_path):
-    img = tmp_path / "scene.png"
-    pixels = vitlens.data.make_multi_scenes(n=1, seed=0).images[0].permute(1, 2, 0).numpy()
-    Image.fromarray((np.clip(pixels, 0, 1) * 255).astype("uint8")).save(img)
-    return img
-
-
 def test_explain_probability_one_figure_per_prompt(tmp_path, monkeypatch, capsys):
     calls = []
     real = viz.save_figure
@@ -129,7 +122,7 @@ def test_explain_probability_one_figure_per_prompt(tmp_path, monkeypatch, capsys
         return real(*args, **kwargs)
 
     monkeypatch.setattr(viz, "save_figure", spy)
-    img = _image(tmp_path)
+    img = scene_png(tmp_path)
     out = tmp_path / "out"
     args = ["explain", str(img), "--model", "shapes-clip", "--methods", "gradskip", "--dpi", "40", "--out", str(out)]
     for p in AMONG:
@@ -160,7 +153,7 @@ def test_explain_probability_one_figure_per_prompt(tmp_path, monkeypatch, capsys
      "--probability and --versus both given"),
 ])
 def test_explain_probability_errors_one_line(tmp_path, capsys, extra, match):
-    img = _image(tmp_path)
+    img = scene_png(tmp_path)
     out = tmp_path / "o"
     assert main(["explain", str(img), "--model", "shapes-clip", "--out", str(out)] + extra) == 2
     err = capsys.readouterr().err

@@ -6,9 +6,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from PIL import Image
 
 import vitlens
+from conftest import scene_png  # noqa: E402
 from vitlens import cli_explain, viz
 from vitlens.cli import main
 from vitlens.viz.colorbars import bar_label
@@ -115,16 +115,9 @@ def _record_calls(monkeypatch):
     return calls
 
 
-def _image(tmp_path):
-    img = tmp_path / "scene.png"
-    pixels = vitlens.data.make_multi_scenes(n=1, seed=0).images[0].permute(1, 2, 0).numpy()
-    Image.fromarray((np.clip(pixels, 0, 1) * 255).astype("uint8")).save(img)
-    return img
-
-
 def test_explain_text_figures_and_summary_name_the_prompt(tmp_path, monkeypatch, capsys):
     calls = _record_calls(monkeypatch)
-    img = _image(tmp_path)
+    img = scene_png(tmp_path)
     assert main(["explain", str(img), "--model", "shapes-clip", "--text", "a ring", "--text", "a disk",
                  "--methods", "gradskip,rollout", "--dpi", "40", "--quiet", "--out", str(tmp_path / "out")]) == 0
     figures = [kw for name, kw in calls if name == "save_figure"]
@@ -143,7 +136,7 @@ def test_explain_text_figures_and_summary_name_the_prompt(tmp_path, monkeypatch,
 
 def test_explain_class_figures_and_summary_unchanged(tmp_path, monkeypatch, capsys):
     calls = _record_calls(monkeypatch)
-    img = _image(tmp_path)
+    img = scene_png(tmp_path)
     assert main(["explain", str(img), "--model", "shapes-vit", "--target", "3", "--methods", "gradskip,rollout",
                  "--dpi", "40", "--out", str(tmp_path / "out")]) == 0
     assert {kw["target"] for _, kw in calls} == {"the class"}
