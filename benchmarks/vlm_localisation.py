@@ -182,8 +182,7 @@ def run(args: argparse.Namespace) -> None:
               f"sensitivity {rows[-1]['sensitivity']:.3f} ({n} pairs) [{seconds:.0f} s]", flush=True)
         if method == "gradskip":  # the figure shows the last target's (--zero-shot, else --versus, else the prompt)
             gradskip_maps, figure_target = maps, rows[-1]["target"]
-    args.figure_target = figure_target
-    write(args, rows, skipped, refused, auc, len(scene))
+    write(args, rows, skipped, refused, auc, len(scene), figure_target)
     if gradskip_maps is not None:
         picks = [(s, torch.nonzero(scenes.present[s]).flatten().tolist()[:2]) for s in range(args.n)
                  if int(scenes.present[s].sum()) >= 3][:4]
@@ -196,7 +195,7 @@ def _ci(lo_hi: tuple[float, float]) -> str:
 
 
 def write(args: argparse.Namespace, rows: list[dict], skipped: list[str], refused: list[str], auc: float,
-          pairs: int) -> None:
+          pairs: int, figure_target: str = "prompt") -> None:
     out = Path(args.out)
     lines = [
         "# Text-prompted localisation on shapes-clip",
@@ -245,7 +244,7 @@ def write(args: argparse.Namespace, rows: list[dict], skipped: list[str], refuse
         f"for all {pairs} maps on one CPU thread of a shared machine (indicative only).",
         "",
         f"![GradSkip maps for two prompts per scene]({out.with_suffix('.png').name}) (GradSkip, target "
-        f"`{getattr(args, 'figure_target', 'prompt')}`; white: the named object's mask, cyan +: the map's maximum)",
+        f"`{figure_target}`; white: the named object's mask, cyan +: the map's maximum)",
         "",
         f"Software: torch {torch.__version__}, python {platform.python_version()}; "
         f"{'methods not registered, skipped: ' + ', '.join(skipped) if skipped else 'every listed method is registered'}.",

@@ -362,7 +362,9 @@ def _text_caption(exp: Any, j: int, name_only: bool = False) -> str | None:
 def _is_text(exp: Any) -> bool:
     """Whether an explanation's target is a text target (a prompt, a contrast of prompts, a prompt's probability
     among prompts, text embeddings)."""
-    return exp.target.get("kind") in ("TextPrompt", "TextContrast", "TextProbability", "TextEmbedding")
+    from vitlens.targets_text import TEXT_KINDS
+
+    return exp.target.get("kind") in TEXT_KINDS
 
 
 def _target_words(exp: Any, j: int) -> str:

@@ -35,7 +35,7 @@ from torch import Tensor
 from .errors import TargetError
 from .targets import Target
 
-__all__ = ["TextPrompt", "TextContrast", "TextProbability", "TextEmbedding"]
+__all__ = ["TEXT_KINDS", "TextPrompt", "TextContrast", "TextProbability", "TextEmbedding"]
 
 Texts = Union[str, Sequence[str]]
 
@@ -118,11 +118,18 @@ class TextPrompt(Target):
         t.classes = self._index(self._texts, logits.shape[0]).to(logits.device)
         return t
 
-    def _scores(self, logits: Tensor, classes: Tensor) -> Tensor:
-        emb = self._embeddings().to(device=logits.device, dtype=logits.dtype)
-        text = _per_image(F.normalize(emb, dim=-1), classes, logits.shape[0])
-        s = self.scale * (F.normalize(logits, dim=-1) * text).sum(-1)
+    def _logit(self, cosine: Tensor) -> Tensor:
+        """The model's score from a cosine: ``scale · cos (+ bias)``."""
+        s = self.scale * cosine
         return s if self.bias is None else s + self.bias
+
+    def _text_unit(self, logits: Tensor) -> Tensor:
+        """The bound prompts' unit-length text embeddings ``(P, D)``, on the logits' device and dtype."""
+        return F.normalize(self._embeddings().to(device=logits.device, dtype=logits.dtype), dim=-1)
+
+    def _scores(self, logits: Tensor, classes: Tensor) -> Tensor:
+        text = _per_image(self._text_unit(logits), classes, logits.shape[0])
+        return self._logit((F.normalize(logits, dim=-1) * text).sum(-1))
 
     def score(self, logits: Tensor) -> Tensor:
         return self._scores(logits, self.resolved_classes())
@@ -243,9 +250,7 @@ class TextProbability(TextPrompt):
         self.prompts = list(self.among)  # every prompt of among is scored; classes index it
 
     def score(self, logits: Tensor) -> Tensor:
-        emb = self._embeddings().to(device=logits.device, dtype=logits.dtype)
-        scores = self.scale * F.normalize(logits, dim=-1) @ F.normalize(emb, dim=-1).T  # (B, P): the model's own
-        scores = scores if self.bias is None else scores + self.bias
+        scores = self._logit(F.normalize(logits, dim=-1) @ self._text_unit(logits).T)  # (B, P): the model's own
         return scores.softmax(dim=-1).gather(1, self.resolved_classes().to(logits.device)[:, None])[:, 0]
 
     def describe(self) -> dict:
@@ -310,3 +315,7 @@ class TextEmbedding(TextPrompt):
         if self.bound:
             out["scale"], out["bias"] = self.scale, self.bias
         return out
+
+
+#: the ``kind`` a text target's ``describe()`` gives (figures and the command line tell text targets by it)
+TEXT_KINDS = tuple(c.__name__ for c in (TextPrompt, TextContrast, TextProbability, TextEmbedding))

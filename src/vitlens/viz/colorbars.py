@@ -16,6 +16,7 @@ from matplotlib.cm import ScalarMappable
 from matplotlib.colors import Colormap, Normalize
 from matplotlib.figure import Figure
 
+from ..targets_text import TEXT_KINDS
 from .pixels import Scale
 
 __all__ = ["colorbar_label", "target_phrase", "tick_labels", "clip_note", "wrap_phrases", "add_colorbar", "bar_label"]
@@ -34,7 +35,6 @@ def _kind_units(units: str, value_kind: str | None) -> str:
 #: what a signed map's colours are for and against when the target is a class
 CLASS_TARGET = "the class"
 
-_TEXT_KINDS = ("TextPrompt", "TextContrast", "TextProbability", "TextEmbedding")
 
 
 def _quoted(text: Any) -> str:
@@ -54,7 +54,7 @@ def target_phrase(target: Mapping[str, Any] | None = None, prompt: int = 0, row:
         row: the image's row in the explanation (for a contrast with one ``versus`` prompt per image).
     """
     kind = (target or {}).get("kind")
-    if kind not in _TEXT_KINDS or target is None:
+    if kind not in TEXT_KINDS or target is None:
         return CLASS_TARGET
     prompts = target.get("prompts") or []
     if kind == "TextEmbedding" or not 0 <= int(prompt) < len(prompts):
