@@ -158,3 +158,38 @@ def test_bad_arguments_raise(kwargs: dict) -> None:
     msg = str(info.value)
     assert msg and "\n" not in msg
     assert any(name in msg for name in kwargs)
+
+
+# -- twins with one object left out (shapes-clip's training pairs) -----------------------------------------------------
+def test_twins_leave_out_exactly_one_object_and_change_nothing_else() -> None:
+    from vitlens.data.multiscenes import make_multi_scene_pairs
+
+    full, twins = make_multi_scene_pairs(40, seed=5, min_objects=1, max_objects=4, start=7)
+    plain = make_multi_scenes(40, seed=5, min_objects=1, max_objects=4, start=7)
+    assert torch.equal(full.images, plain.images) and torch.equal(full.label_maps, plain.label_maps)  # scenes unchanged
+    m = full.present.sum(1)
+    assert torch.equal(twins.present.sum(1), torch.where(m >= 2, m - 1, m))  # one object fewer, single ones kept
+    assert not (twins.present & ~full.present).any()  # nothing new appears
+    for i in range(40):
+        gone = full.present[i] & ~twins.present[i]
+        changed = (full.images[i] != twins.images[i]).any(0)
+        relabelled = full.label_maps[i] != twins.label_maps[i]
+        if m[i] == 1:
+            assert not changed.any() and not relabelled.any()
+            continue
+        k = int(torch.nonzero(gone)[0])
+        assert torch.equal(changed, relabelled)  # pixels differ exactly where the label map does
+        assert (full.label_maps[i][relabelled] == k + 1).all()  # ... which is where the left-out object was visible
+        kept = [int(c) for c in full.objects[i] if c >= 0 and c != k]
+        assert twins.objects[i, : len(kept)].tolist() == kept and (twins.objects[i, len(kept):] == -1).all()
+    again = make_multi_scene_pairs(40, seed=5, min_objects=1, max_objects=4, start=7)[1]
+    assert torch.equal(again.images, twins.images)  # deterministic
+
+
+def test_twins_uncover_what_the_left_out_object_hid() -> None:
+    from vitlens.data.multiscenes import make_multi_scene_pairs
+
+    full, twins = make_multi_scene_pairs(200, seed=1)
+    grew = [(twins.label_maps[i] == c + 1).sum() > (full.label_maps[i] == c + 1).sum()
+            for i in range(200) for c in range(K) if twins.present[i, c]]
+    assert any(grew)  # an earlier object occluded by the left-out one is whole again in some twin

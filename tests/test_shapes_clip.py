@@ -224,3 +224,44 @@ def test_shipped_model_loads_through_vitlens_and_its_card(shipped):
     assert "shapes-clip" in zoo.model_card("shapes-clip")
     with torch.no_grad():
         assert torch.equal(m.encode_text(["a ring"]), shipped.encode_text(["a ring"]))
+
+
+def test_twin_batches_hold_each_twin_beside_its_scene_flipped_alike():
+    import argparse
+
+    import numpy as np
+
+    from vitlens.data.multiscenes import make_multi_scene_pairs
+    from vitlens.training.shapes_clip import _batch, _normalise, twin_count
+
+    full, twins = make_multi_scene_pairs(12, seed=3, min_objects=2, max_objects=4)
+    data = (full.images, full.label_maps, twins.images, twins.label_maps)
+    args = argparse.Namespace(twin_frac=0.25, batch_size=8, position_prob=0.5)
+    assert twin_count(args) == 2 and twin_count(argparse.Namespace(twin_frac=0.9, batch_size=8)) == 4
+    m = zoo.BUNDLED["shapes-clip"].build()
+    idx = torch.tensor([4, 9, 0, 1, 2, 3])
+    xb, tok, pos, present = _batch(args, data, idx, torch.Generator().manual_seed(0), np.random.default_rng(0),
+                                   m.tokenizer)
+    assert xb.shape == (8, 3, 64, 64) and present.shape == (8, len(full.class_names)) and pos.shape == (8, 8)
+    for j, i in enumerate([4, 9]):  # the twins come last, in the order of their scenes
+        assert torch.equal(present[6 + j], twins.present[i]) and torch.equal(present[j], full.present[i])
+        differ = (xb[j] != xb[6 + j]).any(0)  # same flips: the pair differs only where the object was
+        assert 0 < int(differ.sum()) == int((full.label_maps[i] != twins.label_maps[i]).sum())
+    assert not pos[6, 0] and not pos[0, 6]  # a twin's caption is not true of its scene, nor the other way round
+    assert torch.isclose(xb.mean(), _normalise(torch.cat([full.images[idx], twins.images[idx[:2]]])).mean())
+
+
+def test_training_with_twins_from_stored_weights_says_so_in_the_card(tmp_path):
+    torch.set_num_threads(1)
+    assert _train(tmp_path / "a", "--twin-frac", "0.25", "--steps", "2") in (0, 1)
+    meta = json.loads((tmp_path / "a" / "shapes-clip.json").read_text())
+    assert meta["twin_frac"] == 0.25 and "twins" in (tmp_path / "a" / "shapes-clip.md").read_text()
+    start = tmp_path / "a" / "shapes-clip.safetensors"
+    assert _train(tmp_path / "b", "--init-from", str(start), "--steps", "2", "--lr", "0") in (0, 1)
+    meta_b = json.loads((tmp_path / "b" / "shapes-clip.json").read_text())
+    assert meta_b["init_vision"] == "stored weights shapes-clip.safetensors"
+    from safetensors.torch import load_file
+
+    a, b = load_file(str(start)), load_file(str(tmp_path / "b" / "shapes-clip.safetensors"))
+    moved = [k for k in a if not torch.equal(a[k], b[k])]
+    assert all("running" in k or "num_batches" in k for k in moved)  # lr 0: only the stem's BatchNorm statistics move

@@ -61,6 +61,8 @@ __all__ = [
     "MULTI_MAX_COVER",
     "MULTI_STREAM",
     "MultiScenes",
+    "TWIN_STREAM",
+    "make_multi_scene_pairs",
     "make_multi_scenes",
 ]
 
@@ -74,6 +76,9 @@ MULTI_MAX_COVER: float = 0.8
 MIN_VISIBLE_FRACTION: float = 0.6
 #: Stream tag mixed into the per-image generator seed (ASCII "MULT").
 MULTI_STREAM: int = 0x4D554C54
+
+#: Stream tag of the generator that picks which object a scene's twin leaves out (ASCII "TWIN").
+TWIN_STREAM: int = 0x5457494E
 
 _MAX_TRIES = 60  # placements tried per object before the whole scene is re-drawn
 
@@ -188,11 +193,16 @@ def make_multi_scenes(n: int, seed: int = 0, size: int = 64, min_objects: int = 
     objects = np.full((n, max_objects), -1, dtype=np.int64)
     for i in range(n):
         rng = np.random.default_rng([seed, start + i, MULTI_STREAM])
-        img, lab, order = _render_multi_scene(rng, size, min_objects, max_objects)
+        img, lab, order, _ = _render_multi_scene(rng, size, min_objects, max_objects)
         images[i] = img
         label_maps[i] = lab
         objects[i, : len(order)] = order
-    present = np.zeros((n, k), dtype=bool)
+    return _scene_set(images, label_maps, objects, seed, start)
+
+
+def _scene_set(images: np.ndarray, label_maps: np.ndarray, objects: np.ndarray, seed: int, start: int) -> MultiScenes:
+    n = len(images)
+    present = np.zeros((n, len(CLASS_NAMES)), dtype=bool)
     rows, cols = np.nonzero(objects >= 0)
     present[rows, objects[rows, cols]] = True
     return MultiScenes(
@@ -204,6 +214,38 @@ def make_multi_scenes(n: int, seed: int = 0, size: int = 64, min_objects: int = 
         indices=torch.arange(start, start + n, dtype=torch.int64),
         seed=seed,
     )
+
+
+def make_multi_scene_pairs(n: int, seed: int = 0, size: int = 64, min_objects: int = 2, max_objects: int = 4,
+                           start: int = 0) -> tuple[MultiScenes, MultiScenes]:
+    """Each scene of :func:`make_multi_scenes` (same arguments, identical scenes) and its **twin with one object left
+    out**: the same background, distractors, other objects (colours, textures, positions) and pixel noise, without
+    the object at a random drawing position (drawn from a generator of its own, so the scenes are unchanged). What the
+    left-out object hid of earlier objects is visible in the twin, and the twin's label map, ``present`` and
+    ``objects`` say so. Scenes of one object are their own twin (nothing is left out).
+
+    Shapes-clip's training uses the pairs so that the one difference between two images of a batch is one object
+    and one word of their captions: the model learns to take a class's evidence from that object's pixels.
+
+    Returns:
+        ``(scenes, twins)``, two :class:`MultiScenes` of ``n`` images each, index-aligned.
+
+    Raises:
+        vitlens.errors.InputError (a ``ValueError``): as :func:`make_multi_scenes`.
+    """
+    full = make_multi_scenes(n, seed, size, min_objects, max_objects, start)
+    images = np.empty((n, 3, size, size), dtype=np.float32)
+    label_maps = np.empty((n, size, size), dtype=np.int64)
+    objects = np.full((n, max_objects), -1, dtype=np.int64)
+    for i in range(n):
+        rng = np.random.default_rng([seed, start + i, MULTI_STREAM])
+        drop = float(np.random.default_rng([seed, start + i, MULTI_STREAM, TWIN_STREAM]).random())
+        _, _, order, twin = _render_multi_scene(rng, size, min_objects, max_objects, drop)
+        assert twin is not None  # drop given: the twin is rendered
+        images[i], label_maps[i] = twin
+        kept = order if len(order) < 2 else np.delete(order, int(drop * len(order)))
+        objects[i, : len(kept)] = kept
+    return full, _scene_set(images, label_maps, objects, seed, start)
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -232,10 +274,13 @@ def _place_objects(rng: np.random.Generator, size: int, classes: np.ndarray) -> 
     return full
 
 
-def _render_multi_scene(rng: np.random.Generator, size: int, min_objects: int, max_objects: int
-                        ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _render_multi_scene(rng: np.random.Generator, size: int, min_objects: int, max_objects: int,
+                        drop: float | None = None
+                        ) -> tuple[np.ndarray, np.ndarray, np.ndarray, tuple[np.ndarray, np.ndarray] | None]:
     """Render one scene: ``(image (3, size, size) float32 in [0, 1], label map (size, size) int64, classes in drawing
-    order (m,) int64)``."""
+    order (m,) int64, twin)``. With ``drop`` in ``[0, 1)`` the twin is ``(image, label map)`` of the same scene
+    without the object at drawing position ``int(drop * m)`` (everything else identical: the left-out object's
+    colours are still drawn from ``rng``); ``None`` without ``drop``; the scene itself when ``m == 1``."""
     while True:
         m = int(rng.integers(min_objects, max_objects + 1))
         classes = rng.permutation(len(CLASS_NAMES))[:m].astype(np.int64)
@@ -246,12 +291,25 @@ def _render_multi_scene(rng: np.random.Generator, size: int, min_objects: int, m
         masks = _place_objects(rng, size, classes)
         if masks is not None:
             break
+    skip = -1 if drop is None or m < 2 else int(drop * m)
+    twin_img = img.copy()
     label_map = np.full((size, size), BACKGROUND, dtype=np.int64)
-    for c, mask in zip(classes, masks):
+    twin_lab = label_map.copy()
+    for j, (c, mask) in enumerate(zip(classes, masks)):
         bg_ref = img[:, mask].mean(axis=1)
-        img[:, mask] = fill(rng, size, mask, bg_ref)
+        colours = fill(rng, size, mask, bg_ref)
+        img[:, mask] = colours
         label_map[mask] = int(c) + 1
+        if j != skip:
+            twin_img[:, mask] = colours
+            twin_lab[mask] = int(c) + 1
+    noise = PIXEL_NOISE * rng.standard_normal(size=img.shape, dtype=np.float32)
     out = img.astype(np.float32)
-    out += PIXEL_NOISE * rng.standard_normal(size=out.shape, dtype=np.float32)
+    out += noise
     np.clip(out, 0.0, 1.0, out=out)
-    return out, label_map, classes
+    if drop is None:
+        return out, label_map, classes, None
+    twin = twin_img.astype(np.float32)
+    twin += noise
+    np.clip(twin, 0.0, 1.0, out=twin)
+    return out, label_map, classes, (twin, twin_lab)

@@ -46,7 +46,7 @@ import torch
 import torch.nn.functional as F
 
 from vitlens.data.captions import caption_positives, object_positions, scene_captions
-from vitlens.data.multiscenes import make_multi_scenes
+from vitlens.data.multiscenes import make_multi_scene_pairs, make_multi_scenes
 from vitlens.data.scenes import CLASS_NAMES, make_scenes
 from vitlens.models import get_adapter
 from vitlens.models.zoo import BUNDLED, SHAPES_MEAN, SHAPES_STD, load_bundled
@@ -138,6 +138,12 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
                    help="initialise the image tower from the bundled shapes-vit (default) or at random")
     p.add_argument("--freeze-blocks", type=int, default=0,
                    help="keep the image tower's stem and first N blocks as initialised (default 0: train all)")
+    p.add_argument("--twin-frac", type=float, default=0.0,
+                   help="share of each batch that are twins of other scenes of the batch with one object left out "
+                        "(vitlens.data.multiscenes.make_multi_scene_pairs; same flips, captions without that object; "
+                        "default 0)")
+    p.add_argument("--init-from", type=Path, default=None,
+                   help="start from these stored shapes-clip weights (a .safetensors export; overrides --init-vision)")
     p.add_argument("--presence-weight", type=float, default=2.0,
                    help="weight of the class-prompt presence loss (each shown class's prompt against the prompts of "
                         "the classes not shown; default 2; 0: contrastive captions only)")
@@ -154,7 +160,10 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def _build(args: argparse.Namespace, log: Callable[[str], None]) -> tuple[Any, torch.optim.Optimizer]:
     model: Any = BUNDLED[NAME].build()
-    if args.init_vision == "shapes-vit":
+    if args.init_from is not None:
+        model = load_stored(BUNDLED[NAME].build, args.init_from)
+        log(f"model initialised from {args.init_from}")
+    elif args.init_vision == "shapes-vit":
         src = load_bundled("shapes-vit").state_dict()
         own = model.vision_model.state_dict()
         taken = {k: v for k, v in src.items() if k in own and own[k].shape == v.shape and not k.startswith("head.")}
@@ -178,14 +187,25 @@ def _build(args: argparse.Namespace, log: Callable[[str], None]) -> tuple[Any, t
     return model, opt
 
 
-def _batch(args: argparse.Namespace, x_train: torch.Tensor, l_train: torch.Tensor, idx: torch.Tensor,
+def twin_count(args: argparse.Namespace) -> int:
+    """Twins per batch: ``round(twin_frac · batch_size)``, at most half the batch."""
+    return min(round(args.twin_frac * args.batch_size), args.batch_size // 2)
+
+
+def _batch(args: argparse.Namespace, data: tuple[torch.Tensor, ...], idx: torch.Tensor,
            g: torch.Generator, rng: np.random.Generator, tokenizer: Any
            ) -> tuple[torch.Tensor, dict, torch.Tensor, torch.Tensor]:
     """Flipped images (normalised), their tokenised captions, the positives matrix of one batch and which classes
-    each image shows ``(B, K)``."""
+    each image shows ``(B, K)``. ``data``: training images and label maps, then (with ``--twin-frac``) the twins' —
+    the first :func:`twin_count` scenes of ``idx`` also come as their twins, flipped the same way, at the end."""
     flips = torch.randint(0, 2, (len(idx), 3), generator=g).bool()
-    xb = dihedral(x_train[idx].float(), flips)
-    lb = dihedral(l_train[idx].long(), flips)
+    x, lab = data[0][idx], data[1][idx]
+    k = twin_count(args)
+    if k:
+        x, lab = torch.cat([x, data[2][idx[:k]]]), torch.cat([lab, data[3][idx[:k]]])
+        flips = torch.cat([flips, flips[:k]])
+    xb = dihedral(x.float(), flips)
+    lb = dihedral(lab.long(), flips)
     captions, with_pos = scene_captions(lb, rng, args.position_prob)
     return _normalise(xb), tokenizer(captions), caption_positives(lb, with_pos), object_positions(lb) >= 0
 
@@ -235,13 +255,12 @@ def _restore(path: Path, model: Any, opt: torch.optim.Optimizer, g: torch.Genera
     return int(ck["step"]), rng, ck["history"].tolist(), float(ck["seconds"])
 
 
-def _train(args: argparse.Namespace, model: Any, opt: torch.optim.Optimizer, x_train: torch.Tensor,
-           l_train: torch.Tensor, x_val: torch.Tensor, y_val: torch.Tensor, log: Callable[[str], None]
-           ) -> dict[str, Any]:
+def _train(args: argparse.Namespace, model: Any, opt: torch.optim.Optimizer, data: tuple[torch.Tensor, ...],
+           x_val: torch.Tensor, y_val: torch.Tensor, log: Callable[[str], None]) -> dict[str, Any]:
     from tqdm import tqdm
 
     g = torch.Generator().manual_seed(args.seed)
-    batches = BatchSampler(len(x_train), g)
+    batches = BatchSampler(len(data[0]), g)
     rng = np.random.default_rng([args.seed, 0x434C4950])
     history: list[list[float]] = []
     step, before = 0, 0.0
@@ -265,7 +284,7 @@ def _train(args: argparse.Namespace, model: Any, opt: torch.optim.Optimizer, x_t
             factor = lr_factor(step / args.steps, args.warmup_frac, args.min_lr_frac)
             for grp in opt.param_groups:
                 grp["lr"] = args.lr * factor * grp["lr_mult"]
-            xb, tok, pos, present = _batch(args, x_train, l_train, batches.take(args.batch_size), g, rng,
+            xb, tok, pos, present = _batch(args, data, batches.take(args.batch_size - twin_count(args)), g, rng,
                                            model.tokenizer)
             img = model.get_image_features(xb)
             loss = contrastive_loss(img, model.get_text_features(**tok), model.logit_scale, pos)
@@ -301,15 +320,19 @@ def _train(args: argparse.Namespace, model: Any, opt: torch.optim.Optimizer, x_t
 
 def _data(args: argparse.Namespace, log: Callable[[str], None]) -> tuple[torch.Tensor, ...]:
     t0 = time.perf_counter()
-    xs, ls = [], []
+    parts: list[list[torch.Tensor]] = [[], [], [], []]
     for a in range(0, args.n_train, 2000):  # float16 images and uint8 label maps: a quarter of the memory
-        c = make_multi_scenes(min(2000, args.n_train - a), seed=args.seed, min_objects=1, max_objects=4, start=a)
-        xs.append(c.images.half())
-        ls.append(c.label_maps.to(torch.uint8))
-    x_train, l_train = torch.cat(xs), torch.cat(ls)
+        n = min(2000, args.n_train - a)
+        sets = (make_multi_scene_pairs(n, seed=args.seed, min_objects=1, max_objects=4, start=a) if args.twin_frac
+                else (make_multi_scenes(n, seed=args.seed, min_objects=1, max_objects=4, start=a),))
+        for j, c in enumerate(sets):
+            parts[2 * j].append(c.images.half())
+            parts[2 * j + 1].append(c.label_maps.to(torch.uint8))
+    data = tuple(torch.cat(p) for p in parts if p)
     val = make_scenes(300, seed=TEST_SEED + 1)
-    log(f"{args.n_train} training scenes (seed {args.seed}) ready after {time.perf_counter() - t0:.1f} s")
-    return x_train, l_train, val.images, val.labels
+    log(f"{args.n_train} training scenes (seed {args.seed}{', with their twins' if args.twin_frac else ''}) ready "
+        f"after {time.perf_counter() - t0:.1f} s")
+    return (*data, val.images, val.labels)
 
 
 def _evaluate(model: Any, n_test: int) -> dict[str, Any]:
@@ -361,12 +384,15 @@ def _write_card(path: Path, meta: dict[str, Any]) -> None:
         f"- command: `{meta['command']}`",
         f"- image tower initialised from: {meta['init_vision']}"
         + (f" (conv stem, position embeddings, CLS token and blocks 0–{meta['freeze_blocks'] - 1} kept frozen)"
-           if meta["freeze_blocks"] else "") + "; text encoder at random",
+           if meta["freeze_blocks"] else "") + ("; text encoder at random" if meta["init_vision"] in ("shapes-vit", "none")
+                                                else " (both towers)"),
         f"- symmetric InfoNCE (every true caption of the batch a positive), learnable temperature (≤ 100); AdamW "
         f"(lr {meta['lr']}, image blocks × {meta['vision_lr_mult']}, weight decay {meta['weight_decay']} on "
         f"matrices), warm-up {meta['warmup_frac']:.0%} + cosine, batch {meta['batch_size']}, {meta['steps']} steps"
         + (f"; plus {meta['presence_weight']} × the presence loss (each shown class's prompt `\"a <class>\"` against "
-           "the prompts of the classes the scene does not show)" if meta.get("presence_weight") else ""),
+           "the prompts of the classes the scene does not show)" if meta.get("presence_weight") else "")
+        + (f"; {meta['twin_frac']:.0%} of each batch are twins of other scenes of the batch with one object left out "
+           "(`make_multi_scene_pairs`), captioned without it" if meta.get("twin_frac") else ""),
         f"- training time (measured): {fmt_time(meta['training_time_s'])} on {meta['threads']} CPU thread(s) "
         f"({meta['cpu']}); " + meta["load_note"],
         *card_software_lines(meta),
@@ -399,9 +425,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     np.random.seed(args.seed)
     args.out.mkdir(parents=True, exist_ok=True)
     log = functools.partial(print, flush=True)
-    x_train, l_train, x_val, y_val = _data(args, log)
+    *data, x_val, y_val = _data(args, log)
     model, opt = _build(args, log)
-    run = _train(args, model, opt, x_train, l_train, x_val, y_val, log)
+    run = _train(args, model, opt, tuple(data), x_val, y_val, log)
     if run["step"] < args.steps:
         log(f"stopped after {run['step']} of {args.steps} steps (--stop-after); nothing exported")
         return 0
@@ -414,7 +440,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "n_train": args.n_train, "n_test": args.n_test, "test_data_seed": TEST_SEED, "image_size": 64,
         "class_names": list(CLASS_NAMES), "prompts": prompts(), "vocabulary": list(model.tokenizer.vocabulary),
         "embed_dim": int(model.text_model.projection.out_features), "position_prob": args.position_prob,
-        "init_vision": args.init_vision, "freeze_blocks": args.freeze_blocks, "lr": args.lr, "vision_lr_mult": args.vision_lr_mult,
+        "init_vision": args.init_vision if args.init_from is None else f"stored weights {args.init_from.name}",
+        "twin_frac": args.twin_frac, "freeze_blocks": args.freeze_blocks, "lr": args.lr, "vision_lr_mult": args.vision_lr_mult,
         "weight_decay": args.weight_decay, "warmup_frac": args.warmup_frac, "min_lr_frac": args.min_lr_frac,
         "presence_weight": args.presence_weight, "batch_size": args.batch_size, "steps": run["step"], "logit_scale_exp": float(shipped.logit_scale.detach().exp()),
         "training_curve": [{"step": int(s), "loss_ema": l, "zero_shot_300": a} for s, l, a in run["history"]],
