@@ -154,3 +154,16 @@ def test_examples_grid_with_many_methods_is_drawn(tmp_path):
     save_grid(str(tmp_path / "examples.png"), [rng.random((16, 16, 3))], maps, text_size=grid_text_size(41, 100),
               dpi=100)
     assert (tmp_path / "examples.png").stat().st_size > 0
+
+
+def test_summary_csv_never_holds_a_formula(tmp_path):
+    import csv
+
+    from vitlens.bench.report import _write_csv, csv_cell
+
+    assert csv_cell("=HYPERLINK(\"x\")") == "'=HYPERLINK(\"x\")" and csv_cell("@SUM(A1)") == "'@SUM(A1)"
+    assert csv_cell("gradskip") == "gradskip" and csv_cell(-0.25) == -0.25 and csv_cell(None) is None
+    table = [{"method": "=1+1", "insertion": {"mean": -0.5, "n": 3}}, {"method": "gradskip", "insertion": {"mean": 0.4}}]
+    _write_csv(table, tmp_path / "s.csv")
+    rows = list(csv.reader((tmp_path / "s.csv").open()))
+    assert rows[1][0] == "'=1+1" and rows[1][1] == "-0.5" and rows[2][0] == "gradskip"

@@ -176,6 +176,14 @@ def table_text(table: list[dict[str, Any]], fmt: str = "markdown", wide: bool = 
     raise ValueError(f"unknown table format {fmt!r}; formats: markdown, latex")
 
 
+def csv_cell(value: Any) -> Any:
+    """A value as a CSV cell a spreadsheet shows as text: a string starting with ``=``, ``+``, ``-``, ``@``, a tab or
+    a carriage return gets a leading ``'`` (a method label is never run as a formula); numbers are kept."""
+    if isinstance(value, str) and value[:1] in ("=", "+", "-", "@", "\t", "\r"):
+        return "'" + value
+    return value
+
+
 _CSV_FIELDS = ("mean", "ci95", "low", "high", "interval", "n", "best", "tied_with_best", "p_vs_best")
 
 
@@ -186,12 +194,12 @@ def _write_csv(table: list[dict[str, Any]], path: Path) -> None:
         w.writerow(["method"] + [f"{k}/{s}" for k in keys for s in _CSV_FIELDS]
                    + ["forward_passes", "backward_passes", "ms_per_image"])
         for row in table:
-            vals: list[Any] = [row["method"]]
+            vals: list[Any] = [csv_cell(row["method"])]
             for k in keys:
                 v = row.get(k) or {}
                 vals += [v.get(s) for s in _CSV_FIELDS]
             vals += [row.get("forward_passes"), row.get("backward_passes"), row.get("ms_per_image")]
-            w.writerow(vals)
+            w.writerow([csv_cell(v) for v in vals])
 
 
 def _model_facts(model: str | None) -> tuple[str, list[str] | None]:
