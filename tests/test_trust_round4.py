@@ -510,6 +510,13 @@ def test_damaged_aha_explainer_metadata_is_one_line(tmp_path):
     (tmp_path / "e.json").write_text('{"arch": {}}')
     with pytest.raises((WeightsUnavailableError, InputError)):
         load_explainer(tmp_path / "e.safetensors", tiny_vit())
+    for arch, said in [('{"nonsense": 1, "width": 8}', r"unknown architecture keys: 'nonsense'"),
+                       ('{"width": "wide"}', r"e.json is damaged \(architecture"),
+                       ('{"depths": 3}', r"e.json is damaged \(architecture")]:
+        (tmp_path / "e.json").write_text('{"arch": %s}' % arch)
+        with pytest.raises(WeightsUnavailableError, match=said) as info:
+            load_explainer(tmp_path / "e.safetensors", tiny_vit())
+        assert "\n" not in str(info.value)
 
 
 def test_a_fifo_in_a_run_folder_is_one_line(run, capsys):

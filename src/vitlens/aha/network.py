@@ -509,6 +509,25 @@ def build_explainer(target: nn.Module, **arch: Any) -> AHANet:
     return net
 
 
+def _explainer_from_metadata(target: nn.Module, arch: dict[str, Any], jpath: Path) -> AHANet:
+    """:func:`build_explainer` from a metadata file's ``arch``: a key :class:`AHANet` does not take, or a value of the
+    wrong kind, is a damaged file (one line naming it), not a stack trace."""
+    import inspect
+
+    allowed = (set(inspect.signature(AHANet.__init__).parameters) - {"self", "target"}) | {"channels"}
+    unknown = sorted(set(arch) - allowed)
+    if unknown:
+        raise WeightsUnavailableError(f"AHA explainer metadata {jpath} is damaged (unknown architecture keys: "
+                                      f"{', '.join(repr(k)[:40] for k in unknown[:5])})")
+    try:
+        return build_explainer(target, **arch)
+    except InputError:  # a real mismatch with this model: said as it is
+        raise
+    except (TypeError, ValueError) as exc:
+        raise WeightsUnavailableError(f"AHA explainer metadata {jpath} is damaged (architecture "
+                                      f"{' '.join(str(exc).split())[:120]})") from None
+
+
 def save_explainer(net: AHANet, path: str | Path, meta: dict[str, Any] | None = None) -> tuple[Path, Path]:
     """Write the decoder weights to ``path`` (``.safetensors``) and ``{arch, ...meta}`` to the ``.json`` beside it."""
     from safetensors.torch import save_file
@@ -562,7 +581,7 @@ def load_explainer(path: str | Path, target: nn.Module, check_target: bool = Tru
     except ValueError as exc:  # (WeightsUnavailableError is no ValueError: passed on as it is)
         raise WeightsUnavailableError(f"AHA explainer metadata {jpath} is damaged ({' '.join(str(exc).split())[:120]})"
                                       ) from None
-    net = build_explainer(target, **info["arch"])
+    net = _explainer_from_metadata(target, info["arch"], jpath)
     try:
         net.load_state_dict(load_file(str(path), device="cpu"), strict=True)
     except Exception as exc:  # a shape that does not fit, or a truncated / foreign file (SafetensorError)
