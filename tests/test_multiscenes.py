@@ -193,3 +193,19 @@ def test_twins_uncover_what_the_left_out_object_hid() -> None:
     grew = [(twins.label_maps[i] == c + 1).sum() > (full.label_maps[i] == c + 1).sum()
             for i in range(200) for c in range(K) if twins.present[i, c]]
     assert any(grew)  # an earlier object occluded by the left-out one is whole again in some twin
+
+
+def test_twins_at_a_drawing_position_leave_out_that_object() -> None:
+    from vitlens.data.multiscenes import make_multi_scene_pairs
+
+    full, _ = make_multi_scene_pairs(30, seed=2)
+    for j in range(4):
+        _, twins = make_multi_scene_pairs(30, seed=2, position=j)
+        for i in range(30):
+            order = [int(c) for c in full.objects[i] if c >= 0]
+            if j < len(order):
+                assert not twins.present[i, order[j]] and int(twins.present[i].sum()) == len(order) - 1
+            else:  # no object at that position: the scene is its own twin
+                assert torch.equal(twins.images[i], full.images[i]) and torch.equal(twins.present[i], full.present[i])
+    with pytest.raises(InputError, match="position"):
+        make_multi_scene_pairs(2, seed=2, position=4)

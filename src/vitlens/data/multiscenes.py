@@ -217,11 +217,12 @@ def _scene_set(images: np.ndarray, label_maps: np.ndarray, objects: np.ndarray, 
 
 
 def make_multi_scene_pairs(n: int, seed: int = 0, size: int = 64, min_objects: int = 2, max_objects: int = 4,
-                           start: int = 0) -> tuple[MultiScenes, MultiScenes]:
+                           start: int = 0, position: int | None = None) -> tuple[MultiScenes, MultiScenes]:
     """Each scene of :func:`make_multi_scenes` (same arguments, identical scenes) and its **twin with one object left
     out**: the same background, distractors, other objects (colours, textures, positions) and pixel noise, without
-    the object at a random drawing position (drawn from a generator of its own, so the scenes are unchanged). What the
-    left-out object hid of earlier objects is visible in the twin, and the twin's label map, ``present`` and
+    the object at a random drawing position (drawn from a generator of its own, so the scenes are unchanged) or, with
+    ``position``, at that drawing position (0 = the backmost; a scene with no object there is its own twin). What
+    the left-out object hid of earlier objects is visible in the twin, and the twin's label map, ``present`` and
     ``objects`` say so. Scenes of one object are their own twin (nothing is left out).
 
     Shapes-clip's training uses the pairs so that the one difference between two images of a batch is one object
@@ -234,16 +235,20 @@ def make_multi_scene_pairs(n: int, seed: int = 0, size: int = 64, min_objects: i
         vitlens.errors.InputError (a ``ValueError``): as :func:`make_multi_scenes`.
     """
     full = make_multi_scenes(n, seed, size, min_objects, max_objects, start)
+    if position is not None:
+        position = check_int("position", position, 0, max_objects - 1)
     images = np.empty((n, 3, size, size), dtype=np.float32)
     label_maps = np.empty((n, size, size), dtype=np.int64)
     objects = np.full((n, max_objects), -1, dtype=np.int64)
     for i in range(n):
         rng = np.random.default_rng([seed, start + i, MULTI_STREAM])
-        drop = float(np.random.default_rng([seed, start + i, MULTI_STREAM, TWIN_STREAM]).random())
+        m = int(np.count_nonzero(full.objects[i] >= 0))
+        drop = (float(np.random.default_rng([seed, start + i, MULTI_STREAM, TWIN_STREAM]).random()) if position is None
+                else (position + 0.5) / m if position < m else 1.0)  # 1.0: no object is left out
         _, _, order, twin = _render_multi_scene(rng, size, min_objects, max_objects, drop)
         assert twin is not None  # drop given: the twin is rendered
         images[i], label_maps[i] = twin
-        kept = order if len(order) < 2 else np.delete(order, int(drop * len(order)))
+        kept = order if len(order) < 2 or drop >= 1.0 else np.delete(order, int(drop * len(order)))
         objects[i, : len(kept)] = kept
     return full, _scene_set(images, label_maps, objects, seed, start)
 
@@ -280,7 +285,8 @@ def _render_multi_scene(rng: np.random.Generator, size: int, min_objects: int, m
     """Render one scene: ``(image (3, size, size) float32 in [0, 1], label map (size, size) int64, classes in drawing
     order (m,) int64, twin)``. With ``drop`` in ``[0, 1)`` the twin is ``(image, label map)`` of the same scene
     without the object at drawing position ``int(drop * m)`` (everything else identical: the left-out object's
-    colours are still drawn from ``rng``); ``None`` without ``drop``; the scene itself when ``m == 1``."""
+    colours are still drawn from ``rng``); ``None`` without ``drop``; the scene itself when ``m == 1`` or
+    ``drop >= 1``."""
     while True:
         m = int(rng.integers(min_objects, max_objects + 1))
         classes = rng.permutation(len(CLASS_NAMES))[:m].astype(np.int64)
@@ -291,7 +297,7 @@ def _render_multi_scene(rng: np.random.Generator, size: int, min_objects: int, m
         masks = _place_objects(rng, size, classes)
         if masks is not None:
             break
-    skip = -1 if drop is None or m < 2 else int(drop * m)
+    skip = -1 if drop is None or m < 2 or drop >= 1.0 else int(drop * m)
     twin_img = img.copy()
     label_map = np.full((size, size), BACKGROUND, dtype=np.int64)
     twin_lab = label_map.copy()
