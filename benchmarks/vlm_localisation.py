@@ -11,7 +11,11 @@ max_objects=4)``):
 * **pointing game**: the map's maximum (64×64 pixels) lies in the object's exact visible mask (no tolerance);
 * **relevance in object**: the share of the map's positive relevance inside that mask;
 * **prompt sensitivity**: over ordered pairs (a, b) of different objects of the same scene whose map for
-  ``"a <a>"`` points into a, the share whose map for ``"a <b>"`` points into b (the maximum moves with the prompt).
+  ``"a <a>"`` points into a, the share whose map for ``"a <b>"`` points into b (the maximum moves with the prompt);
+* **object pointing** (object level): of the scene's objects, the named one has the highest mean relevance per
+  pixel; and the prompt sensitivity of that answer; judged against **the model's own grounding**: removing the
+  named object exactly (:func:`vitlens.data.multiscenes.make_multi_scene_pairs` with ``position``) lowers the
+  explained target more than removing any other object of the scene.
 
 Proportions get Wilson 95% intervals (pairs treated as independent); the mean relevance in object gets a 95%
 percentile bootstrap interval that resamples scenes (2,000 resamples, seed 0), since the pairs of a scene share an
@@ -56,10 +60,12 @@ ZERO_SHOT = "zero-shot probability"
 
 
 def explain_pairs(model: torch.nn.Module, x: torch.Tensor, scene: torch.Tensor, cls: torch.Tensor, method: str,
-                  chunk: int, versus: str | None = None) -> tuple[torch.Tensor, torch.Tensor, float]:
+                  chunk: int, versus: str | None = None, layers: list[torch.Tensor] | None = None
+                  ) -> tuple[torch.Tensor, torch.Tensor, float]:
     """Maps ``(P, H, W)`` and explained scores ``(P,)`` of the prompt ``"a <cls>"`` on scene ``scene`` for every pair
     (with ``versus``: its contrast against that prompt, ``vitlens.TextContrast``; ``versus=ZERO_SHOT``: its softmax
-    probability among the prompts of every class, ``vitlens.TextProbability``), and the seconds it took."""
+    probability among the prompts of every class, ``vitlens.TextProbability``), and the seconds it took. With
+    ``layers`` (a list, GradSkip only) the explanations' ``layer_relevance`` ``(P, L+1, T)`` is appended to it."""
     vlm = vitlens.VisionLanguageModel(model)
     among = [f"a {c}" for c in CLASS_NAMES]
     maps, scores = [], []
@@ -72,7 +78,37 @@ def explain_pairs(model: torch.nn.Module, x: torch.Tensor, scene: torch.Tensor, 
         e = vitlens.explain(vlm, x[scene[idx]], method=method, target=target)
         maps.append(e.maps.detach().float())
         scores.append(e.scores.detach().float())
-    return torch.cat(maps), torch.cat(scores), time.perf_counter() - t0
+        if layers is not None:
+            layers.append(e.extras["layer_relevance"].detach().float())
+    seconds = time.perf_counter() - t0
+    if layers is not None:
+        layers[:] = [torch.cat(layers)]
+    return torch.cat(maps), torch.cat(scores), seconds
+
+
+def pointing_by_depth(layers: torch.Tensor, masks: torch.Tensor, prefix: int, grid: tuple[int, int]) -> list[float]:
+    """Pointing game of GradSkip's relevance at the input of each block (``layers``: ``layer_relevance``
+    ``(P, L+1, T)``; the patch tokens upsampled as the map is), block 0 (the map itself) first; the readout (all
+    relevance on the readout tokens) left out."""
+    from vitlens.explainers.base import upsample_tokens
+
+    out = []
+    for d in range(layers.shape[1] - 1):
+        tokens = layers[:, d, prefix:].reshape(-1, *grid)
+        out.append(float(pointing_game(upsample_tokens(tokens, tuple(masks.shape[-2:])), masks).float().mean()))
+    return out
+
+
+def object_pointing(maps: torch.Tensor, label_maps: torch.Tensor, present: torch.Tensor, cls: torch.Tensor
+                    ) -> torch.Tensor:
+    """``(P,)`` bool: of the objects of pair ``p``'s scene (``label_maps``, ``present``: that scene's, per pair), the
+    named class ``cls[p]`` has the highest mean map value per visible pixel."""
+    hits = []
+    for m, lab, pres, c in zip(maps, label_maps, present, cls.tolist()):
+        objs = torch.nonzero(pres).flatten().tolist()
+        density = torch.stack([m[lab == k + 1].mean() for k in objs])
+        hits.append(objs[int(density.argmax())] == c)
+    return torch.tensor(hits)
 
 
 def sensitivity(scene: torch.Tensor, hits: torch.Tensor) -> tuple[int, int]:
@@ -196,19 +232,23 @@ def run(args: argparse.Namespace) -> None:
     methods = [m for m in args.methods if m in vitlens.methods()]
     skipped = [m for m in args.methods if m not in methods]
     rows, gradskip_maps, refused, figure_target = [], None, [], "prompt"
+    depth: dict[str, list[float]] = {}
     kinds = [None, *args.versus, *([ZERO_SHOT] if args.zero_shot else [])]
     grounding = removal_grounding(model, args, scenes, scene, cls, kinds)
     for key, (k, n) in grounding.items():
         print(f"model [{key}]: removing the named object lowers the target most in {k}/{n} pairs", flush=True)
     for method, versus in [(m, v) for v in kinds for m in methods]:
+        layers: list[torch.Tensor] | None = [] if method == "gradskip" else None
         try:
-            maps, scores, seconds = explain_pairs(model, x, scene, cls, method, args.chunk, versus)
+            maps, scores, seconds = explain_pairs(model, x, scene, cls, method, args.chunk, versus, layers)
         except VitlensError as exc:  # a method that refuses a text target says why in one line
             if versus is None:
                 refused.append(f"{method} ({str(exc).splitlines()[0]})")
             print(f"{method}: refused: {exc}", flush=True)
             continue
         hits = pointing_game(maps, masks)
+        obj = object_pointing(maps, scenes.label_maps[scene], scenes.present[scene], cls)
+        ok, on = sensitivity(scene, obj)
         near = pointing_game(maps, masks, tolerance=args.tolerance)
         inside = energy_inside(maps, masks)
         k, n = sensitivity(scene, hits)
@@ -219,13 +259,20 @@ def run(args: argparse.Namespace) -> None:
             "near_ci": wilson_interval(int(near.sum()), len(near)), "inside": float(inside.mean()),
             "inside_ci": bootstrap_mean(inside, scene), "sensitivity": k / n if n else float("nan"),
             "sensitivity_ci": wilson_interval(k, n), "sensitivity_n": n, "seconds": seconds,
+            "object": float(obj.float().mean()), "object_ci": wilson_interval(int(obj.sum()), len(obj)),
+            "object_sensitivity": ok / on if on else float("nan"), "object_sensitivity_ci": wilson_interval(ok, on),
         })
         print(f"{method} [{rows[-1]['target']}]: pointing {rows[-1]['pointing']:.3f} (±{args.tolerance:.1f} px "
               f"{rows[-1]['near']:.3f}) inside {rows[-1]['inside']:.3f} "
-              f"sensitivity {rows[-1]['sensitivity']:.3f} ({n} pairs) [{seconds:.0f} s]", flush=True)
+              f"sensitivity {rows[-1]['sensitivity']:.3f} ({n} pairs); object pointing {rows[-1]['object']:.3f} "
+              f"sensitivity {rows[-1]['object_sensitivity']:.3f} [{seconds:.0f} s]", flush=True)
+        if layers:
+            tower = vitlens.get_adapter(vitlens.VisionLanguageModel(model))
+            depth[target_label(versus)] = pointing_by_depth(layers[0], masks, tower.num_prefix_tokens,
+                                                            tower.grid(tuple(x.shape[-2:])))
         if method == "gradskip":  # the figure shows the last target's (--zero-shot, else --versus, else the prompt)
             gradskip_maps, figure_target = maps, rows[-1]["target"]
-    write(args, rows, skipped, refused, auc, len(scene), figure_target, grounding)
+    write(args, rows, skipped, refused, auc, len(scene), figure_target, grounding, depth)
     if gradskip_maps is not None:
         picks = [(s, torch.nonzero(scenes.present[s]).flatten().tolist()[:2]) for s in range(args.n)
                  if int(scenes.present[s].sum()) >= 3][:4]
@@ -238,7 +285,8 @@ def _ci(lo_hi: tuple[float, float]) -> str:
 
 
 def write(args: argparse.Namespace, rows: list[dict], skipped: list[str], refused: list[str], auc: float,
-          pairs: int, figure_target: str = "prompt", grounding: dict[str, tuple[int, int]] | None = None) -> None:
+          pairs: int, figure_target: str = "prompt", grounding: dict[str, tuple[int, int]] | None = None,
+          depth: dict[str, list[float]] | None = None) -> None:
     out = Path(args.out)
     lines = [
         "# Text-prompted localisation on shapes-clip",
@@ -283,15 +331,28 @@ def write(args: argparse.Namespace, rows: list[dict], skipped: list[str], refuse
           f"{_ci(r['inside_ci'])} | {r['sensitivity']:.3f} | {_ci(r['sensitivity_ci'])} | {r['sensitivity_n']} | "
           f"{r['seconds']:.0f} |" for r in rows),
         "",
-        *(["**The model's own grounding** (what an object-level answer can be held to): the share of pairs in which "
-           "removing the named object exactly (`make_multi_scene_pairs(..., position=j)`: the scene without it, "
-           "everything else identical) lowers the explained target more than removing any other object of the scene.",
+        "**Object level.** *Object pointing*: of the scene's objects, the named one has the highest mean relevance "
+        "per pixel (chance: one over the number of objects, about 0.35 here); *object sensitivity*: the prompt "
+        "sensitivity of that answer. The rows *model* give **the model's own grounding**, what an object-level "
+        "answer can be held to: the share of pairs in which removing the named object exactly "
+        "(`make_multi_scene_pairs(..., position=j)`: the scene without it, everything else identical) lowers the "
+        "explained target more than removing any other object of the scene.",
+        "",
+        "| method | target | object pointing | 95% CI | object sensitivity | 95% CI |",
+        "|---|---|---|---|---|---|",
+        *(f"| {r['method']} | {r['target']} | {r['object']:.3f} | {_ci(r['object_ci'])} | "
+          f"{r['object_sensitivity']:.3f} | {_ci(r['object_sensitivity_ci'])} |" for r in rows),
+        *(f"| model (removal) | {target_label(key)} | {k / n:.3f} | {_ci(wilson_interval(k, n))} | — | — |"
+          for key, (k, n) in (grounding or {}).items()),
+        "",
+        *(["**GradSkip by depth.** Pointing game of GradSkip's relevance at the input of each block "
+           "(`exp.extras[\"layer_relevance\"]`, patch tokens upsampled as the map is; block 0's input is the map): "
+           "where the relevance lies before the early blocks' attention has spread it over the tokens it mixes.",
            "",
-           "| target | named object's removal lowers it most | 95% CI |",
-           "|---|---|---|",
-           *(f"| {target_label(key)} | {k / n:.3f} ({k}/{n}) | "
-             f"{_ci(wilson_interval(k, n))} |" for key, (k, n) in grounding.items()),
-           ""] if grounding else []),
+           "| target | " + " | ".join(f"block {d}" for d in range(len(next(iter(depth.values()))))) + " |",
+           "|---|" + "---|" * len(next(iter(depth.values()))),
+           *(f"| {t} | " + " | ".join(f"{v:.3f}" for v in vals) + " |" for t, vals in depth.items()),
+           ""] if depth else []),
         f"Targets of issue 52 for GradSkip: pointing ≥ 0.9 and prompt sensitivity ≥ 0.9. Time: wall-clock seconds "
         f"for all {pairs} maps on one CPU thread of a shared machine (indicative only).",
         "",
@@ -311,11 +372,14 @@ def write(args: argparse.Namespace, rows: list[dict], skipped: list[str], refuse
         w = csv.writer(f)
         w.writerow(["method", "target", "pairs", "pointing", "pointing_lo", "pointing_hi", "pointing_near",
                     "pointing_near_lo", "pointing_near_hi", "inside", "inside_lo", "inside_hi",
-                    "sensitivity", "sensitivity_lo", "sensitivity_hi", "sensitivity_n", "seconds"])
+                    "sensitivity", "sensitivity_lo", "sensitivity_hi", "sensitivity_n", "seconds", "object_pointing",
+                    "object_pointing_lo", "object_pointing_hi", "object_sensitivity", "object_sensitivity_lo",
+                    "object_sensitivity_hi"])
         for r in rows:
             w.writerow([r["method"], r["target"], r["pairs"], r["pointing"], *r["pointing_ci"], r["near"], *r["near_ci"],
                         r["inside"], *r["inside_ci"],
-                        r["sensitivity"], *r["sensitivity_ci"], r["sensitivity_n"], round(r["seconds"], 1)])
+                        r["sensitivity"], *r["sensitivity_ci"], r["sensitivity_n"], round(r["seconds"], 1),
+                        r["object"], *r["object_ci"], r["object_sensitivity"], *r["object_sensitivity_ci"]])
     print(f"wrote {out} and {csv_path}")
 
 

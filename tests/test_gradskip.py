@@ -31,6 +31,13 @@ def test_per_layer_conservation_and_completeness(variant):
     pix = exp.maps.sum(dim=(1, 2)) + exp.remainder
     assert torch.allclose(tok, y, rtol=1e-4, atol=1e-6 * y.abs().max())
     assert torch.allclose(pix, y, rtol=1e-4, atol=1e-6 * y.abs().max())
+    # relevance token by token at every depth: rows sum to the totals, the first is the map, the last the readout
+    layers = exp.extras["layer_relevance"]  # (B, L+1, T)
+    p = vitlens.get_adapter(model).num_prefix_tokens
+    assert layers.shape[:2] == totals.shape and layers.shape[2] == p + exp.token_maps[0].numel()
+    torch.testing.assert_close(layers.sum(-1), totals)
+    torch.testing.assert_close(layers[:, 0, p:].reshape(exp.token_maps.shape), exp.token_maps)
+    torch.testing.assert_close(layers[:, 0, :p].sum(-1), exp.remainder)
 
 
 @pytest.mark.parametrize("name,prefix", [("gap", 0), ("cls", 1), ("distilled", 2), ("cls+4reg", 5), ("gap+4reg", 4)])

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 
+import pytest
 import torch
 
 from conftest import load_benchmark  # noqa: E402
@@ -28,8 +29,17 @@ def test_table_rows_for_every_target_and_a_tolerant_pointing_column(tmp_path):
         assert 0.0 <= float(r["inside"]) <= 1.0
     text = out.read_text(encoding="utf-8")
     assert "pointing ±4.3 px" in text and "--zero-shot" in text and "TextProbability" in text
-    section = text.split("The model's own grounding")[1].split("Targets of issue 52")[0]  # the removal ceiling
-    assert {line.split(" | ")[0].lstrip("| ") for line in section.splitlines() if "/" in line} == targets
+    section = text.split("**Object level.**")[1].split("Targets of issue 52")[0]  # object level + removal ceiling
+    assert {line.split(" | ")[1] for line in section.splitlines() if line.startswith("| model (removal)")} == targets
+    for r in rows:
+        assert 0.0 <= float(r["object_pointing"]) <= 1.0
+    depth = text.split("**GradSkip by depth.**")[1].split("Targets of issue 52")[0]
+    assert "| block 0 | block 1 |" in depth and sum(line.startswith(("| prompt", "| zero")) for line in
+                                                    depth.splitlines()) == 3
+    strict = {r["target"]: float(r["pointing"]) for r in rows if r["method"] == "gradskip"}
+    block0 = {line.split(" | ")[0][2:]: float(line.split(" | ")[1]) for line in depth.splitlines()
+              if line.startswith(("| prompt", "| zero"))}
+    assert block0 == pytest.approx(strict, abs=1e-3)  # block 0's input is the map itself
     assert out.with_suffix(".png").is_file()
 
 
@@ -60,3 +70,17 @@ def test_removal_grounding_counts_the_pairs_whose_object_matters_most():
     assert all(n == len(scene) and 0 <= k <= n for k, n in got.values())
     k, n = got[script.ZERO_SHOT]
     assert k / n >= 0.75  # the shipped model is object-grounded (0.924 on 60 validation scenes)
+
+
+def test_object_pointing_picks_the_object_with_the_densest_relevance():
+    script = load_benchmark("vlm_localisation")
+    lab = torch.zeros(1, 4, 4, dtype=torch.long)
+    lab[0, :2, :2] = 1  # class 0: 4 pixels
+    lab[0, 2:, :] = 3  # class 2: 8 pixels
+    present = torch.tensor([[True, False, True]])
+    m = torch.zeros(1, 4, 4)
+    m[0, 0, 0] = 2.0  # density 0.5 in class 0
+    m[0, 2:, :] = 0.3  # density 0.3 in class 2, but the larger total
+    got = script.object_pointing(torch.cat([m, m]), torch.cat([lab, lab]), torch.cat([present, present]),
+                                 torch.tensor([0, 2]))
+    assert got.tolist() == [True, False]

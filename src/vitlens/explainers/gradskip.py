@@ -153,12 +153,12 @@ class GradSkip(Explainer):
         relevance = readout_relevance(wide(final), wide(grad_final), y, adapter.readout_tokens,
                                       adapter.num_prefix_tokens)
         relevance = _pad_tokens(relevance, t)  # readout path: the final stream holds the readout tokens only
-        totals = [relevance.sum(-1)]
+        layers = [relevance]
         ws, betas = filled(steps.w), filled(steps.beta)
         for li in range(len(ws) - 1, -1, -1):
             beta, w = betas[li], ws[li]  # w: (B, T_q, T), T_q < T on the readout path's last block (see _reduced)
             relevance = (beta * relevance)[:, None, : w.shape[1]].bmm(w)[:, 0] + (1.0 - beta) * relevance
-            totals.append(relevance.sum(-1))
+            layers.append(relevance)
         p = adapter.num_prefix_tokens
         gh, gw = adapter.grid(int_pair(x.shape[-2:]))
         patch = relevance[:, p:]
@@ -167,7 +167,8 @@ class GradSkip(Explainer):
         extras = {
             "head_weights": torch.stack(filled(steps.omega), dim=1),  # (B, L, H)
             "beta_main": torch.stack(betas, dim=1),  # (B, L, T)
-            "layer_totals": torch.stack(totals[::-1], dim=1),  # (B, L+1): input of block 0 … readout
+            "layer_totals": torch.stack([r.sum(-1) for r in layers[::-1]], dim=1),  # (B, L+1): block 0's input … readout
+            "layer_relevance": torch.stack(layers[::-1], dim=1),  # (B, L+1, T): the same, token by token
         }
         att = Attribution(values=patch.reshape(-1, gh, gw), remainder=relevance[:, :p].sum(-1), extras=extras)
         return att, logits.detach(), tgt
