@@ -12,7 +12,9 @@ What it does (CPU, one intra-op thread by default, so the weights do not depend 
 1. Generates ``make_multi_scenes(n_train, seed, min_objects=1, max_objects=4)`` (every scene 1–4 objects of
    different classes). Each batch is flipped/transposed at random (label maps with it) and captioned afresh
    (:func:`vitlens.data.captions.scene_captions`: every object named, random order and template, positions from the
-   flipped label map in half of the captions).
+   flipped label map in half of the captions). With ``--twin-frac f`` a share ``f`` of each batch are *twins* of
+   other scenes of the batch with one object left out (:func:`vitlens.data.multiscenes.make_multi_scene_pairs`,
+   flipped alike, captioned without it): the pair differs only in that object and one caption word.
 2. Initialises the image tower from the bundled ``shapes-vit`` (same architecture; only its classifier head is
    replaced by the projection into the 128-d joint space; ``--init-vision none`` trains from scratch); with
    ``--freeze-blocks N`` its stem, position embeddings, CLS token and first N blocks stay frozen (default 0: all of
