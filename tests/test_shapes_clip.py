@@ -265,3 +265,15 @@ def test_training_with_twins_from_stored_weights_says_so_in_the_card(tmp_path):
     a, b = load_file(str(start)), load_file(str(tmp_path / "b" / "shapes-clip.safetensors"))
     moved = [k for k in a if not torch.equal(a[k], b[k])]
     assert all("running" in k or "num_batches" in k for k in moved)  # lr 0: only the stem's BatchNorm statistics move
+
+
+@pytest.mark.parametrize("extra,said", [(["--twin-frac", "0.7"], "--twin-frac must be in"),
+                                        (["--twin-frac", "-0.1"], "--twin-frac must be in"),
+                                        (["--init-from", "nowhere.safetensors"], "no such weights file")])
+def test_bad_twin_and_init_options_are_one_line(tmp_path, capsys, extra, said):
+    from vitlens.training.shapes_clip import main
+
+    with pytest.raises(SystemExit) as info:
+        main(["--out", str(tmp_path / "r"), *extra])
+    assert info.value.code == 2 and said in capsys.readouterr().err
+    assert not (tmp_path / "r").exists()  # refused before anything is written

@@ -157,7 +157,12 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--stop-after", type=int, default=None,
                    help="stop after N steps in total without changing the schedule (smoke runs; no export)")
     p.add_argument("--no-progress", action="store_true", help="disable the progress bar")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if not 0.0 <= args.twin_frac <= 0.5:
+        p.error(f"--twin-frac must be in [0, 0.5] (a twin needs its scene in the batch), got {args.twin_frac}")
+    if args.init_from is not None and not args.init_from.is_file():
+        p.error(f"--init-from {args.init_from}: no such weights file")
+    return args
 
 
 def _build(args: argparse.Namespace, log: Callable[[str], None]) -> tuple[Any, torch.optim.Optimizer]:
@@ -191,7 +196,7 @@ def _build(args: argparse.Namespace, log: Callable[[str], None]) -> tuple[Any, t
 
 def twin_count(args: argparse.Namespace) -> int:
     """Twins per batch: ``round(twin_frac · batch_size)``, at most half the batch."""
-    return min(round(args.twin_frac * args.batch_size), args.batch_size // 2)
+    return max(0, min(round(args.twin_frac * args.batch_size), args.batch_size // 2))
 
 
 def _batch(args: argparse.Namespace, data: tuple[torch.Tensor, ...], idx: torch.Tensor,
