@@ -213,6 +213,36 @@ def figure(path: Path, images: torch.Tensor, label_maps: torch.Tensor, rows: lis
     plt.close(fig)
 
 
+def depth_figure(path: Path, images: torch.Tensor, label_maps: torch.Tensor, pairs: list[tuple[int, int, int]],
+                 layers: torch.Tensor, prefix: int, grid: tuple[int, int], target: str) -> None:
+    """Each row: a scene and GradSkip's relevance on the patch tokens at the input of each block, from the last
+    block's input to block 0's (the map), for one named object (outlined in white)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    depths = list(range(layers.shape[1] - 2, -1, -1))  # the readout (all on the readout tokens) left out
+    fig, axes = plt.subplots(len(pairs), len(depths) + 1, figsize=(1.55 * (len(depths) + 1), 1.7 * len(pairs)),
+                             squeeze=False)
+    for r, (s, c, i) in enumerate(pairs):  # scene, named class, index of the pair
+        axes[r, 0].imshow(images[s].permute(1, 2, 0).numpy())
+        axes[r, 0].set_title(f"\"a {CLASS_NAMES[c]}\"", fontsize=7)
+        for j, d in enumerate(depths):
+            ax = axes[r, j + 1]
+            ax.imshow(layers[i, d, prefix:].reshape(grid).numpy(), cmap="inferno",
+                      extent=(0, images.shape[-1], images.shape[-2], 0))
+            ax.contour((label_maps[s] == c + 1).numpy(), levels=[0.5], colors="white", linewidths=0.6)
+            ax.set_title("map (block 0)" if d == 0 else f"block {d} input", fontsize=7)
+    for ax in axes.flat:
+        ax.set_xticks([])
+        ax.set_yticks([])
+    fig.suptitle(f"GradSkip's relevance by depth (target: {target})", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def run(args: argparse.Namespace) -> None:
     torch.manual_seed(0)
     if args.weights:  # a candidate (e.g. a run folder's export) before it is shipped
@@ -232,6 +262,7 @@ def run(args: argparse.Namespace) -> None:
     methods = [m for m in args.methods if m in vitlens.methods()]
     skipped = [m for m in args.methods if m not in methods]
     rows, gradskip_maps, refused, figure_target = [], None, [], "prompt"
+    gradskip_layers: list[torch.Tensor] | None = None
     depth: dict[str, list[float]] = {}
     kinds = [None, *args.versus, *([ZERO_SHOT] if args.zero_shot else [])]
     grounding = removal_grounding(model, args, scenes, scene, cls, kinds)
@@ -271,13 +302,19 @@ def run(args: argparse.Namespace) -> None:
             depth[target_label(versus)] = pointing_by_depth(layers[0], masks, tower.num_prefix_tokens,
                                                             tower.grid(tuple(x.shape[-2:])))
         if method == "gradskip":  # the figure shows the last target's (--zero-shot, else --versus, else the prompt)
-            gradskip_maps, figure_target = maps, rows[-1]["target"]
+            gradskip_maps, figure_target, gradskip_layers = maps, rows[-1]["target"], layers
     write(args, rows, skipped, refused, auc, len(scene), figure_target, grounding, depth)
+    picks = [(s, torch.nonzero(scenes.present[s]).flatten().tolist()[:2]) for s in range(args.n)
+             if int(scenes.present[s].sum()) >= 3][:4]
     if gradskip_maps is not None:
-        picks = [(s, torch.nonzero(scenes.present[s]).flatten().tolist()[:2]) for s in range(args.n)
-                 if int(scenes.present[s].sum()) >= 3][:4]
         lookup = {(int(s), int(c)): gradskip_maps[i] for i, (s, c) in enumerate(zip(scene, cls))}
         figure(Path(args.out).with_suffix(".png"), scenes.images, scenes.label_maps, picks, lookup, figure_target)
+    if gradskip_layers and picks:
+        index = {(int(s), int(c)): i for i, (s, c) in enumerate(zip(scene, cls))}
+        tower = vitlens.get_adapter(vitlens.VisionLanguageModel(model))
+        depth_figure(Path(args.out).with_name(Path(args.out).stem + "_depth.png"), scenes.images, scenes.label_maps,
+                     [(s, cs[0], index[(s, cs[0])]) for s, cs in picks], gradskip_layers[0], tower.num_prefix_tokens,
+                     tower.grid(tuple(x.shape[-2:])), figure_target)
 
 
 def _ci(lo_hi: tuple[float, float]) -> str:
@@ -358,6 +395,9 @@ def write(args: argparse.Namespace, rows: list[dict], skipped: list[str], refuse
         "",
         f"![GradSkip maps for two prompts per scene]({out.with_suffix('.png').name}) (GradSkip, target "
         f"`{figure_target}`; white: the named object's mask, cyan +: the map's maximum)",
+        "",
+        f"![GradSkip's relevance by depth]({out.stem}_depth.png) (GradSkip, target `{figure_target}`: the relevance on "
+        "the patch tokens at the input of each block, last block first; the last column is the map)",
         "",
         f"Software: torch {torch.__version__}, python {platform.python_version()}; "
         f"{'methods not registered, skipped: ' + ', '.join(skipped) if skipped else 'every listed method is registered'}.",

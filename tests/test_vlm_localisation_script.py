@@ -40,7 +40,8 @@ def test_table_rows_for_every_target_and_a_tolerant_pointing_column(tmp_path):
     block0 = {line.split(" | ")[0][2:]: float(line.split(" | ")[1]) for line in depth.splitlines()
               if line.startswith(("| prompt", "| zero"))}
     assert block0 == pytest.approx(strict, abs=1e-3)  # block 0's input is the map itself
-    assert out.with_suffix(".png").is_file()
+    assert out.with_suffix(".png").is_file() and (tmp_path / "loc_depth.png").is_file()
+    assert "loc_depth.png" in text
 
 
 def test_zero_shot_pairs_explain_the_prompt_probability():
