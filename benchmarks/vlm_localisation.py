@@ -264,6 +264,8 @@ def run(args: argparse.Namespace) -> None:
     rows, gradskip_maps, refused, figure_target = [], None, [], "prompt"
     gradskip_layers: list[torch.Tensor] | None = None
     depth: dict[str, list[float]] = {}
+    tower = vitlens.get_adapter(vitlens.VisionLanguageModel(model))  # the image tower's token layout
+    prefix, grid = tower.num_prefix_tokens, tower.grid(tuple(x.shape[-2:]))
     kinds = [None, *args.versus, *([ZERO_SHOT] if args.zero_shot else [])]
     grounding = removal_grounding(model, args, scenes, scene, cls, kinds)
     for key, (k, n) in grounding.items():
@@ -298,9 +300,7 @@ def run(args: argparse.Namespace) -> None:
               f"sensitivity {rows[-1]['sensitivity']:.3f} ({n} pairs); object pointing {rows[-1]['object']:.3f} "
               f"sensitivity {rows[-1]['object_sensitivity']:.3f} [{seconds:.0f} s]", flush=True)
         if layers:
-            tower = vitlens.get_adapter(vitlens.VisionLanguageModel(model))
-            depth[target_label(versus)] = pointing_by_depth(layers[0], masks, tower.num_prefix_tokens,
-                                                            tower.grid(tuple(x.shape[-2:])))
+            depth[target_label(versus)] = pointing_by_depth(layers[0], masks, prefix, grid)
         if method == "gradskip":  # the figure shows the last target's (--zero-shot, else --versus, else the prompt)
             gradskip_maps, figure_target, gradskip_layers = maps, rows[-1]["target"], layers
     write(args, rows, skipped, refused, auc, len(scene), figure_target, grounding, depth)
@@ -311,10 +311,9 @@ def run(args: argparse.Namespace) -> None:
         figure(Path(args.out).with_suffix(".png"), scenes.images, scenes.label_maps, picks, lookup, figure_target)
     if gradskip_layers and picks:
         index = {(int(s), int(c)): i for i, (s, c) in enumerate(zip(scene, cls))}
-        tower = vitlens.get_adapter(vitlens.VisionLanguageModel(model))
         depth_figure(Path(args.out).with_name(Path(args.out).stem + "_depth.png"), scenes.images, scenes.label_maps,
-                     [(s, cs[0], index[(s, cs[0])]) for s, cs in picks], gradskip_layers[0], tower.num_prefix_tokens,
-                     tower.grid(tuple(x.shape[-2:])), figure_target)
+                     [(s, cs[0], index[(s, cs[0])]) for s, cs in picks], gradskip_layers[0], prefix, grid,
+                     figure_target)
 
 
 def _ci(lo_hi: tuple[float, float]) -> str:

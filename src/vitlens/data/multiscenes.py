@@ -32,8 +32,9 @@ the single-object scenes with the same seed and index.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
-from typing import Sequence, Union
+from typing import Callable, Sequence, Union
 
 import numpy as np
 import torch
@@ -187,17 +188,25 @@ def make_multi_scenes(n: int, seed: int = 0, size: int = 64, min_objects: int = 
     if max_objects < min_objects:
         raise InputError(f"max_objects must be >= min_objects, got min_objects={min_objects}, max_objects={max_objects}")
     start = check_int("start", start, 0)
+    return _generate(n, seed, size, min_objects, max_objects, start)[0]
 
-    images = np.empty((n, 3, size, size), dtype=np.float32)
-    label_maps = np.empty((n, size, size), dtype=np.int64)
-    objects = np.full((n, max_objects), -1, dtype=np.int64)
+
+def _generate(n: int, seed: int, size: int, min_objects: int, max_objects: int, start: int,
+              leave_out: Callable[[int, int], int] | None = None) -> tuple[MultiScenes, MultiScenes | None]:
+    """Render scenes ``start … start + n - 1`` once (arguments already checked) and, with ``leave_out(i, m)`` (the
+    drawing position to leave out of scene ``i`` of ``m`` objects, ``-1`` for none), their twins too."""
+    shape = ((n, 3, size, size), (n, size, size), (n, max_objects))
+    sets = [(np.empty(shape[0], np.float32), np.empty(shape[1], np.int64), np.full(shape[2], -1, np.int64))
+            for _ in range(1 if leave_out is None else 2)]
     for i in range(n):
         rng = np.random.default_rng([seed, start + i, MULTI_STREAM])
-        img, lab, order, _ = _render_multi_scene(rng, size, min_objects, max_objects)
-        images[i] = img
-        label_maps[i] = lab
-        objects[i, : len(order)] = order
-    return _scene_set(images, label_maps, objects, seed, start)
+        rendered = _render_multi_scene(rng, size, min_objects, max_objects,
+                                       None if leave_out is None else functools.partial(leave_out, i))
+        for (images, label_maps, objects), (img, lab, order) in zip(sets, rendered):
+            images[i], label_maps[i] = img, lab
+            objects[i, : len(order)] = order
+    out = [_scene_set(*arrays, seed, start) for arrays in sets]
+    return out[0], (out[1] if len(out) > 1 else None)
 
 
 def _scene_set(images: np.ndarray, label_maps: np.ndarray, objects: np.ndarray, seed: int, start: int) -> MultiScenes:
@@ -234,23 +243,20 @@ def make_multi_scene_pairs(n: int, seed: int = 0, size: int = 64, min_objects: i
     Raises:
         vitlens.errors.InputError (a ``ValueError``): as :func:`make_multi_scenes`.
     """
-    full = make_multi_scenes(n, seed, size, min_objects, max_objects, start)
+    make_multi_scenes(1, seed, size, min_objects, max_objects, start)  # the same argument checks
     if position is not None:
         position = check_int("position", position, 0, max_objects - 1)
-    images = np.empty((n, 3, size, size), dtype=np.float32)
-    label_maps = np.empty((n, size, size), dtype=np.int64)
-    objects = np.full((n, max_objects), -1, dtype=np.int64)
-    for i in range(n):
-        rng = np.random.default_rng([seed, start + i, MULTI_STREAM])
-        m = int(np.count_nonzero(full.objects[i] >= 0))
-        drop = (float(np.random.default_rng([seed, start + i, MULTI_STREAM, TWIN_STREAM]).random()) if position is None
-                else (position + 0.5) / m if position < m else 1.0)  # 1.0: no object is left out
-        _, _, order, twin = _render_multi_scene(rng, size, min_objects, max_objects, drop)
-        assert twin is not None  # drop given: the twin is rendered
-        images[i], label_maps[i] = twin
-        kept = order if len(order) < 2 or drop >= 1.0 else np.delete(order, int(drop * len(order)))
-        objects[i, : len(kept)] = kept
-    return full, _scene_set(images, label_maps, objects, seed, start)
+
+    def leave_out(i: int, m: int) -> int:
+        if m < 2:  # a one-object scene is its own twin
+            return -1
+        if position is not None:
+            return position if position < m else -1
+        return int(np.random.default_rng([seed, start + i, MULTI_STREAM, TWIN_STREAM]).random() * m)
+
+    full, twins = _generate(n, seed, size, min_objects, max_objects, start, leave_out)
+    assert twins is not None  # leave_out given: the twins are rendered
+    return full, twins
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -280,13 +286,12 @@ def _place_objects(rng: np.random.Generator, size: int, classes: np.ndarray) -> 
 
 
 def _render_multi_scene(rng: np.random.Generator, size: int, min_objects: int, max_objects: int,
-                        drop: float | None = None
-                        ) -> tuple[np.ndarray, np.ndarray, np.ndarray, tuple[np.ndarray, np.ndarray] | None]:
-    """Render one scene: ``(image (3, size, size) float32 in [0, 1], label map (size, size) int64, classes in drawing
-    order (m,) int64, twin)``. With ``drop`` in ``[0, 1)`` the twin is ``(image, label map)`` of the same scene
-    without the object at drawing position ``int(drop * m)`` (everything else identical: the left-out object's
-    colours are still drawn from ``rng``); ``None`` without ``drop``; the scene itself when ``m == 1`` or
-    ``drop >= 1``."""
+                        leave_out: Callable[[int], int] | None = None
+                        ) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """Render one scene: ``[(image (3, size, size) float32 in [0, 1], label map (size, size) int64, classes in drawing
+    order (m,) int64)]``, and with ``leave_out`` a second entry, its twin: the same scene without the object at
+    drawing position ``leave_out(m)`` (``-1``: none; everything else identical, the left-out object's colours are
+    still drawn from ``rng``)."""
     while True:
         m = int(rng.integers(min_objects, max_objects + 1))
         classes = rng.permutation(len(CLASS_NAMES))[:m].astype(np.int64)
@@ -297,25 +302,24 @@ def _render_multi_scene(rng: np.random.Generator, size: int, min_objects: int, m
         masks = _place_objects(rng, size, classes)
         if masks is not None:
             break
-    skip = -1 if drop is None or m < 2 or drop >= 1.0 else int(drop * m)
-    twin_img = img.copy()
+    skip = -1 if leave_out is None else leave_out(m)
     label_map = np.full((size, size), BACKGROUND, dtype=np.int64)
-    twin_lab = label_map.copy()
+    twin_img, twin_lab = (None, None) if leave_out is None else (img.copy(), label_map.copy())
     for j, (c, mask) in enumerate(zip(classes, masks)):
         bg_ref = img[:, mask].mean(axis=1)
         colours = fill(rng, size, mask, bg_ref)
         img[:, mask] = colours
         label_map[mask] = int(c) + 1
-        if j != skip:
+        if twin_img is not None and twin_lab is not None and j != skip:
             twin_img[:, mask] = colours
             twin_lab[mask] = int(c) + 1
     noise = PIXEL_NOISE * rng.standard_normal(size=img.shape, dtype=np.float32)
     out = img.astype(np.float32)
     out += noise
     np.clip(out, 0.0, 1.0, out=out)
-    if drop is None:
-        return out, label_map, classes, None
+    if twin_img is None or twin_lab is None:
+        return [(out, label_map, classes)]
     twin = twin_img.astype(np.float32)
     twin += noise
     np.clip(twin, 0.0, 1.0, out=twin)
-    return out, label_map, classes, (twin, twin_lab)
+    return [(out, label_map, classes), (twin, twin_lab, classes if skip < 0 else np.delete(classes, skip))]
