@@ -46,6 +46,9 @@ from vitlens.metrics import energy_inside, pointing_game
 from vitlens.models.zoo import SHAPES_MEAN, SHAPES_STD
 
 METHODS = ["gradskip", "legrad", "attnlrp", "gae", "gradcam", "rollout", "random"]
+#: Black-box methods that need class logits: run with the class prompts as classes (``vitlens.ZeroShotClassifier``)
+#: on the zero-shot probability target only (``--rise-masks``), as a reference that reads the model by perturbation.
+CLASSIFIER_METHODS = ("rise",)
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -60,22 +63,31 @@ ZERO_SHOT = "zero-shot probability"
 
 
 def explain_pairs(model: torch.nn.Module, x: torch.Tensor, scene: torch.Tensor, cls: torch.Tensor, method: str,
-                  chunk: int, versus: str | None = None, layers: list[torch.Tensor] | None = None
-                  ) -> tuple[torch.Tensor, torch.Tensor, float]:
+                  chunk: int, versus: str | None = None, layers: list[torch.Tensor] | None = None,
+                  **options: object) -> tuple[torch.Tensor, torch.Tensor, float]:
     """Maps ``(P, H, W)`` and explained scores ``(P,)`` of the prompt ``"a <cls>"`` on scene ``scene`` for every pair
     (with ``versus``: its contrast against that prompt, ``vitlens.TextContrast``; ``versus=ZERO_SHOT``: its softmax
     probability among the prompts of every class, ``vitlens.TextProbability``), and the seconds it took. With
-    ``layers`` (a list, GradSkip only) the explanations' ``layer_relevance`` ``(P, L+1, T)`` is appended to it."""
+    ``layers`` (a list, GradSkip only) the explanations' ``layer_relevance`` ``(P, L+1, T)`` is appended to it.
+    A method of :data:`CLASSIFIER_METHODS` explains the same probability through ``ZeroShotClassifier`` and
+    ``ClassProbability`` (zero-shot target only); ``options`` go to the method."""
     vlm = vitlens.VisionLanguageModel(model)
     among = [f"a {c}" for c in CLASS_NAMES]
+    if method in CLASSIFIER_METHODS and versus != ZERO_SHOT:
+        raise ValueError(f"{method} needs class logits: it runs on the zero-shot probability target only")
+    classifier = vitlens.ZeroShotClassifier(vlm, among) if method in CLASSIFIER_METHODS else None
     maps, scores = [], []
     t0 = time.perf_counter()
     for a in range(0, len(scene), chunk):
         idx = slice(a, a + chunk)
         texts = [f"a {CLASS_NAMES[int(c)]}" for c in cls[idx]]
-        target = (vitlens.TextPrompt(texts) if versus is None else vitlens.TextProbability(texts, among)
-                  if versus == ZERO_SHOT else vitlens.TextContrast(texts, versus=versus))
-        e = vitlens.explain(vlm, x[scene[idx]], method=method, target=target)
+        if classifier is not None:
+            e = vitlens.explain(classifier, x[scene[idx]], method=method, target=vitlens.ClassProbability(cls[idx]),
+                                **options)
+        else:
+            target = (vitlens.TextPrompt(texts) if versus is None else vitlens.TextProbability(texts, among)
+                      if versus == ZERO_SHOT else vitlens.TextContrast(texts, versus=versus))
+            e = vitlens.explain(vlm, x[scene[idx]], method=method, target=target, **options)
         maps.append(e.maps.detach().float())
         scores.append(e.scores.detach().float())
         if layers is not None:
@@ -122,6 +134,13 @@ def sensitivity(scene: torch.Tensor, hits: torch.Tensor) -> tuple[int, int]:
     return k, n
 
 
+def object_row(hits: torch.Tensor, scene: torch.Tensor) -> dict:
+    """Object pointing (``hits``: ``(P,)`` bool) and its prompt sensitivity, with Wilson intervals."""
+    ok, on = sensitivity(scene, hits)
+    return {"object": float(hits.float().mean()), "object_ci": wilson_interval(int(hits.sum()), len(hits)),
+            "object_sensitivity": ok / on if on else float("nan"), "object_sensitivity_ci": wilson_interval(ok, on)}
+
+
 def bootstrap_mean(values: torch.Tensor, scene: torch.Tensor, reps: int = 2000, seed: int = 0) -> tuple[float, float]:
     """95% percentile interval of the mean of ``values``, resampling scenes with replacement."""
     rng = np.random.default_rng(seed)
@@ -149,11 +168,12 @@ def target_label(kind: str | None) -> str:
 
 
 def removal_grounding(model: torch.nn.Module, args: argparse.Namespace, scenes: MultiScenes, scene: torch.Tensor,
-                      cls: torch.Tensor, kinds: list[str | None]) -> dict[str, tuple[int, int]]:
+                      cls: torch.Tensor, kinds: list[str | None]) -> dict[str, torch.Tensor]:
     """The model's own object-level grounding, the ceiling a map's object-level answer can be judged against: for
     each (scene, object) pair, is the named object the one whose exact removal
     (:func:`vitlens.data.multiscenes.make_multi_scene_pairs` with ``position``: the scene without it, everything else
-    identical) lowers the explained target most among the scene's objects? ``(such pairs, pairs)`` per target."""
+    identical) lowers the explained target most among the scene's objects? ``(P,)`` bool per target: where a map
+    that paints every object with the drop its removal causes would point."""
     mean = torch.tensor(SHAPES_MEAN).view(1, 3, 1, 1)
     std = torch.tensor(SHAPES_STD).view(1, 3, 1, 1)
     among = [f"a {c}" for c in CLASS_NAMES]
@@ -175,12 +195,12 @@ def removal_grounding(model: torch.nn.Module, args: argparse.Namespace, scenes: 
     out = {}
     for kind in kinds:
         key = "prompt" if kind is None else kind
-        right = 0
+        right = []
         for s_, c in zip(scene.tolist(), cls.tolist()):
             order = [int(o) for o in scenes.objects[s_] if o >= 0]
             d = torch.stack([drops[j][key][s_, c] for j in range(len(order))])
-            right += int(order[int(d.argmax())] == c)
-        out[key] = (right, len(scene))
+            right.append(order[int(d.argmax())] == c)
+        out[key] = torch.tensor(right)
     return out
 
 
@@ -268,12 +288,15 @@ def run(args: argparse.Namespace) -> None:
     prefix, grid = tower.num_prefix_tokens, tower.grid(tuple(x.shape[-2:]))
     kinds = [None, *args.versus, *([ZERO_SHOT] if args.zero_shot else [])]
     grounding = removal_grounding(model, args, scenes, scene, cls, kinds)
-    for key, (k, n) in grounding.items():
-        print(f"model [{key}]: removing the named object lowers the target most in {k}/{n} pairs", flush=True)
-    for method, versus in [(m, v) for v in kinds for m in methods]:
+    for key, right in grounding.items():
+        print(f"model [{key}]: removing the named object lowers the target most in {int(right.sum())}/{len(right)} "
+              "pairs", flush=True)
+    black_box = [("rise", ZERO_SHOT)] if args.zero_shot and args.rise_masks > 0 and "rise" in vitlens.methods() else []
+    for method, versus in [(m, v) for v in kinds for m in methods] + black_box:
         layers: list[torch.Tensor] | None = [] if method == "gradskip" else None
+        options = {"n_masks": args.rise_masks, "grid_size": grid[0]} if method == "rise" else {}
         try:
-            maps, scores, seconds = explain_pairs(model, x, scene, cls, method, args.chunk, versus, layers)
+            maps, scores, seconds = explain_pairs(model, x, scene, cls, method, args.chunk, versus, layers, **options)
         except VitlensError as exc:  # a method that refuses a text target says why in one line
             if versus is None:
                 refused.append(f"{method} ({str(exc).splitlines()[0]})")
@@ -281,7 +304,6 @@ def run(args: argparse.Namespace) -> None:
             continue
         hits = pointing_game(maps, masks)
         obj = object_pointing(maps, scenes.label_maps[scene], scenes.present[scene], cls)
-        ok, on = sensitivity(scene, obj)
         near = pointing_game(maps, masks, tolerance=args.tolerance)
         inside = energy_inside(maps, masks)
         k, n = sensitivity(scene, hits)
@@ -292,8 +314,7 @@ def run(args: argparse.Namespace) -> None:
             "near_ci": wilson_interval(int(near.sum()), len(near)), "inside": float(inside.mean()),
             "inside_ci": bootstrap_mean(inside, scene), "sensitivity": k / n if n else float("nan"),
             "sensitivity_ci": wilson_interval(k, n), "sensitivity_n": n, "seconds": seconds,
-            "object": float(obj.float().mean()), "object_ci": wilson_interval(int(obj.sum()), len(obj)),
-            "object_sensitivity": ok / on if on else float("nan"), "object_sensitivity_ci": wilson_interval(ok, on),
+            **object_row(obj, scene),
         })
         print(f"{method} [{rows[-1]['target']}]: pointing {rows[-1]['pointing']:.3f} (±{args.tolerance:.1f} px "
               f"{rows[-1]['near']:.3f}) inside {rows[-1]['inside']:.3f} "
@@ -303,7 +324,8 @@ def run(args: argparse.Namespace) -> None:
             depth[target_label(versus)] = pointing_by_depth(layers[0], masks, prefix, grid)
         if method == "gradskip":  # the figure shows the last target's (--zero-shot, else --versus, else the prompt)
             gradskip_maps, figure_target, gradskip_layers = maps, rows[-1]["target"], layers
-    write(args, rows, skipped, refused, auc, len(scene), figure_target, grounding, depth)
+    ceiling = {key: object_row(right, scene) for key, right in grounding.items()}
+    write(args, rows, skipped, refused, auc, len(scene), figure_target, ceiling, depth)
     picks = [(s, torch.nonzero(scenes.present[s]).flatten().tolist()[:2]) for s in range(args.n)
              if int(scenes.present[s].sum()) >= 3][:4]
     if gradskip_maps is not None:
@@ -321,7 +343,7 @@ def _ci(lo_hi: tuple[float, float]) -> str:
 
 
 def write(args: argparse.Namespace, rows: list[dict], skipped: list[str], refused: list[str], auc: float,
-          pairs: int, figure_target: str = "prompt", grounding: dict[str, tuple[int, int]] | None = None,
+          pairs: int, figure_target: str = "prompt", grounding: dict[str, dict] | None = None,
           depth: dict[str, list[float]] | None = None) -> None:
     out = Path(args.out)
     lines = [
@@ -332,6 +354,7 @@ def write(args: argparse.Namespace, rows: list[dict], skipped: list[str], refuse
         f"    python benchmarks/vlm_localisation.py --n {args.n} --seed {args.seed}"
         + "".join(f" --versus {shlex.quote(v)}" for v in args.versus)
         + (" --zero-shot" if args.zero_shot else "")
+        + (f" --rise-masks {args.rise_masks}" if args.zero_shot and args.rise_masks > 0 else "")
         + (f" --weights {args.weights}" if args.weights else ""),
         "",
         f"The bundled `shapes-clip` (CLIP-style; image tower a timm ViT, see docs/models.md) on {args.n} fresh "
@@ -358,6 +381,10 @@ def write(args: argparse.Namespace, rows: list[dict], skipped: list[str], refuse
            "`ZeroShotClassifier` with `ClassProbability`): always positive, so a map's maximum is where the evidence "
            "for the prompt is (a raw score can be negative, and a GradSkip map carries the sign of the score it "
            "explains)."] if args.zero_shot else []),
+        *([f"- `rise` (zero-shot probability only): RISE with {args.rise_masks} random masks on the token grid, "
+           "the class prompts as classes (`vitlens.ZeroShotClassifier` with `ClassProbability`, the same number): a "
+           f"black-box reference that reads the model by {args.rise_masks} forward passes per pair, where the other "
+           "methods take one forward and one backward pass."] if args.zero_shot and args.rise_masks > 0 else []),
         "",
         f"| method | target | pointing | 95% CI | pointing ±{args.tolerance:.1f} px | 95% CI | relevance in object | "
         "95% CI | prompt sensitivity | 95% CI | n (sens.) | time (s) |",
@@ -372,14 +399,15 @@ def write(args: argparse.Namespace, rows: list[dict], skipped: list[str], refuse
         "sensitivity of that answer. The rows *model* give **the model's own grounding**, what an object-level "
         "answer can be held to: the share of pairs in which removing the named object exactly "
         "(`make_multi_scene_pairs(..., position=j)`: the scene without it, everything else identical) lowers the "
-        "explained target more than removing any other object of the scene.",
+        "explained target more than removing any other object of the scene (a map painting every object with the "
+        "drop its removal causes points there), and the prompt sensitivity of that answer.",
         "",
         "| method | target | object pointing | 95% CI | object sensitivity | 95% CI |",
         "|---|---|---|---|---|---|",
         *(f"| {r['method']} | {r['target']} | {r['object']:.3f} | {_ci(r['object_ci'])} | "
           f"{r['object_sensitivity']:.3f} | {_ci(r['object_sensitivity_ci'])} |" for r in rows),
-        *(f"| model (removal) | {target_label(key)} | {k / n:.3f} | {_ci(wilson_interval(k, n))} | — | — |"
-          for key, (k, n) in (grounding or {}).items()),
+        *(f"| model (removal) | {target_label(key)} | {r['object']:.3f} | {_ci(r['object_ci'])} | "
+          f"{r['object_sensitivity']:.3f} | {_ci(r['object_sensitivity_ci'])} |" for key, r in (grounding or {}).items()),
         "",
         *(["**GradSkip by depth.** Pointing game of GradSkip's relevance at the input of each block "
            "(`exp.extras[\"layer_relevance\"]`, patch tokens upsampled as the map is; block 0's input is the map): "
@@ -390,7 +418,8 @@ def write(args: argparse.Namespace, rows: list[dict], skipped: list[str], refuse
            *(f"| {t} | " + " | ".join(f"{v:.3f}" for v in vals) + " |" for t, vals in depth.items()),
            ""] if depth else []),
         f"Targets of issue 52 for GradSkip: pointing ≥ 0.9 and prompt sensitivity ≥ 0.9. Time: wall-clock seconds "
-        f"for all {pairs} maps on one CPU thread of a shared machine (indicative only).",
+        f"for all {pairs} maps on {args.threads} CPU thread{'s' if args.threads > 1 else ''} of a shared machine "
+        "(indicative only).",
         "",
         f"![GradSkip maps for two prompts per scene]({out.with_suffix('.png').name}) (GradSkip, target "
         f"`{figure_target}`; white: the named object's mask, cyan +: the map's maximum)",
@@ -433,6 +462,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="also explain each prompt's zero-shot probability among the class prompts")
     p.add_argument("--tolerance", type=float, default=15 * 64 / 224,
                    help="pixels of the second pointing column (default: the original 15 px at 224 px, scaled to 64)")
+    p.add_argument("--rise-masks", type=int, default=0, metavar="N",
+                   help="with --zero-shot, also RISE with N masks on the token grid, the class prompts as classes "
+                        "(a black-box reference: N forward passes per pair; default 0: not run)")
     p.add_argument("--chunk", type=int, default=64, help="pairs per explain call (memory knob)")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--csv", default=str(ROOT / "benchmarks" / "results" / "vlm_localisation.csv"))

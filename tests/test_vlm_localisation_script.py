@@ -20,17 +20,19 @@ def test_table_rows_for_every_target_and_a_tolerant_pointing_column(tmp_path):
     script = load_benchmark("vlm_localisation")
     out, table = tmp_path / "loc.md", tmp_path / "loc.csv"
     assert script.main(["--n", "3", "--seed", "31000", "--methods", "gradskip", "random", "--versus", "a picture",
-                        "--zero-shot", "--out", str(out), "--csv", str(table)]) == 0
+                        "--zero-shot", "--rise-masks", "8", "--out", str(out), "--csv", str(table)]) == 0
     rows = list(csv.DictReader(table.open(encoding="utf-8")))
     targets = {"prompt", 'prompt − "a picture"', script.ZERO_SHOT}
-    assert {(r["method"], r["target"]) for r in rows} == {(m, t) for m in ("gradskip", "random") for t in targets}
+    expect = {(m, t) for m in ("gradskip", "random") for t in targets} | {("rise", script.ZERO_SHOT)}  # black box
+    assert {(r["method"], r["target"]) for r in rows} == expect
     for r in rows:
         assert float(r["pointing_near"]) >= float(r["pointing"])
         assert 0.0 <= float(r["inside"]) <= 1.0
     text = out.read_text(encoding="utf-8")
     assert "pointing ±4.3 px" in text and "--zero-shot" in text and "TextProbability" in text
     section = text.split("**Object level.**")[1].split("Targets of issue 52")[0]  # object level + removal ceiling
-    assert {line.split(" | ")[1] for line in section.splitlines() if line.startswith("| model (removal)")} == targets
+    ceiling = [line.split(" | ") for line in section.splitlines() if line.startswith("| model (removal)")]
+    assert {c[1] for c in ceiling} == targets and all(c[4] != "—" for c in ceiling)  # with its prompt sensitivity
     for r in rows:
         assert 0.0 <= float(r["object_pointing"]) <= 1.0
     depth = text.split("**GradSkip by depth.**")[1].split("Targets of issue 52")[0]
@@ -56,6 +58,13 @@ def test_zero_shot_pairs_explain_the_prompt_probability():
         expect = zs(x[scene]).softmax(-1).gather(1, cls[:, None])[:, 0]
     assert maps.shape == (len(scene), 64, 64)
     torch.testing.assert_close(scores, expect, atol=1e-5, rtol=0)
+    # a black-box method reads the same probability through the prompts as classes, on this target only
+    rise, rise_scores, _ = script.explain_pairs(model, x, scene, cls, "rise", chunk=2, versus=script.ZERO_SHOT,
+                                                n_masks=8, grid_size=8)
+    assert rise.shape == maps.shape
+    torch.testing.assert_close(rise_scores, expect, atol=1e-5, rtol=0)
+    with pytest.raises(ValueError, match="zero-shot probability target only"):
+        script.explain_pairs(model, x, scene, cls, "rise", chunk=2, versus="a picture")
 
 
 def test_removal_grounding_counts_the_pairs_whose_object_matters_most():
@@ -68,9 +77,11 @@ def test_removal_grounding_counts_the_pairs_whose_object_matters_most():
     scene, cls = script.pairs_of(scenes.present)
     got = script.removal_grounding(model, args, scenes, scene, cls, [None, "a picture", script.ZERO_SHOT])
     assert set(got) == {"prompt", "a picture", script.ZERO_SHOT}
-    assert all(n == len(scene) and 0 <= k <= n for k, n in got.values())
-    k, n = got[script.ZERO_SHOT]
-    assert k / n >= 0.75  # the shipped model is object-grounded (0.924 on 60 validation scenes)
+    assert all(hits.shape == scene.shape and hits.dtype == torch.bool for hits in got.values())
+    assert float(got[script.ZERO_SHOT].float().mean()) >= 0.75  # object-grounded (0.924 on 60 validation scenes)
+    row = script.object_row(got[script.ZERO_SHOT], scene)  # the ceiling's row: pointing and prompt sensitivity
+    assert row["object"] == pytest.approx(float(got[script.ZERO_SHOT].float().mean()))
+    assert 0.0 <= row["object_sensitivity"] <= 1.0
 
 
 def test_object_pointing_picks_the_object_with_the_densest_relevance():
