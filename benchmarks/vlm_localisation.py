@@ -396,11 +396,13 @@ def write(args: argparse.Namespace, rows: list[dict], skipped: list[str], refuse
         "",
         "**Object level.** *Object pointing*: of the scene's objects, the named one has the highest mean relevance "
         "per pixel (chance: one over the number of objects, about 0.35 here); *object sensitivity*: the prompt "
-        "sensitivity of that answer. The rows *model* give **the model's own grounding**, what an object-level "
-        "answer can be held to: the share of pairs in which removing the named object exactly "
+        "sensitivity of that answer. The rows *model* give **the model's own grounding**, measured without any "
+        "map: the share of pairs in which removing the named object exactly "
         "(`make_multi_scene_pairs(..., position=j)`: the scene without it, everything else identical) lowers the "
         "explained target more than removing any other object of the scene (a map painting every object with the "
-        "drop its removal causes points there), and the prompt sensitivity of that answer.",
+        "drop its removal causes points there), and the prompt sensitivity of that answer. It is the model's answer "
+        "to one question (each object removed alone), a reference rather than a bound: a map that reads the model "
+        "under other perturbations can agree with the prompt more often.",
         "",
         "| method | target | object pointing | 95% CI | object sensitivity | 95% CI |",
         "|---|---|---|---|---|---|",
