@@ -92,6 +92,21 @@ def test_methods_refuse_in_one_line_naming_why(method, needs):
     msg = str(err.value)
     assert "\n" not in msg and needs in msg
     assert "image embedding" in msg  # why: the output is an embedding scored after the tower
+    # and the option that lets it run, where one does: RISE scoring the text target itself needs no class logits
+    assert ("runs on it with score='target'" in msg) == (method == "rise")
+
+
+def test_the_way_out_keeps_the_other_options_and_is_none_where_no_option_helps():
+    from vitlens.explainers import get_method
+    from vitlens.explainers.support import way_out
+    from vitlens.models import get_adapter
+
+    adapter = get_adapter(vlm("clip"))
+    assert way_out(adapter, get_method("rise", n_masks=5, grid_size=3)) == "score='target'"
+    assert way_out(adapter, "finercam") is None  # needs class logits whatever its options
+    e = vitlens.explain(vlm("clip"), images(), "rise", target=vitlens.TextPrompt("a photo of a cat"), n_masks=5,
+                        grid_size=3, score="target")  # the way out runs
+    assert bool(torch.isfinite(e.maps).all())
 
 
 def test_hf_folder_with_its_tokenizer(tmp_path):

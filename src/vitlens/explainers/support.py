@@ -17,7 +17,7 @@ from ..models import Adapter, get_adapter, refusal
 from ..models.capabilities import DESCRIPTIONS
 from .registry import Method, method_classes
 
-__all__ = ["missing", "check", "working_methods", "why_not", "conformance"]
+__all__ = ["missing", "check", "working_methods", "why_not", "conformance", "way_out"]
 
 Need = str | tuple[str, ...]
 
@@ -55,14 +55,41 @@ def working_methods(model: nn.Module | Adapter) -> list[str]:
     return sorted(name for name in method_classes() if not missing(adapter, name))
 
 
+def way_out(adapter: Adapter, method: str | Method | type[Method]) -> str | None:
+    """An option setting under which ``method`` no longer lacks anything on ``adapter`` (``"score='target'"``: RISE
+    scores the explained target itself and needs no class logits), or ``None``. Only the method's choice options are
+    tried, one at a time, keeping its other options."""
+    _, m = _needs(method)
+    cls = type(m) if isinstance(m, Method) else m
+    given = dict(getattr(m, "options", {})) if isinstance(m, Method) else {}
+    for option, spec in getattr(cls, "option_specs", {}).items():
+        values = getattr(spec, "values", ())
+        if not isinstance(values, tuple) or not all(isinstance(v, str) for v in values):
+            continue
+        for value in values:
+            if given.get(option, cls.defaults.get(option)) == value:
+                continue
+            try:
+                candidate = cls(**{**given, option: value})
+            except Exception:  # noqa: BLE001 - a value this combination does not accept is simply no way out
+                continue
+            if not missing(adapter, candidate):
+                return f"{option}={value!r}"
+    return None
+
+
 def check(adapter: Adapter, method: str | Method | type[Method]) -> None:
     """Raise :class:`UnsupportedModelError` if ``method`` needs a capability ``adapter`` lacks: the first missing
-    one, why, and the methods that do work on the model."""
+    one, why, the option setting that would let it run (:func:`way_out`) and the methods that do work on the
+    model."""
     name, _ = _needs(method)
     lacking = missing(adapter, method)
     if lacking:
-        raise UnsupportedModelError(f"{refusal(adapter, lacking[0], f'method {name!r}')} (families: 'vitlens models'); "
-                                    f"methods that work on this model: {', '.join(working_methods(adapter))}")
+        option = way_out(adapter, method)
+        hint = f"; method {name!r} runs on it with {option}" if option else ""
+        raise UnsupportedModelError(f"{refusal(adapter, lacking[0], f'method {name!r}')}{hint} "
+                                    f"(families: 'vitlens models'); methods that work on this model: "
+                                    f"{', '.join(working_methods(adapter))}")
 
 
 def why_not(model: nn.Module | Adapter, method: str) -> str | None:
