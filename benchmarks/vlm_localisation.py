@@ -15,7 +15,9 @@ max_objects=4)``):
 * **object pointing** (object level): of the scene's objects, the named one has the highest mean relevance per
   pixel; and the prompt sensitivity of that answer; judged against **the model's own grounding**: removing the
   named object exactly (:func:`vitlens.data.multiscenes.make_multi_scene_pairs` with ``position``) lowers the
-  explained target more than removing any other object of the scene.
+  explained target more than removing any other object of the scene;
+* with ``--rise-masks N``: RISE (N masks) on the zero-shot probability, a black-box reference that reads the model
+  by perturbation, through the class prompts as classes (``vitlens.ZeroShotClassifier``).
 
 Proportions get Wilson 95% intervals (pairs treated as independent); the mean relevance in object gets a 95%
 percentile bootstrap interval that resamples scenes (2,000 resamples, seed 0), since the pairs of a scene share an
@@ -169,7 +171,7 @@ def target_label(kind: str | None) -> str:
 
 def removal_grounding(model: torch.nn.Module, args: argparse.Namespace, scenes: MultiScenes, scene: torch.Tensor,
                       cls: torch.Tensor, kinds: list[str | None]) -> dict[str, torch.Tensor]:
-    """The model's own object-level grounding, the ceiling a map's object-level answer can be judged against: for
+    """The model's own object-level grounding, a reference for a map's object-level answer (not a bound): for
     each (scene, object) pair, is the named object the one whose exact removal
     (:func:`vitlens.data.multiscenes.make_multi_scene_pairs` with ``position``: the scene without it, everything else
     identical) lowers the explained target most among the scene's objects? ``(P,)`` bool per target: where a map
@@ -324,8 +326,8 @@ def run(args: argparse.Namespace) -> None:
             depth[target_label(versus)] = pointing_by_depth(layers[0], masks, prefix, grid)
         if method == "gradskip":  # the figure shows the last target's (--zero-shot, else --versus, else the prompt)
             gradskip_maps, figure_target, gradskip_layers = maps, rows[-1]["target"], layers
-    ceiling = {key: object_row(right, scene) for key, right in grounding.items()}
-    write(args, rows, skipped, refused, auc, len(scene), figure_target, ceiling, depth)
+    removal = {key: object_row(right, scene) for key, right in grounding.items()}
+    write(args, rows, skipped, refused, auc, len(scene), figure_target, removal, depth)
     picks = [(s, torch.nonzero(scenes.present[s]).flatten().tolist()[:2]) for s in range(args.n)
              if int(scenes.present[s].sum()) >= 3][:4]
     if gradskip_maps is not None:
@@ -409,7 +411,8 @@ def write(args: argparse.Namespace, rows: list[dict], skipped: list[str], refuse
         *(f"| {r['method']} | {r['target']} | {r['object']:.3f} | {_ci(r['object_ci'])} | "
           f"{r['object_sensitivity']:.3f} | {_ci(r['object_sensitivity_ci'])} |" for r in rows),
         *(f"| model (removal) | {target_label(key)} | {r['object']:.3f} | {_ci(r['object_ci'])} | "
-          f"{r['object_sensitivity']:.3f} | {_ci(r['object_sensitivity_ci'])} |" for key, r in (grounding or {}).items()),
+          f"{r['object_sensitivity']:.3f} | {_ci(r['object_sensitivity_ci'])} |"
+          for key, r in (grounding or {}).items()),
         "",
         *(["**GradSkip by depth.** Pointing game of GradSkip's relevance at the input of each block "
            "(`exp.extras[\"layer_relevance\"]`, patch tokens upsampled as the map is; block 0's input is the map): "
