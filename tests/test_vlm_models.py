@@ -98,12 +98,14 @@ def test_methods_refuse_in_one_line_naming_why(method, needs):
 
 def test_the_way_out_keeps_the_other_options_and_is_none_where_no_option_helps():
     from vitlens.explainers import get_method
-    from vitlens.explainers.support import way_out
+    from vitlens.explainers.support import way_out, why_not
     from vitlens.models import get_adapter
 
     adapter = get_adapter(vlm("clip"))
     assert way_out(adapter, get_method("rise", n_masks=5, grid_size=3)) == "score='target'"
     assert way_out(adapter, "finercam") is None  # needs class logits whatever its options
+    assert str(why_not(adapter, "rise")).endswith("; it runs with score='target'")  # `vitlens conformance` says so
+    assert "runs with" not in str(why_not(adapter, "finercam"))
     e = vitlens.explain(vlm("clip"), images(), "rise", target=vitlens.TextPrompt("a photo of a cat"), n_masks=5,
                         grid_size=3, score="target")  # the way out runs
     assert bool(torch.isfinite(e.maps).all())

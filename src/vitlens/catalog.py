@@ -99,8 +99,9 @@ def describe_methods() -> list[MethodInfo]:
 
 def table_reason(adapter: Any, method: str) -> str | None:
     """``None`` if ``method`` runs on ``adapter``'s model with its defaults, else the reason in the words of the
-    supported-models table: the first capability it needs and the model lacks, and why."""
-    from .explainers.support import missing
+    supported-models table: the first capability it needs and the model lacks, why, and the option setting under
+    which it runs, where one exists (:func:`vitlens.explainers.support.way_out`)."""
+    from .explainers.support import missing, way_out
     from .models.capabilities import describe_need
 
     lacking = missing(adapter, method)
@@ -109,7 +110,9 @@ def table_reason(adapter: Any, method: str) -> str | None:
     need = lacking[0]
     alternatives = need if isinstance(need, tuple) else (need,)
     why = "; ".join(dict.fromkeys(adapter.lacking(n) for n in alternatives))
-    return f"needs {describe_need(need)}: {why}"
+    option = way_out(adapter, method)
+    return f"needs {describe_need(need)}: {why}" + (f" (with its default options; it runs with {option})"
+                                                    if option else "")
 
 
 def supported_models_markdown() -> str:
@@ -145,7 +148,8 @@ def supported_models_markdown() -> str:
             "default options (cheaper sample counts, `fast_options`, where a",
             "method has them; `aha` with an untrained explainer, since a useful map needs one trained for the model; a",
             "`SegmentationTarget` on segmentation models), and each — [n] is refused with reason n by the one refusal",
-            "path (`vitlens.explainers.support.check`; the error also names the methods that do work).",
+            "path (`vitlens.explainers.support.check`; the error also names the option setting that would let the",
+            "method run, where one does, and the methods that do work).",
             "Model-agnostic methods (gradients, IG, RISE, …) run on any `nn.Module` that maps images to logits,",
             "including timm ViTs whose blocks no adapter knows. `vitlens.explainers.support.conformance(model)` lists",
             "what a model's adapter provides and lacks. Precision, completeness and per-layer conservation per family:",

@@ -94,10 +94,13 @@ def check(adapter: Adapter, method: str | Method | type[Method]) -> None:
 
 def why_not(model: nn.Module | Adapter, method: str) -> str | None:
     """``None`` if ``method`` runs on ``model`` with its default options, else the refusal (without the list of
-    methods that work)."""
+    methods that work), with the option setting under which it runs where one exists."""
     adapter = get_adapter(model)
     lacking = missing(adapter, method)
-    return None if not lacking else refusal(adapter, lacking[0], "it")
+    if not lacking:
+        return None
+    option = way_out(adapter, method)
+    return refusal(adapter, lacking[0], "it") + (f"; it runs with {option}" if option else "")
 
 
 def conformance(model: nn.Module | Adapter) -> dict[str, Any]:

@@ -79,7 +79,7 @@ class SegformerAdapter(Adapter):
         TOKEN_SEQUENCE: _NO_SEQUENCE, BLOCK_IO: _NO_SEQUENCE, LRP_LINEARS: _NO_SEQUENCE,
         TOKENS: "each stage embeds the previous stage's grid with an overlapping convolution: tokens cannot be dropped",
         CLASS_LOGITS: "the model outputs per-pixel logits (B, K, h, w), not class logits: explain a "
-                      "SegmentationTarget with score='target'",
+                      "SegmentationTarget",
         FEATURE_MAPS: "no timm feature_info to read multi-depth features from",
     }
 
