@@ -179,6 +179,13 @@ def make_multi_scenes(n: int, seed: int = 0, size: int = 64, min_objects: int = 
     Raises:
         vitlens.errors.InputError (a ``ValueError``): an argument is not an integer or is out of range.
     """
+    return _generate(*_checked(n, seed, size, min_objects, max_objects, start))[0]
+
+
+def _checked(n: int, seed: int, size: int, min_objects: int, max_objects: int, start: int
+             ) -> tuple[int, int, int, int, int, int]:
+    """The arguments of :func:`make_multi_scenes`, checked (one-line :class:`~vitlens.errors.InputError`) and as
+    ints, in its order."""
     n = check_int("n", n, 1)
     seed = check_int("seed", seed, 0)
     size = check_int("size", size, MIN_SIZE, MAX_SIZE)
@@ -188,7 +195,7 @@ def make_multi_scenes(n: int, seed: int = 0, size: int = 64, min_objects: int = 
     if max_objects < min_objects:
         raise InputError(f"max_objects must be >= min_objects, got min_objects={min_objects}, max_objects={max_objects}")
     start = check_int("start", start, 0)
-    return _generate(n, seed, size, min_objects, max_objects, start)[0]
+    return n, seed, size, min_objects, max_objects, start
 
 
 def _generate(n: int, seed: int, size: int, min_objects: int, max_objects: int, start: int,
@@ -243,7 +250,7 @@ def make_multi_scene_pairs(n: int, seed: int = 0, size: int = 64, min_objects: i
     Raises:
         vitlens.errors.InputError (a ``ValueError``): as :func:`make_multi_scenes`.
     """
-    make_multi_scenes(1, seed, size, min_objects, max_objects, start)  # the same argument checks
+    n, seed, size, min_objects, max_objects, start = _checked(n, seed, size, min_objects, max_objects, start)
     if position is not None:
         position = check_int("position", position, 0, max_objects - 1)
 
